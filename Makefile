@@ -1,0 +1,57 @@
+# t3code-mcp — every task a developer or CI runs. `make help` lists them.
+SHELL := /usr/bin/env bash
+export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+GO ?= go
+PKGS := ./...
+FUZZTIME ?= 10s
+SHARED_FIXTURES ?= ../shared/fixtures
+
+.PHONY: help sync generate gencheck fmtcheck vet staticcheck test check run build bench fuzz fixtures clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+sync: ## download modules and the pinned generator and lint tools
+	$(GO) mod download
+	$(GO) build -o /dev/null github.com/ogen-go/ogen/cmd/ogen github.com/ogen-go/ogen/cmd/jschemagen honnef.co/go/tools/cmd/staticcheck
+
+generate: ## compile schema/ into gen/ (go generate in tools.go)
+	$(GO) generate ./tools.go
+
+gencheck: ## fail if regenerating would change gen/ (generated code must be committed and current)
+	@./scripts/gencheck
+
+fmtcheck: ## fail on files gofmt would change
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))"; \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet: ## go vet
+	$(GO) vet $(PKGS)
+
+staticcheck: ## staticcheck (pinned in go.mod)
+	$(GO) tool staticcheck $(PKGS)
+
+test: ## all tests with the race detector
+	$(GO) test -race -count=1 $(PKGS)
+
+check: fmtcheck vet staticcheck gencheck test ## everything CI runs
+
+build: ## build bin/t3code-mcp
+	$(GO) build -o bin/t3code-mcp ./cmd/t3code-mcp
+
+run: build ## run the connector (T3CODE_MCP_CONFIG, ./t3code.toml, or the built-in demo machine)
+	./bin/t3code-mcp serve
+
+bench: ## Go benchmarks of the hot paths
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+fuzz: ## every fuzz target for FUZZTIME each (default 10s)
+	@./scripts/fuzz "$(FUZZTIME)"
+
+fixtures: ## refresh testdata/t3 from ../shared/fixtures (new recordings)
+	rm -rf testdata/t3 && mkdir -p testdata/t3
+	cp -r $(SHARED_FIXTURES)/. testdata/t3/
+	chmod -R u+w testdata/t3
+
+clean:
+	rm -rf bin

@@ -1,0 +1,14 @@
+// Package t3codemcp is the root of the t3code-mcp module. It holds no code: this file is the one
+// place where `go generate` (run by `make generate`) compiles the hand-written contracts under
+// schema/ into the typed code under gen/. The generators are pinned in go.mod's tool block and run
+// with `go tool`, so a fresh clone needs nothing installed but Go.
+//
+// After a T3 protocol bump: edit schema/, run `make generate`, then `make check`; the compiler and
+// the contract tests in internal/contract show what broke.
+package t3codemcp
+
+// T3's HTTP reads: an ogen client plus the read-model types (schema/t3/model.json).
+//go:generate go tool ogen -config gen/ogen.yml -target gen/t3api -package t3api -clean schema/t3/openapi.yaml
+
+// T3's Effect RPC envelope, stream items, commands and failures.
+//go:generate go tool jschemagen -target gen/t3rpc/rpc_gen.go -package t3rpc -typename Root schema/t3/rpc.json
