@@ -1,0 +1,498 @@
+// Package watch keeps one machine's shell state current: it subscribes to
+// orchestration.subscribeShell over one WebSocket, applies every item after the
+// highest sequence it has seen, accepts a fresh snapshot at any time, and on any
+// socket loss reconnects with backoff and jitter and resumes from its cursor.
+//
+// The shape follows client-go's reflector: list (the stream's first snapshot),
+// then watch from a version (afterSequence), and relist whenever T3 decides the
+// gap is too large (it sends a snapshot item instead of the replay).
+//
+// Thread state has one owner, the Watcher. Waiters block on Changed(threadID);
+// the event detector is the Sink, called synchronously with every chunk before
+// the chunk is acknowledged, so what it derives is durable before T3 moves on.
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+)
+
+// Connect opens a new RPC socket to the machine (handshake, fresh ticket, dial).
+type Connect func(ctx context.Context) (*effectrpc.Conn, error)
+
+// Change is what one chunk did to the machine's threads, handed to the Sink.
+type Change struct {
+	Machine string
+	// Snapshot is true when the chunk replaced the whole state (first
+	// subscription, or T3's snapshot fallback after a reconnect).
+	Snapshot bool
+	// Threads holds the new state of every thread the chunk touched (all of
+	// them after a snapshot), in the order the items arrived.
+	Threads []t3rpc.ThreadShell
+	// Removed lists threads the chunk removed.
+	Removed []string
+	// Cursor is the highest sequence applied once this change is in.
+	Cursor int64
+}
+
+// Sink receives every applied change before the chunk that caused it is
+// acknowledged. An error is retried on the same change (the chunk stays
+// unacknowledged, so T3 holds the stream), see Watcher.applyToSink.
+type Sink interface {
+	Apply(ctx context.Context, c Change) error
+}
+
+// Options tune a Watcher. Zero values pick the defaults.
+type Options struct {
+	Logger *slog.Logger
+	// Backoff bounds for reconnects: full jitter between MinBackoff and an
+	// exponentially growing ceiling capped at MaxBackoff.
+	MinBackoff time.Duration // default 250ms
+	MaxBackoff time.Duration // default 30s
+	// Sink is optional.
+	Sink Sink
+	// OnItemsApplied, when set, is called after each chunk is applied (load
+	// harness and metrics hook). It must not block.
+	OnItemsApplied func(n int, cursor int64)
+}
+
+// Status is the machine's connection state as the watcher sees it.
+type Status struct {
+	Online      bool
+	Synced      bool // the initial snapshot or replay has completed
+	Cursor      int64
+	LastError   error
+	ConnectedAt time.Time
+	Reconnects  int
+}
+
+// Watcher tracks one machine.
+type Watcher struct {
+	name    string
+	connect Connect
+	opts    Options
+	log     *slog.Logger
+
+	mu       sync.RWMutex
+	threads  map[string]*t3rpc.ThreadShell
+	projects map[string]t3rpc.Project
+	waiters  map[string]chan struct{} // per thread, closed on its next change
+	anyWait  chan struct{}            // closed on any change (status, snapshot)
+	status   Status
+	conn     *effectrpc.Conn
+	connWait chan struct{} // closed when a conn becomes available
+}
+
+// New makes a watcher; call Run to start it.
+func New(name string, connect Connect, opts Options) *Watcher {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 250 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	return &Watcher{
+		name:     name,
+		connect:  connect,
+		opts:     opts,
+		log:      opts.Logger.With("machine", name),
+		threads:  map[string]*t3rpc.ThreadShell{},
+		projects: map[string]t3rpc.Project{},
+		waiters:  map[string]chan struct{}{},
+		anyWait:  make(chan struct{}),
+		connWait: make(chan struct{}),
+	}
+}
+
+// Name is the machine's configured name.
+func (w *Watcher) Name() string { return w.name }
+
+// Run connects, subscribes and reconnects until ctx ends.
+func (w *Watcher) Run(ctx context.Context) {
+	attempt := 0
+	for ctx.Err() == nil {
+		synced, err := w.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if synced {
+			attempt = 0 // the link worked: start the backoff over
+		}
+		w.setOffline(err)
+		d := w.backoff(attempt)
+		attempt++
+		w.log.Warn("machine link lost; reconnecting", "err", err, "in", d.Round(time.Millisecond))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+	w.setOffline(ctx.Err())
+}
+
+// backoff is exponential with full jitter, capped near MaxBackoff.
+func (w *Watcher) backoff(attempt int) time.Duration {
+	ceil := w.opts.MinBackoff << min(attempt, 20)
+	if ceil > w.opts.MaxBackoff || ceil <= 0 {
+		ceil = w.opts.MaxBackoff
+	}
+	return w.opts.MinBackoff/2 + rand.N(ceil)
+}
+
+// session runs one socket: connect, subscribe from the cursor, apply until the
+// socket or stream ends. It reports whether the stream got as far as synced.
+func (w *Watcher) session(ctx context.Context) (bool, error) {
+	conn, err := w.connect(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+
+	w.mu.Lock()
+	cursor := w.status.Cursor
+	hasState := w.status.Synced || cursor > 0
+	w.mu.Unlock()
+
+	in := t3rpc.SubscribeShellInput{RequestCompletionMarker: t3rpc.NewOptBool(true)}
+	if hasState {
+		in.AfterSequence = t3rpc.NewOptInt64(cursor)
+	}
+	w.setOnline(conn)
+	synced := false
+	err = conn.Stream(ctx, "orchestration.subscribeShell", &in, func(values []jx.Raw) error {
+		s, err := w.applyChunk(ctx, values)
+		if s {
+			synced = true
+		}
+		return err
+	})
+	if err == nil {
+		err = errors.New("T3 ended the shell subscription")
+	}
+	return synced, err
+}
+
+// applyChunk decodes and applies one chunk, then hands the change to the sink.
+// It returns true once the stream reported synchronized.
+func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error) {
+	items := make([]t3rpc.ShellStreamItem, 0, len(values))
+	for _, v := range values {
+		var it t3rpc.ShellStreamItem
+		if err := it.Decode(jx.DecodeBytes(v)); err != nil {
+			// A malformed item cannot be applied, and skipping it could lose a
+			// transition: fail the stream so the reconnect replays it (or T3
+			// sends a snapshot), and say what was wrong.
+			return false, fmt.Errorf("decode shell item: %w", err)
+		}
+		items = append(items, it)
+	}
+
+	w.mu.Lock()
+	change := Change{Machine: w.name}
+	touched := map[string]int{} // thread id → index in change.Threads
+	syncedNow := false
+	for i := range items {
+		it := &items[i]
+		switch it.Kind {
+		case "snapshot":
+			snap, ok := it.Snapshot.Get()
+			if !ok {
+				continue
+			}
+			w.replaceLocked(&snap)
+			change = Change{Machine: w.name, Snapshot: true}
+			touched = map[string]int{}
+			for _, t := range snap.Threads {
+				touched[t.ID] = len(change.Threads)
+				change.Threads = append(change.Threads, t)
+			}
+			continue
+		case "synchronized":
+			if !w.status.Synced {
+				w.status.Synced = true
+			}
+			syncedNow = true
+			continue
+		}
+		seq, hasSeq := it.Sequence.Get()
+		if hasSeq && seq <= w.status.Cursor {
+			continue // replay overlap: already applied
+		}
+		switch it.Kind {
+		case "thread.updated":
+			if t, ok := it.Thread.Get(); ok {
+				if loc, _ := it.Location.Get(); loc == "archive" {
+					w.removeLocked(t.ID, &change, touched)
+				} else {
+					cp := t
+					w.threads[t.ID] = &cp
+					w.touchLocked(t.ID)
+					if idx, ok := touched[t.ID]; ok {
+						change.Threads[idx] = t
+					} else {
+						touched[t.ID] = len(change.Threads)
+						change.Threads = append(change.Threads, t)
+					}
+				}
+			}
+		case "thread.removed":
+			if id, ok := it.ThreadId.Get(); ok {
+				w.removeLocked(id, &change, touched)
+			}
+		case "project.updated":
+			if p, ok := it.Project.Get(); ok {
+				w.projects[p.ID] = p
+			}
+		case "project.removed":
+			if id, ok := it.ProjectId.Get(); ok {
+				delete(w.projects, id)
+			}
+		default:
+			// An item kind this connector does not know: skip it, but its
+			// sequence still advances the cursor (below), as T3 expects.
+		}
+		if hasSeq && seq > w.status.Cursor {
+			w.status.Cursor = seq
+		}
+	}
+	change.Cursor = w.status.Cursor
+	if syncedNow || change.Snapshot {
+		w.broadcastLocked()
+	}
+	w.mu.Unlock()
+
+	if w.opts.OnItemsApplied != nil {
+		w.opts.OnItemsApplied(len(items), change.Cursor)
+	}
+	if w.opts.Sink != nil && (len(change.Threads) > 0 || len(change.Removed) > 0 || change.Snapshot) {
+		if err := w.applyToSink(ctx, change); err != nil {
+			return syncedNow, err
+		}
+	}
+	return syncedNow, nil
+}
+
+// applyToSink retries a failing sink (a full disk, say) while the chunk stays
+// unacknowledged: T3 holds the stream, nothing is lost, and the error is visible
+// in the status. It gives up only when ctx ends.
+func (w *Watcher) applyToSink(ctx context.Context, c Change) error {
+	delay := 100 * time.Millisecond
+	for {
+		err := w.opts.Sink.Apply(ctx, c)
+		if err == nil {
+			return nil
+		}
+		w.log.Error("could not record thread changes; holding the stream until it works", "err", err)
+		w.mu.Lock()
+		w.status.LastError = fmt.Errorf("recording thread changes: %w", err)
+		w.mu.Unlock()
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
+	w.threads = make(map[string]*t3rpc.ThreadShell, len(snap.Threads))
+	for i := range snap.Threads {
+		t := snap.Threads[i]
+		w.threads[t.ID] = &t
+	}
+	w.projects = make(map[string]t3rpc.Project, len(snap.Projects))
+	for _, p := range snap.Projects {
+		w.projects[p.ID] = p
+	}
+	// A snapshot resets the cursor to its own sequence, even when that is lower
+	// than ours (a replaced database): later items are compared against it.
+	w.status.Cursor = snap.SnapshotSequence
+	for id, ch := range w.waiters {
+		close(ch)
+		delete(w.waiters, id)
+	}
+}
+
+func (w *Watcher) removeLocked(id string, change *Change, touched map[string]int) {
+	if _, ok := w.threads[id]; !ok {
+		return
+	}
+	delete(w.threads, id)
+	w.touchLocked(id)
+	if idx, ok := touched[id]; ok {
+		change.Threads = append(change.Threads[:idx], change.Threads[idx+1:]...)
+		delete(touched, id)
+		for k, v := range touched {
+			if v > idx {
+				touched[k] = v - 1
+			}
+		}
+	}
+	change.Removed = append(change.Removed, id)
+}
+
+func (w *Watcher) touchLocked(id string) {
+	if ch, ok := w.waiters[id]; ok {
+		close(ch)
+		delete(w.waiters, id)
+	}
+}
+
+func (w *Watcher) broadcastLocked() {
+	close(w.anyWait)
+	w.anyWait = make(chan struct{})
+}
+
+func (w *Watcher) setOnline(conn *effectrpc.Conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.conn = conn
+	w.status.Online = true
+	w.status.LastError = nil
+	w.status.ConnectedAt = time.Now()
+	close(w.connWait)
+	w.broadcastLocked()
+}
+
+func (w *Watcher) setOffline(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn != nil {
+		w.status.Reconnects++
+	}
+	w.conn = nil
+	w.status.Online = false
+	if err != nil {
+		w.status.LastError = err
+	}
+	select {
+	case <-w.connWait:
+		w.connWait = make(chan struct{})
+	default:
+	}
+	// Waiters re-check: a thread's state may be stale while offline.
+	for id, ch := range w.waiters {
+		close(ch)
+		delete(w.waiters, id)
+	}
+	w.broadcastLocked()
+}
+
+// Status reports the link state.
+func (w *Watcher) Status() Status {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.status
+}
+
+// Thread returns the latest shell row of a thread.
+func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	t, ok := w.threads[id]
+	if !ok {
+		return t3rpc.ThreadShell{}, false
+	}
+	return *t, true
+}
+
+// ThreadAndWait returns the thread's row and a channel closed at its next
+// change, read atomically so no change can slip between the two.
+func (w *Watcher) ThreadAndWait(id string) (t3rpc.ThreadShell, bool, <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch, ok := w.waiters[id]
+	if !ok {
+		ch = make(chan struct{})
+		w.waiters[id] = ch
+	}
+	t, found := w.threads[id]
+	if !found {
+		return t3rpc.ThreadShell{}, false, ch
+	}
+	return *t, true, ch
+}
+
+// Threads returns every active thread row, sorted by id.
+func (w *Watcher) Threads() []t3rpc.ThreadShell {
+	w.mu.RLock()
+	out := make([]t3rpc.ThreadShell, 0, len(w.threads))
+	for _, t := range w.threads {
+		out = append(out, *t)
+	}
+	w.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Projects returns every project, sorted by title then id.
+func (w *Watcher) Projects() []t3rpc.Project {
+	w.mu.RLock()
+	out := make([]t3rpc.Project, 0, len(w.projects))
+	for _, p := range w.projects {
+		out = append(out, p)
+	}
+	w.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Title != out[j].Title {
+			return out[i].Title < out[j].Title
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Changed returns a channel closed at the next change of any kind (a snapshot,
+// the link going up or down).
+func (w *Watcher) Changed() <-chan struct{} {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.anyWait
+}
+
+// Conn returns the live socket, waiting for one until ctx ends. Commands share
+// the watcher's socket: one socket per machine.
+func (w *Watcher) Conn(ctx context.Context) (*effectrpc.Conn, error) {
+	for {
+		w.mu.RLock()
+		conn, wait, lastErr := w.conn, w.connWait, w.status.LastError
+		w.mu.RUnlock()
+		if conn != nil {
+			select {
+			case <-conn.Done():
+				// Closing: the session ends soon and setOffline broadcasts.
+				wait = nil
+			default:
+				return conn, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return nil, fmt.Errorf("machine %q is offline: %w", w.name, lastErr)
+			}
+			return nil, fmt.Errorf("machine %q is offline: %w", w.name, ctx.Err())
+		case <-wait:
+		case <-w.Changed():
+		}
+	}
+}
