@@ -1,0 +1,301 @@
+// Package events turns the run transitions of watched threads into event
+// records, exactly once: a run reaching completed, interrupted or failed, and a
+// new pending question. The detector is the watcher's Sink: it sees every
+// applied chunk before T3 gets the Ack, and commits its last-seen state and the
+// events that chunk produced in one fsynced transaction, so neither a reconnect
+// replay, a snapshot fallback nor a crash can lose or repeat a transition.
+package events
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/watch"
+)
+
+// Type is the event type.
+type Type string
+
+const (
+	Completed   Type = "thread.completed"
+	Interrupted Type = "thread.interrupted"
+	Failed      Type = "thread.failed"
+	Question    Type = "thread.question"
+)
+
+// Transition is one detected transition, handed to the Builder.
+type Transition struct {
+	ID        string // stable: the same transition always gets the same id
+	Type      Type
+	Machine   string
+	ThreadID  string
+	RunID     string
+	RequestID string // for questions
+	Kind      string // runtime request kind for questions
+	Shell     t3rpc.ThreadShell
+	Tracked   store.Thread
+	At        time.Time
+}
+
+// Builder renders a transition into the event body (JSON). It may read the
+// thread from T3 (final reply, error, questions); it must not fail for lack of
+// detail: a body with less detail beats a lost event.
+type Builder func(ctx context.Context, tr Transition) ([]byte, error)
+
+// RunStatus reads one run's status from T3, for a run that the shell stream
+// moved past before its settling was seen (a reconnect, a snapshot, a restart).
+type RunStatus func(ctx context.Context, machine, threadID, runID string) (status string, found bool, err error)
+
+// Tracked tells which threads are watched.
+type Tracked interface {
+	GetThread(id string) (store.Thread, bool, error)
+}
+
+// Committer makes detector state and events durable together.
+type Committer interface {
+	Commit(b store.Batch) error
+	Detector(key string) ([]byte, bool, error)
+}
+
+// seen is the detector's last-seen state of one thread, persisted per thread.
+type seen struct {
+	RunID    string `json:"run,omitempty"`
+	Settled  bool   `json:"settled,omitempty"`
+	Question string `json:"question,omitempty"`
+}
+
+// Detector is a watch.Sink.
+type Detector struct {
+	store   Committer
+	tracked Tracked
+	build   Builder
+	run     RunStatus
+	notify  func()
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu    sync.Mutex
+	cache map[string]seen
+}
+
+// Options for a Detector.
+type Options struct {
+	Store     Committer
+	Tracked   Tracked
+	Build     Builder
+	RunStatus RunStatus
+	// Notify is called after events were committed (wakes the outbox).
+	Notify func()
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// New makes a detector.
+func New(o Options) *Detector {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Notify == nil {
+		o.Notify = func() {}
+	}
+	return &Detector{store: o.Store, tracked: o.Tracked, build: o.Build, run: o.RunStatus, notify: o.Notify, log: o.Logger, now: o.Now, cache: map[string]seen{}}
+}
+
+func key(machine, thread string) string { return machine + "\x00" + thread }
+
+// Baseline records a thread's current state as seen, without events: called
+// when a thread starts being watched, so only later transitions are reported.
+func (d *Detector) Baseline(machine string, shell *t3rpc.ThreadShell) error {
+	s := seen{}
+	if shell != nil {
+		s.RunID = threadstate.LatestRun(shell)
+		if s.RunID != "" {
+			_, s.Settled = threadstate.Settled(shell.Status)
+		}
+		if p, ok := threadstate.PendingRequest(shell); ok {
+			s.Question = p.ID
+		}
+	}
+	k := key(machine, shellID(shell))
+	b, _ := json.Marshal(s)
+	if err := d.store.Commit(store.Batch{Detector: map[string][]byte{k: b}}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.cache[k] = s
+	d.mu.Unlock()
+	return nil
+}
+
+func shellID(s *t3rpc.ThreadShell) string {
+	if s == nil {
+		return ""
+	}
+	return s.ID
+}
+
+func (d *Detector) load(k string) (seen, bool, error) {
+	d.mu.Lock()
+	s, ok := d.cache[k]
+	d.mu.Unlock()
+	if ok {
+		return s, true, nil
+	}
+	raw, ok, err := d.store.Detector(k)
+	if err != nil || !ok {
+		return seen{}, false, err
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return seen{}, false, fmt.Errorf("detector state %q: %w", k, err)
+	}
+	d.mu.Lock()
+	d.cache[k] = s
+	d.mu.Unlock()
+	return s, true, nil
+}
+
+// Apply implements watch.Sink.
+func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
+	states := map[string][]byte{}
+	next := map[string]seen{}
+	var evs []store.Event
+	for i := range c.Threads {
+		shell := &c.Threads[i]
+		tr, ok, err := d.tracked.GetThread(shell.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || !tr.Watch || tr.Machine != c.Machine {
+			continue
+		}
+		k := key(c.Machine, shell.ID)
+		prev, known := next[k]
+		if !known {
+			prev, known, err = d.load(k)
+			if err != nil {
+				return err
+			}
+		}
+		cur, transitions, err := d.detect(ctx, c.Machine, shell, tr, prev, known)
+		if err != nil {
+			return err
+		}
+		if cur != prev || !known {
+			next[k] = cur
+			b, _ := json.Marshal(cur)
+			states[k] = b
+		}
+		for _, t := range transitions {
+			body, err := d.build(ctx, t)
+			if err != nil {
+				return fmt.Errorf("build event %s for thread %q: %w", t.Type, t.ThreadID, err)
+			}
+			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, CreatedAt: t.At})
+		}
+	}
+	if len(states) == 0 && len(evs) == 0 {
+		return nil
+	}
+	if err := d.store.Commit(store.Batch{Detector: states, Events: evs}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	for k, s := range next {
+		d.cache[k] = s
+	}
+	d.mu.Unlock()
+	if len(evs) > 0 {
+		for _, e := range evs {
+			d.log.Info("event recorded", "id", e.ID, "stream", e.Stream)
+		}
+		d.notify()
+	}
+	return nil
+}
+
+// detect compares a thread's new row with what was seen last.
+func (d *Detector) detect(ctx context.Context, machine string, shell *t3rpc.ThreadShell, tr store.Thread, prev seen, known bool) (seen, []Transition, error) {
+	latest := threadstate.LatestRun(shell)
+	outcome, settled := threadstate.Settled(shell.Status)
+	if latest == "" {
+		settled = false
+	}
+	cur := seen{RunID: latest, Settled: settled, Question: prev.Question}
+	if !known {
+		// A watched thread with no recorded state (watch turned on before
+		// Baseline existed): take the present as the baseline.
+		if p, ok := threadstate.PendingRequest(shell); ok {
+			cur.Question = p.ID
+		}
+		return cur, nil, nil
+	}
+	var out []Transition
+	// A run we saw start but never saw settle, that the thread has moved past
+	// (dispatched into right after settling, or missed while disconnected):
+	// read how it ended, so its event is not lost.
+	if prev.RunID != "" && prev.RunID != latest && !prev.Settled && d.run != nil {
+		status, found, err := d.run(ctx, machine, shell.ID, prev.RunID)
+		if err != nil {
+			return prev, nil, fmt.Errorf("read run %q of thread %q: %w", prev.RunID, shell.ID, err)
+		}
+		if o, ok := threadstate.Settled(status); ok && found {
+			out = append(out, d.transition(machine, shell, tr, prev.RunID, typeOf(o), "", ""))
+		}
+	}
+	if settled && !(prev.RunID == latest && prev.Settled) {
+		out = append(out, d.transition(machine, shell, tr, latest, typeOf(outcome), "", ""))
+	}
+	if p, ok := threadstate.PendingRequest(shell); ok && p.ID != prev.Question {
+		cur.Question = p.ID
+		out = append(out, d.transition(machine, shell, tr, latest, Question, p.ID, p.Kind))
+	}
+	return cur, out, nil
+}
+
+func typeOf(o threadstate.Outcome) Type {
+	switch o {
+	case threadstate.Completed:
+		return Completed
+	case threadstate.Interrupted:
+		return Interrupted
+	}
+	return Failed
+}
+
+func (d *Detector) transition(machine string, shell *t3rpc.ThreadShell, tr store.Thread, runID string, typ Type, requestID, kind string) Transition {
+	subject := runID
+	if typ == Question {
+		subject = requestID
+	}
+	h := sha256.Sum256([]byte(machine + "\x00" + shell.ID + "\x00" + string(typ) + "\x00" + subject))
+	at := d.now().UTC()
+	if typ != Question {
+		if v, ok := shell.LatestRunCompletedAt.Get(); ok && runID == threadstate.LatestRun(shell) {
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				at = t.UTC()
+			}
+		}
+	} else if p, ok := shell.PendingRuntimeRequest.Get(); ok {
+		if v, ok := p.CreatedAt.Get(); ok {
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				at = t.UTC()
+			}
+		}
+	}
+	return Transition{
+		ID: "evt_" + hex.EncodeToString(h[:12]), Type: typ, Machine: machine, ThreadID: shell.ID,
+		RunID: runID, RequestID: requestID, Kind: kind, Shell: *shell, Tracked: tr, At: at,
+	}
+}
