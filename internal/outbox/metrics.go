@@ -1,0 +1,80 @@
+package outbox
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the outbox's Prometheus metrics. Receiver errors (the webhook endpoint answered with
+// a failure status) and network errors (no answer: dial, TLS, timeout) are separate label values
+// everywhere, because they call for different people: the receiver's owner or the network's.
+type Metrics struct {
+	pending     prometheus.Gauge
+	dead        prometheus.Gauge
+	deliveries  *prometheus.CounterVec
+	retries     *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	lag         prometheus.Histogram
+}
+
+// Label values.
+const (
+	outcomeDelivered = "delivered"
+	outcomeReceiver  = "receiver_error"
+	outcomeNetwork   = "network_error"
+
+	causeReceiver = "receiver"
+	causeNetwork  = "network"
+
+	reasonRejected = "rejected" // a non-retryable answer (4xx other than 408/429, 3xx)
+	reasonExpired  = "expired"  // still failing after MaxAge
+)
+
+// NewMetrics creates the outbox metrics and registers them on reg (nil: not registered, e.g. in
+// tests that do not look at them).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "t3code_mcp_outbox_pending",
+			Help: "Events waiting for delivery (outbox depth).",
+		}),
+		dead: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "t3code_mcp_outbox_dead",
+			Help: "Dead letters waiting for an operator (retry-dead).",
+		}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "t3code_mcp_outbox_deliveries_total",
+			Help: "Delivery attempts by outcome: delivered, receiver_error (the endpoint answered with a failure status), network_error (no answer).",
+		}, []string{"outcome"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "t3code_mcp_outbox_retries_total",
+			Help: "Failed attempts scheduled for a retry, by cause (receiver or network).",
+		}, []string{"cause"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "t3code_mcp_outbox_dead_letters_total",
+			Help: "Events given up on, by reason: rejected (non-retryable status) or expired (older than the maximum age).",
+		}, []string{"reason"}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "t3code_mcp_outbox_event_lag_seconds",
+			Help:    "Time from an event happening to its delivery.",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600},
+		}),
+	}
+	// Create every labelled series up front so dashboards and alerts see zeros, not gaps.
+	for _, o := range []string{outcomeDelivered, outcomeReceiver, outcomeNetwork} {
+		m.deliveries.WithLabelValues(o)
+	}
+	for _, c := range []string{causeReceiver, causeNetwork} {
+		m.retries.WithLabelValues(c)
+	}
+	for _, r := range []string{reasonRejected, reasonExpired} {
+		m.deadLetters.WithLabelValues(r)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
