@@ -12,3 +12,10 @@ package t3codemcp
 
 // T3's Effect RPC envelope, stream items, commands and failures.
 //go:generate go tool jschemagen -target gen/t3rpc/rpc_gen.go -package t3rpc -typename Root schema/t3/rpc.json
+
+// The MCP tools' inputs and outputs: Go types, then each tool's self-contained JSON Schemas as data.
+//go:generate go tool jschemagen -target gen/mcptools/tools_gen.go -package mcptools -typename Root schema/mcp/tools.json
+//go:generate go run ./gen/generators/mcpschema -in schema/mcp/tools.json -out gen/mcptools/schemas_gen.go -package mcptools
+
+// The webhook event t3code-mcp delivers (docs/events.md).
+//go:generate go tool jschemagen -target gen/events/event_gen.go -package events -typename Event schema/events/event.json
