@@ -469,7 +469,7 @@ const outputThread = `{
     },
     "status": {
       "type": "string",
-      "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (it asks a question: see pending_question), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
+      "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
     },
     "latest_run": {
       "type": "object",
@@ -700,13 +700,14 @@ const outputWait = `{
   "properties": {
     "reason": {
       "type": "string",
-      "description": "Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the thread waits for t3_answer), timeout (still working).",
+      "description": "Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the thread waits for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to wait for: dispatch one).",
       "enum": [
         "completed",
         "interrupted",
         "failed",
         "question",
-        "timeout"
+        "timeout",
+        "idle"
       ]
     },
     "state": {
@@ -753,7 +754,7 @@ const outputWait = `{
         },
         "status": {
           "type": "string",
-          "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (it asks a question: see pending_question), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
+          "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
         },
         "latest_run": {
           "type": "object",
@@ -1034,7 +1035,7 @@ const outputAnswer = `{
     },
     "status": {
       "type": "string",
-      "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (it asks a question: see pending_question), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
+      "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
     },
     "latest_run": {
       "type": "object",
@@ -1314,7 +1315,7 @@ const outputInterrupt = `{
         },
         "status": {
           "type": "string",
-          "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (it asks a question: see pending_question), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
+          "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
         },
         "latest_run": {
           "type": "object",

@@ -2915,8 +2915,9 @@ type ThreadState struct {
 	// The thread's title.
 	Title string `json:"title"`
 	// The thread's status: idle, or the status of its latest run: preparing, queued, starting or running
-	// (the agent is working), waiting (it asks a question: see pending_question), completed, interrupted,
-	// failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working.
+	// (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed
+	// follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown
+	// ones as still working.
 	Status    string       `json:"status"`
 	LatestRun OptLatestRun `json:"latest_run"`
 	// The latest runs, oldest first, at most `turns` of them; empty when the thread has no run yet.
@@ -3202,7 +3203,8 @@ func (s *WaitOutput) SetState(val ThreadState) {
 }
 
 // Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the thread
-// waits for t3_answer), timeout (still working).
+// waits for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to
+// wait for: dispatch one).
 // Ref: #/$defs/WaitReason
 type WaitReason string
 
@@ -3212,6 +3214,7 @@ const (
 	WaitReasonFailed      WaitReason = "failed"
 	WaitReasonQuestion    WaitReason = "question"
 	WaitReasonTimeout     WaitReason = "timeout"
+	WaitReasonIdle        WaitReason = "idle"
 )
 
 // AllValues returns all WaitReason values.
@@ -3222,6 +3225,7 @@ func (WaitReason) AllValues() []WaitReason {
 		WaitReasonFailed,
 		WaitReasonQuestion,
 		WaitReasonTimeout,
+		WaitReasonIdle,
 	}
 }
 
@@ -3237,6 +3241,8 @@ func (s WaitReason) MarshalText() ([]byte, error) {
 	case WaitReasonQuestion:
 		return []byte(s), nil
 	case WaitReasonTimeout:
+		return []byte(s), nil
+	case WaitReasonIdle:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -3260,6 +3266,9 @@ func (s *WaitReason) UnmarshalText(data []byte) error {
 		return nil
 	case WaitReasonTimeout:
 		*s = WaitReasonTimeout
+		return nil
+	case WaitReasonIdle:
+		*s = WaitReasonIdle
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)
@@ -8639,6 +8648,8 @@ func (s *WaitReason) Decode(d *jx.Decoder) error {
 		*s = WaitReasonQuestion
 	case WaitReasonTimeout:
 		*s = WaitReasonTimeout
+	case WaitReasonIdle:
+		*s = WaitReasonIdle
 	default:
 		*s = WaitReason(v)
 	}
@@ -9590,6 +9601,8 @@ func (s WaitReason) Validate() error {
 	case "question":
 		return nil
 	case "timeout":
+		return nil
+	case "idle":
 		return nil
 	default:
 		return errors.Errorf("invalid value: %v", s)
