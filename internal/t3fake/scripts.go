@@ -1,0 +1,657 @@
+package t3fake
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// Script describes one scripted run, for the package doc and for the demo to print.
+type Script struct {
+	Name  string   // default, question, hang, fail
+	Words []string // a prompt word starting with one of these chooses the script; none for default
+	Steps string   // what the run does, one line
+}
+
+// scripts is the source of truth; Scripts is a copy for callers, so editing it cannot change
+// which script a prompt picks.
+var scripts = [...]Script{
+	{Name: "default", Steps: "starting → running → command_execution (go test ./..., exit 0) → file_change README.md (+3 −1) → " +
+		"assistant reply \"Done: <first 60 chars of the prompt>\" → waiting → checkpoint (README.md modified +3 −1) → completed"},
+	{Name: "question", Words: []string{"question"}, Steps: "starting → running → pending user_input request with two questions " +
+		"(scope: Workspace|Session; checks: multiSelect lint|test), shell pendingRuntimeRequest set; after runtime-request.respond " +
+		"→ reply \"Done: <prompt>. Answers: checks=…; scope=…\" → waiting → checkpoint → completed"},
+	{Name: "hang", Words: []string{"hang", "forever"}, Steps: "starting → running → a command that never ends; " +
+		"run.interrupt → run_interrupt_request, run_interrupt_result → interrupted"},
+	{Name: "fail", Words: []string{"fail"}, Steps: "starting → running → error turn item {failure: {class: provider_error, " +
+		"message: \"Simulated provider failure: <prompt>\"}} → failed"},
+}
+
+// Scripts lists the scripted runs in the order they are matched (default matches when no other
+// does). It is a copy: changing it does not change how prompts are matched.
+var Scripts = func() []Script {
+	out := make([]Script, len(scripts))
+	for i, sc := range scripts {
+		sc.Words = append([]string(nil), sc.Words...)
+		out[i] = sc
+	}
+	return out
+}()
+
+type scriptKind int
+
+const (
+	scriptDefault scriptKind = iota
+	scriptQuestion
+	scriptHang
+	scriptFail
+	scriptSeeded // a run made by AddThread: no steps, waits for run.interrupt
+)
+
+// chooseScript picks the first script (after default) with a word that some word of the prompt
+// starts with; "Failing" picks fail, "questions" picks question.
+func chooseScript(prompt string) scriptKind {
+	words := strings.FieldsFunc(strings.ToLower(prompt), func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
+	})
+	for i := 1; i < len(scripts); i++ {
+		for _, w := range scripts[i].Words {
+			for _, pw := range words {
+				if strings.HasPrefix(pw, w) {
+					return scriptKind(i)
+				}
+			}
+		}
+	}
+	return scriptDefault
+}
+
+// ScriptFor names the script a prompt would run.
+func ScriptFor(prompt string) string { return scripts[chooseScript(prompt)].Name }
+
+type stepResult int
+
+const (
+	stepNext stepResult = iota // schedule the following step
+	stepPark                   // wait for a command (an answer or an interrupt)
+	stepDone                   // the run is over
+)
+
+type stepFunc func(s *Server, r *run) stepResult
+
+var scriptSteps = map[scriptKind][]stepFunc{
+	scriptDefault:  {stepRunning, stepCommandStart, stepCommandDone, stepFileChange, stepReply, stepWaiting, stepComplete},
+	scriptQuestion: {stepRunning, stepAsk, stepReply, stepWaiting, stepComplete},
+	scriptHang:     {stepRunning, stepHang},
+	scriptFail:     {stepRunning, stepFail},
+}
+
+type runState int
+
+const (
+	runQueued runState = iota // in readyQ
+	runParked                 // waiting for a command
+	runDone
+)
+
+type run struct {
+	th       *thread
+	rec      t3rpc.Run
+	kind     scriptKind
+	prompt   string
+	steps    []stepFunc
+	idx      int
+	state    runState
+	readyAt  time.Time
+	nextItem int64
+
+	files        []t3rpc.ChangedFile // what the checkpoint lists
+	commandItem  string              // the command_execution item while it runs
+	requestID    string              // the runtime request while pending
+	requests     []string            // every runtime request of the run, for pruning
+	questionItem string
+	answers      map[string][]string
+	interrupting bool
+	interruptReq string // the run_interrupt_request item
+}
+
+// interruptible matches T3's refusal text "Run … is not interruptible." for the rest.
+func (r *run) interruptible() bool {
+	if r.interrupting || r.state == runDone {
+		return false
+	}
+	switch r.rec.Status {
+	case "preparing", "queued", "starting", "running", "waiting":
+		return true
+	}
+	return false
+}
+
+// startRun creates run n+1 of th for a user message, emits what T3 emits when message.dispatch
+// is accepted (run.created, the user message and its turn item, the shell row) and schedules the
+// script. launched runs (launchThread) start in preparing, as T3's do.
+func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptModelSelection, launched bool) *run {
+	th.runCount++ // not len(th.runs): pruning shortens it, ordinals must not repeat
+	ordinal := th.runCount
+	id := fmt.Sprintf("run:thread:%s:ordinal:%d", th.id, ordinal)
+	if !model.Set {
+		model = th.app.ModelSelection
+	}
+	status := "starting"
+	if launched {
+		status = "preparing"
+	}
+	ts := s.touch(th)
+	r := &run{th: th, prompt: text, kind: chooseScript(text)}
+	r.rec = t3rpc.Run{
+		ID:             id,
+		ThreadId:       th.id,
+		Ordinal:        ordinal,
+		UserMessageId:  optNilStr(messageID),
+		Status:         status,
+		ModelSelection: model,
+		RequestedAt:    optNilStr(ts),
+		StartedAt:      null(),
+		CompletedAt:    null(),
+		CheckpointId:   null(),
+	}
+	r.steps = scriptSteps[r.kind]
+	if launched {
+		r.steps = append([]stepFunc{stepStarting}, r.steps...)
+	}
+	th.runs = append(th.runs, r)
+	th.active = r
+	s.emit(th, id, "run.created", encode(&r.rec))
+
+	msg := t3rpc.Message{
+		ID: messageID, ThreadId: optStr(th.id), RunId: optNilStr(id), Role: "user", Text: text,
+		Streaming: t3rpc.NewOptBool(false), CreatedAt: optStr(ts), UpdatedAt: optStr(ts),
+	}
+	th.upsertMessage(msg)
+	s.emit(th, id, "message.updated", encode(&msg))
+
+	it := s.newItem(r, "", "user_message", "completed", "", true)
+	it.ID = "turn-item:message:" + messageID // T3's id for a user message item
+	it.MessageId = optStr(messageID)
+	it.Text = optStr(text)
+	s.putItem(r, it)
+
+	th.shell.Status = status
+	th.shell.LatestRunId = optNilStr(id)
+	th.shell.ActiveRunId = optNilStr(id)
+	th.shell.LatestRunRequestedAt = optNilStr(ts)
+	th.shell.LatestRunStartedAt = null()
+	th.shell.LatestRunCompletedAt = null()
+	th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
+	th.shell.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(t3rpc.VisibleMessage{
+		ID: messageID, Role: "user", Text: text, UpdatedAt: optStr(ts),
+	})
+	s.publishShell(th)
+	s.schedule(r)
+	return r
+}
+
+// seedRun gives an AddThread thread one run in status, without items or script.
+func (s *Server) seedRun(th *thread, status string) {
+	th.runCount++ // not len(th.runs): pruning shortens it, ordinals must not repeat
+	ordinal := th.runCount
+	id := fmt.Sprintf("run:thread:%s:ordinal:%d", th.id, ordinal)
+	ts := s.touch(th)
+	r := &run{th: th, kind: scriptSeeded, state: runParked}
+	r.rec = t3rpc.Run{
+		ID: id, ThreadId: th.id, Ordinal: ordinal, UserMessageId: null(), Status: status,
+		ModelSelection: th.app.ModelSelection, RequestedAt: optNilStr(ts), StartedAt: null(),
+		CompletedAt: null(), CheckpointId: null(),
+	}
+	th.shell.Status = status
+	th.shell.LatestRunId = optNilStr(id)
+	th.shell.LatestRunRequestedAt = optNilStr(ts)
+	switch status {
+	case "preparing", "queued", "starting", "running", "waiting":
+		th.active = r
+		th.shell.ActiveRunId = optNilStr(id)
+		if status != "preparing" && status != "queued" && status != "starting" {
+			r.rec.StartedAt = optNilStr(ts)
+			th.shell.LatestRunStartedAt = optNilStr(ts)
+		}
+	default:
+		r.state = runDone
+		r.rec.StartedAt = optNilStr(ts)
+		r.rec.CompletedAt = optNilStr(ts)
+		th.shell.LatestRunStartedAt = optNilStr(ts)
+		th.shell.LatestRunCompletedAt = optNilStr(ts)
+	}
+	th.runs = append(th.runs, r)
+	s.emit(th, id, "run.created", encode(&r.rec))
+	s.publishShell(th)
+}
+
+// ---- scheduling ----
+
+func (s *Server) schedule(r *run) {
+	r.state = runQueued
+	r.readyAt = time.Now().Add(s.stepDelay)
+	s.readyQ = append(s.readyQ, r)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// advance runs r's next step. Runs share one delay, so readyQ stays in readyAt order by
+// appending: no heap needed.
+func (s *Server) advance(r *run) {
+	if r.state != runQueued || r.idx >= len(r.steps) {
+		return
+	}
+	switch r.steps[r.idx](s, r) {
+	case stepNext:
+		r.idx++
+		s.schedule(r)
+	case stepPark:
+		r.idx++
+		r.state = runParked
+	case stepDone:
+		r.state = runDone
+	}
+}
+
+// scheduler paces runs in automatic mode: it sleeps until the oldest queued run is due, then runs
+// one step under the lock. One goroutine for every run keeps steps of all runs in one order and
+// costs nothing while idle.
+func (s *Server) scheduler() {
+	defer s.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		if len(s.readyQ) == 0 {
+			s.mu.Unlock()
+			select {
+			case <-s.wake:
+			case <-s.stop:
+				return
+			}
+			continue
+		}
+		r := s.readyQ[0]
+		if d := time.Until(r.readyAt); d > 0 {
+			s.mu.Unlock()
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-s.stop:
+				return
+			}
+			continue
+		}
+		s.readyQ[0] = nil
+		s.readyQ = s.readyQ[1:]
+		s.advance(r)
+		s.mu.Unlock()
+	}
+}
+
+// Step runs the next due script step of the oldest queued run, ignoring StepDelay, and reports
+// whether there was one. With Options.ManualSteps it is the only thing that moves runs, which lets
+// a test observe every intermediate state. A run parked on a question or hanging until interrupted
+// is not queued: Step returns false once nothing but such runs is left.
+func (s *Server) Step() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(s.readyQ) == 0 {
+		return false
+	}
+	r := s.readyQ[0]
+	s.readyQ[0] = nil
+	s.readyQ = s.readyQ[1:]
+	s.advance(r)
+	return true
+}
+
+// StepAll calls Step until no step is due and returns how many ran: every queued run reaches its
+// end or its next wait.
+func (s *Server) StepAll() int {
+	n := 0
+	for s.Step() {
+		n++
+	}
+	return n
+}
+
+// Pending is the number of runs waiting for their next step.
+func (s *Server) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.readyQ)
+}
+
+// ---- steps ----
+
+func (s *Server) newItem(r *run, key, typ, status, title string, done bool) t3rpc.TurnItem {
+	r.nextItem++
+	ts := s.ts()
+	it := t3rpc.TurnItem{
+		ID:           fmt.Sprintf("turn-item:run:%s:%s", pathEscapeColons(r.rec.ID), key),
+		Type:         typ,
+		ThreadId:     optStr(r.th.id),
+		RunId:        optNilStr(r.rec.ID),
+		ParentItemId: null(),
+		Ordinal:      r.rec.Ordinal*1_000_000 + r.nextItem, // T3 numbers items 1000001, 1000002, … per run
+		Status:       optStr(status),
+		Title:        strOrNull(title),
+		StartedAt:    optNilStr(ts),
+		CompletedAt:  null(),
+		UpdatedAt:    optNilStr(ts),
+	}
+	if done {
+		it.CompletedAt = optNilStr(ts)
+	}
+	return it
+}
+
+func (s *Server) putItem(r *run, it t3rpc.TurnItem) {
+	r.th.upsertItem(it)
+	s.emit(r.th, r.rec.ID, "turn-item.updated", encode(&it))
+}
+
+func (s *Server) putRun(r *run) { s.emit(r.th, r.rec.ID, "run.updated", encode(&r.rec)) }
+
+// finishItem marks an existing item done with status, keeping its start time.
+func (s *Server) finishItem(r *run, id, status string, edit func(*t3rpc.TurnItem)) {
+	it, ok := r.th.item(id)
+	if !ok {
+		return
+	}
+	ts := s.ts()
+	it.Status = optStr(status)
+	it.CompletedAt = optNilStr(ts)
+	it.UpdatedAt = optNilStr(ts)
+	if edit != nil {
+		edit(&it)
+	}
+	s.putItem(r, it)
+}
+
+func stepStarting(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	r.rec.Status = "starting"
+	s.putRun(r)
+	r.th.shell.Status = "starting"
+	s.publishShell(r.th)
+	return stepNext
+}
+
+func stepRunning(s *Server, r *run) stepResult {
+	ts := s.touch(r.th)
+	r.rec.Status = "running"
+	r.rec.StartedAt = optNilStr(ts)
+	s.putRun(r)
+	r.th.shell.Status = "running"
+	r.th.shell.LatestRunStartedAt = optNilStr(ts)
+	s.publishShell(r.th)
+	return stepNext
+}
+
+func stepCommandStart(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	it := s.newItem(r, "command:1", "command_execution", "running", "Run tests", false)
+	it.Input = optStr("go test ./...")
+	r.commandItem = it.ID
+	s.putItem(r, it)
+	s.publishShell(r.th)
+	return stepNext
+}
+
+func stepCommandDone(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	s.finishItem(r, r.commandItem, "completed", func(it *t3rpc.TurnItem) {
+		it.ExitCode = t3rpc.NewOptNilInt64(0)
+	})
+	r.commandItem = ""
+	s.publishShell(r.th)
+	return stepNext
+}
+
+func stepFileChange(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	it := s.newItem(r, "file-change:1", "file_change", "completed", "Edit README.md", true)
+	it.FileName = optStr("README.md")
+	it.Additions = t3rpc.NewOptNilInt64(3)
+	it.Deletions = t3rpc.NewOptNilInt64(1)
+	r.files = append(r.files, t3rpc.ChangedFile{
+		Path: "README.md", Kind: optStr("modified"), Additions: optI64(3), Deletions: optI64(1),
+	})
+	s.putItem(r, it)
+	s.publishShell(r.th)
+	return stepNext
+}
+
+// replyText is the assistant's answer: readable, and derived only from the prompt and answers.
+func replyText(r *run) string {
+	text := "Done: " + excerpt(r.prompt, 60)
+	if r.answers != nil {
+		parts := make([]string, 0, len(r.answers))
+		for _, q := range sortedKeys(r.answers) {
+			parts = append(parts, q+"="+strings.Join(r.answers[q], ", "))
+		}
+		text += ". Answers: " + strings.Join(parts, "; ")
+	}
+	return text
+}
+
+func stepReply(s *Server, r *run) stepResult {
+	ts := s.touch(r.th)
+	text := replyText(r)
+	msgID := fmt.Sprintf("message:run:%s:assistant", pathEscapeColons(r.rec.ID))
+	msg := t3rpc.Message{
+		ID: msgID, ThreadId: optStr(r.th.id), RunId: optNilStr(r.rec.ID), Role: "assistant", Text: text,
+		Streaming: t3rpc.NewOptBool(false), CreatedAt: optStr(ts), UpdatedAt: optStr(ts),
+	}
+	r.th.upsertMessage(msg)
+	s.emit(r.th, r.rec.ID, "message.updated", encode(&msg))
+	it := s.newItem(r, "assistant:1", "assistant_message", "completed", "", true)
+	it.MessageId = optStr(msgID)
+	it.Text = optStr(text)
+	it.Streaming = t3rpc.NewOptBool(false)
+	s.putItem(r, it)
+	r.th.shell.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(t3rpc.VisibleMessage{
+		ID: msgID, Role: "assistant", Text: text, UpdatedAt: optStr(ts),
+	})
+	s.publishShell(r.th)
+	return stepNext
+}
+
+// stepWaiting: the agent's turn is over, the checkpoint is not captured yet. T3's shell drops
+// activeRunId here already (recorded), while the thread stays busy.
+func stepWaiting(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	r.rec.Status = "waiting"
+	s.putRun(r)
+	r.th.shell.Status = "waiting"
+	r.th.shell.ActiveRunId = null()
+	s.publishShell(r.th)
+	return stepNext
+}
+
+func stepComplete(s *Server, r *run) stepResult {
+	ts := s.touch(r.th)
+	files := append([]t3rpc.ChangedFile{}, r.files...)
+	cp := t3rpc.Checkpoint{
+		ID:         fmt.Sprintf("checkpoint:thread:%s:run:%d", pathEscapeColons(r.th.id), r.rec.Ordinal),
+		RunId:      optNilStr(r.rec.ID),
+		Status:     "ready",
+		Files:      files,
+		CapturedAt: optNilStr(ts),
+	}
+	r.th.checkpoints = append(r.th.checkpoints, cp)
+	s.emit(r.th, r.rec.ID, "checkpoint.captured", encode(&cp))
+	it := s.newItem(r, "checkpoint:1", "checkpoint", "completed", "", true)
+	it.Files = files
+	s.putItem(r, it)
+	r.rec.Status = "completed"
+	r.rec.CompletedAt = optNilStr(ts)
+	r.rec.CheckpointId = optNilStr(cp.ID)
+	s.putRun(r)
+	s.settle(r, "completed", ts)
+	return stepDone
+}
+
+// settle puts the shell of a run that ended.
+func (s *Server) settle(r *run, status, ts string) {
+	th := r.th
+	if th.active == r {
+		th.active = nil
+	}
+	th.shell.Status = status
+	th.shell.ActiveRunId = null()
+	th.shell.LatestRunCompletedAt = optNilStr(ts)
+	th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
+	s.publishShell(th)
+	s.pruneRuns(th)
+}
+
+// questions are what the question script asks: one single-select, one multi-select question.
+func questions() []t3rpc.Question {
+	return []t3rpc.Question{
+		{
+			ID: "scope", Header: optStr("Scope"), Question: "Which scope should I use?",
+			Options: []t3rpc.QuestionOption{
+				{Label: "Workspace", Description: optStr("Use the current workspace")},
+				{Label: "Session", Description: optStr("Only use this session")},
+			},
+		},
+		{
+			ID: "checks", Header: optStr("Checks"), Question: "Which checks should I run?",
+			Options: []t3rpc.QuestionOption{
+				{Label: "lint", Description: optStr("Run the linters")},
+				{Label: "test", Description: optStr("Run the test suite")},
+			},
+			MultiSelect: t3rpc.NewOptBool(true),
+		},
+	}
+}
+
+func stepAsk(s *Server, r *run) stepResult {
+	ts := s.touch(r.th)
+	esc := pathEscapeColons(r.rec.ID)
+	rr := t3rpc.RuntimeRequest{
+		ID:         fmt.Sprintf("runtime-request:run:%s:question:1", esc),
+		NodeId:     optNilStr(fmt.Sprintf("node:run:%s:question:1", esc)),
+		Kind:       "user_input",
+		Status:     "pending",
+		CreatedAt:  optStr(ts),
+		ResolvedAt: null(),
+	}
+	r.th.upsertRequest(rr)
+	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	it := s.newItem(r, "question:1", "user_input_request", "waiting", "", false)
+	it.RequestId = optStr(rr.ID)
+	it.Questions = questions()
+	s.putItem(r, it)
+	r.requestID, r.questionItem = rr.ID, it.ID
+	r.requests = append(r.requests, rr.ID)
+	r.th.shell.PendingRuntimeRequest = t3rpc.NewOptNilPendingRuntimeRequest(t3rpc.PendingRuntimeRequest{
+		ID: rr.ID, Kind: rr.Kind, CreatedAt: optStr(ts),
+	})
+	s.publishShell(r.th)
+	return stepPark
+}
+
+// answer resolves the pending question with the given answers and resumes the run.
+func (s *Server) answer(r *run, answers map[string][]string) {
+	ts := s.touch(r.th)
+	rr, _ := r.th.request(r.requestID)
+	rr.Status = "resolved"
+	rr.ResolvedAt = optNilStr(ts)
+	r.th.upsertRequest(rr)
+	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	s.finishItem(r, r.questionItem, "completed", nil)
+	r.th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
+	s.publishShell(r.th)
+	r.answers = answers
+	s.answers[rr.ID] = answers
+	r.requestID = ""
+	s.schedule(r)
+}
+
+func stepHang(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	it := s.newItem(r, "command:1", "command_execution", "running", "Wait forever", false)
+	it.Input = optStr("sleep infinity")
+	r.commandItem = it.ID
+	s.putItem(r, it)
+	s.publishShell(r.th)
+	return stepPark
+}
+
+func stepFail(s *Server, r *run) stepResult {
+	ts := s.touch(r.th)
+	it := s.newItem(r, "error:1", "error", "failed", "Provider error", true)
+	it.Failure = t3rpc.NewOptFailure(t3rpc.Failure{
+		Class:     optStr("provider_error"),
+		Message:   "Simulated provider failure: " + excerpt(r.prompt, 60),
+		Code:      null(),
+		Retryable: t3rpc.OptNilBool{Set: true, Null: true},
+	})
+	s.putItem(r, it)
+	r.rec.Status = "failed"
+	r.rec.CompletedAt = optNilStr(ts)
+	s.putRun(r)
+	s.settle(r, "failed", ts)
+	return stepDone
+}
+
+// interrupt is run.interrupt's synchronous part: the request item now, the result at the next
+// step (T3 answers the command after the request item and interrupts the provider after).
+func (s *Server) interrupt(r *run, reason string) {
+	s.touch(r.th)
+	if reason == "" {
+		reason = "Interrupt requested"
+	}
+	it := s.newItem(r, "signal:interrupt-request", "run_interrupt_request", "completed", "Interrupt requested", true)
+	it.Message = optStr(reason)
+	s.putItem(r, it)
+	s.publishShell(r.th)
+	r.interrupting = true
+	r.interruptReq = it.ID
+	r.steps, r.idx = []stepFunc{stepInterrupted}, 0
+	if r.state == runParked {
+		s.schedule(r)
+	}
+}
+
+func stepInterrupted(s *Server, r *run) stepResult {
+	ts := s.touch(r.th)
+	if r.commandItem != "" {
+		s.finishItem(r, r.commandItem, "interrupted", nil)
+		r.commandItem = ""
+	}
+	if r.requestID != "" {
+		if rr, ok := r.th.request(r.requestID); ok {
+			rr.Status = "cancelled"
+			rr.ResolvedAt = optNilStr(ts)
+			r.th.upsertRequest(rr)
+			s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+		}
+		s.finishItem(r, r.questionItem, "cancelled", nil)
+		r.requestID = ""
+	}
+	it := s.newItem(r, "signal:interrupt-result", "run_interrupt_result", "interrupted", "Interrupted", true)
+	it.ParentItemId = optNilStr(r.interruptReq)
+	it.Message = optStr("Run interrupted by user")
+	s.putItem(r, it)
+	r.rec.Status = "interrupted"
+	r.rec.CompletedAt = optNilStr(ts)
+	s.putRun(r)
+	s.settle(r, "interrupted", ts)
+	return stepDone
+}

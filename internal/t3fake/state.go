@@ -1,0 +1,468 @@
+package t3fake
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// The model. Every record is kept as the generated wire type it is sent as, so a projection or a
+// shell row is assembled by copying, never translated. Everything here runs under Server.mu.
+
+type project struct {
+	rec t3rpc.Project // DeletedAt unset: the shell form; /api/projects adds deletedAt:null
+}
+
+type thread struct {
+	id          string
+	app         t3rpc.AppThread
+	shell       t3rpc.ThreadShell
+	runs        []*run
+	requests    []t3rpc.RuntimeRequest
+	messages    []t3rpc.Message
+	items       []t3rpc.TurnItem
+	checkpoints []t3rpc.Checkpoint
+	updatedAt   string
+	active      *run // the run that keeps the thread busy (until completed/interrupted/failed)
+	runCount    int64
+}
+
+// logEntry is one sequence of the global event log. A thread event and the shell row it produced
+// share a sequence, as in T3 (the shell item carries the sequence of its last event); project
+// items have a sequence of their own.
+type logEntry struct {
+	seq        int64
+	threadID   string
+	thread     jx.Raw // encoded ThreadStreamItem (kind event), or nil
+	threadKind string
+	shell      jx.Raw // encoded ShellStreamItem, or nil
+	shellKind  string
+}
+
+// maxReceipts is how many commandIds the fake remembers. T3 keeps receipts forever; a bound keeps
+// a long load run's memory flat, and a retry comes long before 100,000 newer commands.
+const maxReceipts = 100_000
+
+// remember stores a command receipt, forgetting the oldest ones past maxReceipts.
+func (s *Server) remember(id string, rc receipt) {
+	if _, seen := s.receipts[id]; !seen {
+		s.receiptIDs = append(s.receiptIDs, id)
+	}
+	s.receipts[id] = rc
+	if len(s.receiptIDs) > maxReceipts+maxReceipts/10 {
+		drop := len(s.receiptIDs) - maxReceipts
+		for _, old := range s.receiptIDs[:drop] {
+			delete(s.receipts, old)
+		}
+		n := copy(s.receiptIDs, s.receiptIDs[drop:])
+		clear(s.receiptIDs[n:])
+		s.receiptIDs = s.receiptIDs[:n]
+	}
+}
+
+// pruneRuns drops the records of th's oldest finished runs beyond keepRuns (see Options.KeepRuns).
+func (s *Server) pruneRuns(th *thread) {
+	if s.keepRuns < 0 || len(th.runs) <= s.keepRuns {
+		return
+	}
+	gone, goneReqs := map[string]bool{}, map[string]bool{}
+	keep := th.runs[:0]
+	excess := len(th.runs) - s.keepRuns
+	for _, r := range th.runs {
+		if excess > 0 && r.state == runDone {
+			excess--
+			gone[r.rec.ID] = true
+			for _, id := range r.requests {
+				delete(s.answers, id)
+				goneReqs[id] = true
+			}
+			continue
+		}
+		keep = append(keep, r)
+	}
+	clear(th.runs[len(keep):])
+	th.runs = keep
+	if len(gone) == 0 {
+		return
+	}
+	ofGone := func(runID t3rpc.OptNilString) bool { return gone[runID.Value] }
+	th.items = slices.DeleteFunc(th.items, func(it t3rpc.TurnItem) bool { return ofGone(it.RunId) })
+	th.messages = slices.DeleteFunc(th.messages, func(m t3rpc.Message) bool { return ofGone(m.RunId) })
+	th.checkpoints = slices.DeleteFunc(th.checkpoints, func(c t3rpc.Checkpoint) bool { return ofGone(c.RunId) })
+	th.requests = slices.DeleteFunc(th.requests, func(rr t3rpc.RuntimeRequest) bool { return goneReqs[rr.ID] })
+}
+
+type receipt struct {
+	threadID string
+	seq      int64
+	fail     *t3rpc.TaggedError // a rejected command: replays fail with "previously rejected"
+	launch   bool
+}
+
+// codexSelection is the usable provider of server.getConfig, for seeded threads and projects.
+var codexSelection = t3rpc.ModelSelection{InstanceId: ProviderInstance, Model: ProviderModel}
+
+func (s *Server) ts() string { return iso(s.now()) }
+
+// appendLog adds an entry and trims the log so it holds at least the last replayLimit sequences.
+// Trimming copies down in bulk once the log is twice that long, so appends stay O(1) amortized
+// and the backing array does not grow without bound under load.
+func (s *Server) appendLog(e logEntry) {
+	s.log = append(s.log, e)
+	keep := s.replayLimit
+	if keep < 0 {
+		keep = 0
+	}
+	if len(s.log) > 2*keep+64 {
+		cut := len(s.log) - keep
+		s.logBase = s.log[cut-1].seq
+		n := copy(s.log, s.log[cut:])
+		clear(s.log[n:])
+		s.log = s.log[:n]
+	}
+}
+
+// canReplay reports whether every item after afterSequence is still in the log and the gap is
+// within the replay limit. Otherwise the subscriber gets a snapshot: its cursor is ahead of the
+// head (a replaced database), behind the log, or too far behind.
+func (s *Server) canReplay(after int64) bool {
+	if s.replayLimit < 0 || after > s.head || after < s.logBase {
+		return false
+	}
+	return s.head-after <= int64(s.replayLimit)
+}
+
+// logFrom is the index of the first entry with seq > after.
+func (s *Server) logFrom(after int64) int {
+	return sort.Search(len(s.log), func(i int) bool { return s.log[i].seq > after })
+}
+
+// emit appends one domain event of th to the log and queues it on th's subscriptions.
+func (s *Server) emit(th *thread, runID, typ string, payload jx.Raw) {
+	s.head++
+	seq := s.head
+	ev := t3rpc.DomainEvent{
+		ID:         fmt.Sprintf("event:thread:%s:sequence:%d", th.id, seq),
+		ThreadId:   th.id,
+		OccurredAt: s.ts(),
+		Type:       typ,
+		Payload:    payload,
+	}
+	if runID != "" {
+		ev.RunId = optStr(runID)
+	}
+	item := t3rpc.ThreadStreamItem{Kind: "event", Sequence: optI64(seq), Event: t3rpc.NewOptDomainEvent(ev)}
+	raw := encode(&item)
+	kind := "thread:" + typ
+	s.appendLog(logEntry{seq: seq, threadID: th.id, thread: raw, threadKind: kind})
+	for sb := range s.threadSubs[th.id] {
+		sb.push(queued{raw: raw, kind: kind, seq: seq})
+	}
+}
+
+// publishShell sends th's shell row as thread.updated at the current head: the row changed because
+// of the event just emitted, so it shares that event's sequence.
+func (s *Server) publishShell(th *thread) {
+	th.shell.UpdatedAt = optStr(th.updatedAt)
+	th.shell.ItemCount = optI64(int64(len(th.items)))
+	item := t3rpc.ShellStreamItem{
+		Kind:     "thread.updated",
+		Sequence: optI64(s.head),
+		Location: optStr("active"),
+		Thread:   t3rpc.NewOptThreadShell(th.shell),
+	}
+	s.shellItem(item, th.id, true)
+}
+
+// shellItem logs and fans out one shell item. With sameSeq it rides on the newest log entry (the
+// event that caused it); otherwise it takes a new sequence.
+func (s *Server) shellItem(item t3rpc.ShellStreamItem, threadID string, sameSeq bool) {
+	if !sameSeq || len(s.log) == 0 || s.log[len(s.log)-1].seq != s.head {
+		s.head++
+		item.Sequence = optI64(s.head)
+		s.appendLog(logEntry{seq: s.head, threadID: threadID})
+	}
+	raw := encode(&item)
+	kind := "shell:" + item.Kind
+	last := &s.log[len(s.log)-1]
+	last.shell, last.shellKind = raw, kind
+	for sb := range s.shellSubs {
+		sb.push(queued{raw: raw, kind: kind, seq: s.head})
+	}
+}
+
+// touch marks th changed now.
+func (s *Server) touch(th *thread) string {
+	ts := s.ts()
+	th.updatedAt = ts
+	th.app.UpdatedAt = optStr(ts)
+	return ts
+}
+
+// ---- snapshots ----
+
+func (s *Server) shellSnapshot() t3rpc.ShellSnapshot {
+	snap := t3rpc.ShellSnapshot{
+		SchemaVersion:    t3rpc.NewOptInt(2),
+		SnapshotSequence: s.head,
+		Threads:          make([]t3rpc.ThreadShell, len(s.threads)),
+		ArchivedThreads:  []t3rpc.ThreadShell{},
+		Projects:         make([]t3rpc.Project, len(s.projects)),
+	}
+	for i, th := range s.threads {
+		snap.Threads[i] = th.shell
+	}
+	for i, p := range s.projects {
+		snap.Projects[i] = p.rec
+	}
+	return snap
+}
+
+func (s *Server) projection(th *thread) t3rpc.ThreadProjection {
+	p := t3rpc.ThreadProjection{
+		Thread:          th.app,
+		Runs:            make([]t3rpc.Run, len(th.runs)),
+		RuntimeRequests: append([]t3rpc.RuntimeRequest{}, th.requests...),
+		Messages:        append([]t3rpc.Message{}, th.messages...),
+		TurnItems:       append([]t3rpc.TurnItem{}, th.items...),
+		Checkpoints:     append([]t3rpc.Checkpoint{}, th.checkpoints...),
+		UpdatedAt:       optStr(th.updatedAt),
+	}
+	for i, r := range th.runs {
+		p.Runs[i] = r.rec
+	}
+	return p
+}
+
+// ---- record upserts: T3 payloads are whole records, replaced by id ----
+
+func (th *thread) upsertItem(it t3rpc.TurnItem) {
+	for i := len(th.items) - 1; i >= 0; i-- {
+		if th.items[i].ID == it.ID {
+			th.items[i] = it
+			return
+		}
+	}
+	th.items = append(th.items, it)
+}
+
+func (th *thread) item(id string) (t3rpc.TurnItem, bool) {
+	for i := len(th.items) - 1; i >= 0; i-- {
+		if th.items[i].ID == id {
+			return th.items[i], true
+		}
+	}
+	return t3rpc.TurnItem{}, false
+}
+
+func (th *thread) upsertMessage(m t3rpc.Message) {
+	for i := len(th.messages) - 1; i >= 0; i-- {
+		if th.messages[i].ID == m.ID {
+			th.messages[i] = m
+			return
+		}
+	}
+	th.messages = append(th.messages, m)
+}
+
+func (th *thread) upsertRequest(rr t3rpc.RuntimeRequest) {
+	for i := range th.requests {
+		if th.requests[i].ID == rr.ID {
+			th.requests[i] = rr
+			return
+		}
+	}
+	th.requests = append(th.requests, rr)
+}
+
+func (th *thread) request(id string) (t3rpc.RuntimeRequest, bool) {
+	for _, rr := range th.requests {
+		if rr.ID == id {
+			return rr, true
+		}
+	}
+	return t3rpc.RuntimeRequest{}, false
+}
+
+func (th *thread) run(id string) *run {
+	for i := len(th.runs) - 1; i >= 0; i-- {
+		if th.runs[i].rec.ID == id {
+			return th.runs[i]
+		}
+	}
+	return nil
+}
+
+// ---- creation ----
+
+// addProject adds a project with id, or project-<n> when id is "".
+func (s *Server) addProject(id, title, root string) *project {
+	for id == "" || s.projectByID[id] != nil { // only a generated id can collide here
+		s.nextProject++
+		id = fmt.Sprintf("project-%d", s.nextProject)
+	}
+	ts := s.ts()
+	p := &project{rec: t3rpc.Project{
+		ID:                    id,
+		Title:                 title,
+		WorkspaceRoot:         root,
+		DefaultModelSelection: t3rpc.NewOptNilModelSelection(codexSelection),
+		CreatedAt:             optStr(ts),
+		UpdatedAt:             optStr(ts),
+	}}
+	s.projects = append(s.projects, p)
+	s.projectByID[p.rec.ID] = p
+	s.shellItem(t3rpc.ShellStreamItem{Kind: "project.updated", Project: t3rpc.NewOptProject(p.rec)}, "", false)
+	return p
+}
+
+type threadSpec struct {
+	id, projectID, title         string
+	model                        t3rpc.ModelSelection
+	runtimeMode, interactionMode string
+	createdBy, creationSource    string
+}
+
+// createThread adds a thread and emits thread.created plus its idle shell row.
+func (s *Server) createThread(sp threadSpec) *thread {
+	ts := s.ts()
+	th := &thread{id: sp.id, updatedAt: ts}
+	th.app = t3rpc.AppThread{
+		ID:              sp.id,
+		ProjectId:       sp.projectID,
+		Title:           sp.title,
+		ModelSelection:  t3rpc.NewOptModelSelection(sp.model),
+		RuntimeMode:     optStr(sp.runtimeMode),
+		InteractionMode: optStr(sp.interactionMode),
+		CreatedBy:       optStr(sp.createdBy),
+		CreationSource:  optStr(sp.creationSource),
+		CreatedAt:       optStr(ts),
+		UpdatedAt:       optStr(ts),
+		ArchivedAt:      null(),
+		DeletedAt:       null(),
+	}
+	th.shell = t3rpc.ThreadShell{
+		ID:                    sp.id,
+		ProjectId:             sp.projectID,
+		Title:                 sp.title,
+		ModelSelection:        t3rpc.NewOptModelSelection(sp.model),
+		RuntimeMode:           optStr(sp.runtimeMode),
+		InteractionMode:       optStr(sp.interactionMode),
+		Status:                "idle",
+		LatestRunId:           null(),
+		ActiveRunId:           null(),
+		LatestRunRequestedAt:  null(),
+		LatestRunStartedAt:    null(),
+		LatestRunCompletedAt:  null(),
+		LastError:             jx.Raw("null"),
+		PendingRuntimeRequest: t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true},
+		LatestVisibleMessage:  t3rpc.OptNilVisibleMessage{Set: true, Null: true},
+		CreatedAt:             optStr(ts),
+		ArchivedAt:            null(),
+		DeletedAt:             null(),
+	}
+	s.threads = append(s.threads, th)
+	s.threadByID[th.id] = th
+	s.emit(th, "", "thread.created", encode(&th.app))
+	s.publishShell(th)
+	return th
+}
+
+// ---- seeding API ----
+
+// AddProject adds a project (as T3's project.create would) and returns its id, project-<n>.
+func (s *Server) AddProject(title, workspaceRoot string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addProject("", title, workspaceRoot).rec.ID
+}
+
+// seedStatuses are the statuses AddThread accepts.
+var seedStatuses = map[string]bool{
+	"idle": true, "preparing": true, "queued": true, "starting": true, "running": true, "waiting": true,
+	"completed": true, "interrupted": true, "failed": true, "cancelled": true,
+}
+
+// AddThread adds a thread in projectID with the given shell status and returns its id,
+// thread-<n>. Any status but idle gets one run in that status (no turn items), so the shell and
+// the projection agree; an active one (preparing … waiting) keeps the thread busy until
+// run.interrupt. It is meant for seeding thousands of threads: it panics on an unknown project or
+// status, which are programming errors.
+func (s *Server) AddThread(projectID, title, status string) string {
+	if !seedStatuses[status] {
+		panic(fmt.Sprintf("t3fake: AddThread: unknown status %q", status))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.projectByID[projectID] == nil {
+		panic(fmt.Sprintf("t3fake: AddThread: no project %q", projectID))
+	}
+	s.nextThread++
+	id := fmt.Sprintf("thread-%d", s.nextThread)
+	for s.threadByID[id] != nil { // a client chose this id already
+		s.nextThread++
+		id = fmt.Sprintf("thread-%d", s.nextThread)
+	}
+	th := s.createThread(threadSpec{
+		id: id, projectID: projectID, title: title, model: codexSelection,
+		runtimeMode: "full-access", interactionMode: "default", createdBy: "user", creationSource: "server",
+	})
+	if status != "idle" {
+		s.seedRun(th, status)
+	}
+	return id
+}
+
+// RemoveThread deletes a thread: subscribers of the shell see thread.removed. Thread
+// subscriptions of it stay open and silent, as in T3.
+func (s *Server) RemoveThread(threadID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	th := s.threadByID[threadID]
+	if th == nil {
+		return false
+	}
+	delete(s.threadByID, threadID)
+	for i, t := range s.threads {
+		if t == th {
+			s.threads = append(s.threads[:i], s.threads[i+1:]...)
+			break
+		}
+	}
+	s.readyQ = dropThreadRuns(s.readyQ, th)
+	s.shellItem(t3rpc.ShellStreamItem{Kind: "thread.removed", Location: optStr("active"), ThreadId: optStr(threadID)}, threadID, false)
+	return true
+}
+
+func dropThreadRuns(q []*run, th *thread) []*run {
+	out := q[:0]
+	for _, r := range q {
+		if r.th != th {
+			out = append(out, r)
+		}
+	}
+	clear(q[len(out):])
+	return out
+}
+
+// StartRun dispatches prompt on threadID as a client's message.dispatch would (with a
+// server-made messageId) and returns the run id. It lets the load harness and the demo start
+// runs without a WebSocket.
+func (s *Server) StartRun(threadID, prompt string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	th := s.threadByID[threadID]
+	if th == nil {
+		return "", fmt.Errorf("t3fake: no thread %q", threadID)
+	}
+	if th.active != nil {
+		return "", fmt.Errorf("t3fake: thread %s has an active run %s", threadID, th.active.rec.ID)
+	}
+	s.nextMessage++
+	r := s.startRun(th, fmt.Sprintf("message-server-%d", s.nextMessage), prompt, t3rpc.OptModelSelection{}, false)
+	return r.rec.ID, nil
+}

@@ -1,0 +1,501 @@
+package t3fake
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// Effect RPC over one WebSocket. The reader goroutine (the HTTP handler's) decodes frames and
+// answers calls; one writer goroutine owns every write, so message order on the socket is the order
+// things were queued. Streams follow T3's Ack flow control: a subscription with a Chunk in flight
+// sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes out
+// batched in the next Chunk.
+
+// queued is one encoded stream item waiting for its Chunk.
+type queued struct {
+	raw   jx.Raw
+	kind  string // for OnItemSent
+	seq   int64
+	alone bool // a snapshot travels in a Chunk of its own
+}
+
+// sub is one stream (subscribeShell or subscribeThread) on one connection.
+type sub struct {
+	c        *conn
+	id       t3rpc.RequestId
+	key      string
+	shell    bool
+	threadID string
+	// Guarded by c.mu.
+	queue    []queued
+	inflight bool // a Chunk is out and its Ack has not come back
+	closed   bool
+}
+
+// push queues an item for the subscriber. Callers hold Server.mu, which orders all pushes.
+func (sb *sub) push(q queued) {
+	c := sb.c
+	c.mu.Lock()
+	if sb.closed {
+		c.mu.Unlock()
+		return
+	}
+	sb.queue = append(sb.queue, q)
+	ready := !sb.inflight
+	c.mu.Unlock()
+	if ready {
+		c.signal()
+	}
+}
+
+type conn struct {
+	s      *Server
+	ws     *websocket.Conn
+	scopes []string
+	ctx    context.Context
+	cancel context.CancelFunc
+	wake   chan struct{} // capacity 1: "something may be ready to write"
+
+	mu    sync.Mutex
+	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
+	subs  map[string]*sub
+	order []*sub // subscriptions in creation order, for a stable write order
+}
+
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drop closes the socket at once, without a close handshake, as a lost network would.
+func (c *conn) drop() {
+	c.cancel()
+	_ = c.ws.CloseNow()
+}
+
+// Pre-encoded constant messages.
+var (
+	pongRaw        = encode(t3rpc.NewPongServerMessage(t3rpc.Pong{Tag: "Pong"}))
+	shellSyncRaw   = encode(&t3rpc.ShellStreamItem{Kind: "synchronized"})
+	threadSyncRaw  = encode(&t3rpc.ThreadStreamItem{Kind: "synchronized"})
+	emptyObjectRaw = jx.Raw("{}")
+)
+
+// serveConn runs one accepted socket until it closes.
+func (s *Server) serveConn(ws *websocket.Conn, scopes []string) {
+	ws.SetReadLimit(4 << 20)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{s: s, ws: ws, scopes: scopes, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), subs: map[string]*sub{}}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		c.drop()
+		return
+	}
+	s.conns[c] = struct{}{}
+	// Close waits for both goroutines: the handler's is hijacked, so the HTTP server no longer
+	// tracks it. Added under mu after the closed check, so never after Close began waiting.
+	s.wg.Add(2)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	s.wsConnections.Add(1)
+	s.wsOpen.Add(1)
+	defer s.wsOpen.Add(-1)
+
+	writerDone := make(chan struct{})
+	go func() {
+		defer s.wg.Done()
+		defer close(writerDone)
+		c.writeLoop()
+	}()
+	c.readLoop()
+	c.cancel()
+	<-writerDone
+
+	s.mu.Lock()
+	delete(s.conns, c)
+	c.mu.Lock()
+	for _, sb := range c.order {
+		sb.closed = true
+		s.removeSub(sb)
+	}
+	c.subs, c.order = nil, nil
+	c.mu.Unlock()
+	s.mu.Unlock()
+	_ = ws.CloseNow()
+}
+
+func (s *Server) removeSub(sb *sub) {
+	if sb.shell {
+		delete(s.shellSubs, sb)
+		return
+	}
+	if m := s.threadSubs[sb.threadID]; m != nil {
+		delete(m, sb)
+		if len(m) == 0 {
+			delete(s.threadSubs, sb.threadID)
+		}
+	}
+}
+
+func (c *conn) readLoop() {
+	for {
+		_, data, err := c.ws.Read(c.ctx)
+		if err != nil {
+			return
+		}
+		c.handleFrame(data)
+	}
+}
+
+// handleFrame accepts one message or an array of messages per frame, as Effect's JSON
+// serialization does.
+func (c *conn) handleFrame(data []byte) {
+	d := jx.DecodeBytes(data)
+	switch d.Next() {
+	case jx.Object:
+		c.handleMessage(data)
+	case jx.Array:
+		if err := d.Arr(func(d *jx.Decoder) error {
+			raw, err := d.Raw()
+			if err != nil {
+				return err
+			}
+			c.handleMessage(raw)
+			return nil
+		}); err != nil {
+			c.defect("Invalid message: " + err.Error())
+		}
+	default:
+		c.defect("Invalid message: expected an object or an array")
+	}
+}
+
+func (c *conn) handleMessage(raw []byte) {
+	var m t3rpc.ClientMessage
+	if err := m.Decode(jx.DecodeBytes(raw)); err != nil {
+		// Effect answers an undecodable message (bad id, unknown _tag) with a connection defect.
+		c.defect("Invalid message: " + err.Error())
+		return
+	}
+	switch m.Type {
+	case t3rpc.RequestClientMessage:
+		c.s.requests.Add(1)
+		c.handleRequest(m.Request)
+	case t3rpc.AckClientMessage:
+		c.s.acks.Add(1)
+		c.ack(m.Ack.RequestId)
+	case t3rpc.InterruptClientMessage:
+		c.interrupt(m.Interrupt.RequestId)
+	case t3rpc.PingClientMessage:
+		if !c.s.stopPongs.Load() {
+			c.send(pongRaw)
+		}
+	case t3rpc.EOFClientMessage:
+		// "No more requests": nothing to do, the open streams go on.
+	}
+}
+
+func (c *conn) handleRequest(req t3rpc.Request) {
+	s := c.s
+	payload := req.Payload
+	if len(payload) == 0 {
+		payload = emptyObjectRaw
+	}
+	switch req.Method {
+	case "server.getConfig", "server.probe", "orchestration.subscribeShell",
+		"orchestration.subscribeThread", "orchestration.getThreadProjection":
+		if !hasScope(c.scopes, ScopeRead) {
+			c.exit(req.ID, failed(missingScope(ScopeRead)))
+			return
+		}
+	}
+	switch req.Method {
+	case "server.getConfig":
+		cfg := s.serverConfig()
+		c.exit(req.ID, ok(&cfg))
+	case "server.probe":
+		c.exit(req.ID, result{value: emptyObjectRaw})
+	case "orchestration.subscribeShell":
+		c.subscribeShell(req.ID, payload)
+	case "orchestration.subscribeThread":
+		c.subscribeThread(req.ID, payload)
+	case "orchestration.getThreadProjection":
+		c.exit(req.ID, s.getThreadProjection(payload))
+	case "orchestration.dispatchCommand":
+		c.exit(req.ID, s.dispatchCommand(payload, c.scopes))
+	case "orchestration.launchThread":
+		c.exit(req.ID, s.launchThread(payload, c.scopes))
+	default:
+		c.exit(req.ID, died("Unknown request tag: "+req.Method))
+	}
+}
+
+func (c *conn) send(raw jx.Raw) {
+	c.mu.Lock()
+	c.ctrl = append(c.ctrl, raw)
+	c.mu.Unlock()
+	c.signal()
+}
+
+func (c *conn) defect(msg string) {
+	c.send(encode(t3rpc.NewDefectServerMessage(t3rpc.Defect{Tag: "Defect", Defect: jsonString(msg)})))
+}
+
+func (c *conn) exit(id t3rpc.RequestId, r result) {
+	var ex t3rpc.ExitResult
+	switch {
+	case r.fail != nil:
+		ex = t3rpc.NewExitFailureExitResult(t3rpc.ExitFailure{Tag: "Failure", Cause: []t3rpc.Cause{
+			{Tag: "Fail", Error: t3rpc.NewOptTaggedError(*r.fail)},
+		}})
+	case r.die != "":
+		ex = t3rpc.NewExitFailureExitResult(t3rpc.ExitFailure{Tag: "Failure", Cause: []t3rpc.Cause{
+			{Tag: "Die", Defect: jsonString(r.die)},
+		}})
+	default:
+		ex = t3rpc.NewExitSuccessExitResult(t3rpc.ExitSuccess{Tag: "Success", Value: r.value})
+	}
+	c.send(encode(t3rpc.NewExitServerMessage(t3rpc.Exit{Tag: "Exit", RequestId: id, Exit: ex})))
+}
+
+// addSub registers a stream with its first items. Callers hold Server.mu. A request id reused
+// for a new stream replaces the old stream.
+func (c *conn) addSub(sb *sub, first []queued) {
+	c.mu.Lock()
+	if old := c.subs[sb.key]; old != nil {
+		old.closed = true
+		c.s.removeSub(old)
+		c.order = slices.DeleteFunc(c.order, func(x *sub) bool { return x == old })
+	}
+	sb.queue = first
+	c.subs[sb.key] = sb
+	c.order = append(c.order, sb)
+	c.mu.Unlock()
+	c.signal()
+}
+
+func (c *conn) subscribeShell(id t3rpc.RequestId, payload jx.Raw) {
+	var in t3rpc.SubscribeShellInput
+	if err := decodePayload(payload, &in); err != nil {
+		c.exit(id, died(decodeDefect(err)))
+		return
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var first []queued
+	if after, set := in.AfterSequence.Get(); set && s.canReplay(after) {
+		for _, e := range s.log[s.logFrom(after):] {
+			if e.shell != nil {
+				first = append(first, queued{raw: e.shell, kind: e.shellKind, seq: e.seq})
+			}
+		}
+	} else {
+		item := t3rpc.ShellStreamItem{Kind: "snapshot", Snapshot: t3rpc.NewOptShellSnapshot(s.shellSnapshot())}
+		first = append(first, queued{raw: encode(&item), kind: "shell:snapshot", seq: s.head, alone: true})
+	}
+	if in.RequestCompletionMarker.Or(false) {
+		first = append(first, queued{raw: shellSyncRaw, kind: "shell:synchronized"})
+	}
+	sb := &sub{c: c, id: id, key: requestKey(id), shell: true}
+	c.addSub(sb, first)
+	s.shellSubs[sb] = struct{}{}
+}
+
+func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
+	var in t3rpc.SubscribeThreadInput
+	if err := decodePayload(payload, &in); err != nil {
+		c.exit(id, died(decodeDefect(err)))
+		return
+	}
+	s := c.s
+	s.mu.Lock()
+	th := s.threadByID[in.ThreadId]
+	if th == nil {
+		s.mu.Unlock()
+		c.exit(id, failed(projectionError(in.ThreadId)))
+		return
+	}
+	defer s.mu.Unlock()
+	var first []queued
+	if after, set := in.AfterSequence.Get(); set && s.canReplay(after) {
+		for _, e := range s.log[s.logFrom(after):] {
+			if e.thread != nil && e.threadID == th.id {
+				first = append(first, queued{raw: e.thread, kind: e.threadKind, seq: e.seq})
+			}
+		}
+	} else {
+		item := t3rpc.ThreadStreamItem{
+			Kind: "snapshot", SnapshotSequence: optI64(s.head), Projection: t3rpc.NewOptThreadProjection(s.projection(th)),
+		}
+		first = append(first, queued{raw: encode(&item), kind: "thread:snapshot", seq: s.head, alone: true})
+	}
+	if in.RequestCompletionMarker.Or(false) {
+		first = append(first, queued{raw: threadSyncRaw, kind: "thread:synchronized"})
+	}
+	sb := &sub{c: c, id: id, key: requestKey(id), threadID: th.id}
+	c.addSub(sb, first)
+	if s.threadSubs[th.id] == nil {
+		s.threadSubs[th.id] = map[*sub]struct{}{}
+	}
+	s.threadSubs[th.id][sb] = struct{}{}
+}
+
+func (c *conn) ack(id t3rpc.RequestId) {
+	c.mu.Lock()
+	sb := c.subs[requestKey(id)]
+	ready := false
+	if sb != nil && sb.inflight {
+		sb.inflight = false
+		ready = len(sb.queue) > 0
+	}
+	c.mu.Unlock()
+	if ready {
+		c.signal()
+	}
+}
+
+// interrupt ends a stream with Exit Failure [Interrupt], as T3 does when the client unsubscribes.
+// Calls finish before the next frame is read, so only streams can be interrupted; other ids are
+// ignored.
+func (c *conn) interrupt(id t3rpc.RequestId) {
+	s := c.s
+	s.mu.Lock()
+	c.mu.Lock()
+	sb := c.subs[requestKey(id)]
+	if sb == nil {
+		c.mu.Unlock()
+		s.mu.Unlock()
+		return
+	}
+	delete(c.subs, sb.key)
+	c.order = slices.DeleteFunc(c.order, func(x *sub) bool { return x == sb })
+	sb.closed, sb.queue = true, nil
+	c.mu.Unlock()
+	s.removeSub(sb)
+	s.fiberID++
+	fiber := s.fiberID
+	s.mu.Unlock()
+	ex := t3rpc.NewExitFailureExitResult(t3rpc.ExitFailure{Tag: "Failure", Cause: []t3rpc.Cause{
+		{Tag: "Interrupt", FiberId: jx.Raw(strconv.FormatInt(fiber, 10))},
+	}})
+	c.send(encode(t3rpc.NewExitServerMessage(t3rpc.Exit{Tag: "Exit", RequestId: id, Exit: ex})))
+}
+
+type chunkOut struct {
+	id    t3rpc.RequestId
+	items []queued
+}
+
+// collect takes what may be written now: every control message, and one Chunk for each stream
+// with items and no Chunk in flight (none while StallStreams is on).
+func (c *conn) collect() ([]jx.Raw, []chunkOut) {
+	c.mu.Lock()
+	out := c.ctrl
+	c.ctrl = nil
+	var chunks []chunkOut
+	if !c.s.stall.Load() {
+		for _, sb := range c.order {
+			if sb.inflight || len(sb.queue) == 0 {
+				continue
+			}
+			n := len(sb.queue)
+			for i, q := range sb.queue {
+				if q.alone {
+					n = max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
+					break
+				}
+			}
+			items := append([]queued(nil), sb.queue[:n]...)
+			sb.queue = append(sb.queue[:0], sb.queue[n:]...)
+			sb.inflight = true
+			chunks = append(chunks, chunkOut{id: sb.id, items: items})
+		}
+	}
+	c.mu.Unlock()
+	for _, ch := range chunks {
+		values := make([]jx.Raw, len(ch.items))
+		for i, q := range ch.items {
+			values[i] = q.raw
+		}
+		out = append(out, encode(t3rpc.NewChunkServerMessage(t3rpc.Chunk{Tag: "Chunk", RequestId: ch.id, Values: values})))
+	}
+	return out, chunks
+}
+
+func (c *conn) writeLoop() {
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.wake:
+		}
+		for {
+			out, chunks := c.collect()
+			if len(out) == 0 {
+				break
+			}
+			if err := c.write(out); err != nil {
+				c.drop()
+				return
+			}
+			c.report(chunks)
+		}
+	}
+}
+
+func (c *conn) write(out []jx.Raw) error {
+	if c.s.opts.BatchFrames && len(out) > 1 {
+		n := 1
+		for _, m := range out {
+			n += len(m) + 1
+		}
+		buf := make([]byte, 0, n)
+		buf = append(buf, '[')
+		for i, m := range out {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, m...)
+		}
+		buf = append(buf, ']')
+		return c.ws.Write(c.ctx, websocket.MessageText, buf)
+	}
+	for _, m := range out {
+		if err := c.ws.Write(c.ctx, websocket.MessageText, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *conn) report(chunks []chunkOut) {
+	if len(chunks) == 0 {
+		return
+	}
+	n := 0
+	for _, ch := range chunks {
+		n += len(ch.items)
+	}
+	c.s.chunks.Add(int64(len(chunks)))
+	c.s.items.Add(int64(n))
+	if fn := c.s.onItemSent.Load(); fn != nil {
+		at := time.Now()
+		for _, ch := range chunks {
+			for _, q := range ch.items {
+				(*fn)(q.kind, q.seq, at)
+			}
+		}
+	}
+}
