@@ -1,0 +1,237 @@
+// Command t3code-mcp is an MCP server that runs coding threads on T3 Code
+// machines. Subcommands:
+//
+//	t3code-mcp [serve]            MCP over streamable HTTP at /mcp (default)
+//	t3code-mcp stdio              the same tools over stdio, for local clients
+//	t3code-mcp doctor             check the config, machines, tokens and hook
+//	t3code-mcp dead-letters       list undeliverable events; `retry [id…]` requeues them
+//	t3code-mcp version
+//
+// Settings come from the environment (docs/configuration.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/app"
+	"github.com/t3code-mcp/t3code-mcp/internal/server"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, `t3code-mcp %s — run coding threads on T3 Code machines over MCP
+
+usage: t3code-mcp [flags] [serve | stdio | doctor | dead-letters [retry [id…]] | version]
+
+flags:
+  --log-json        log JSON lines instead of text (or T3CODE_MCP_LOG_FORMAT=json)
+  --log-level L     debug, info (default), warn or error (or T3CODE_MCP_LOG_LEVEL)
+
+Configuration: T3CODE_MCP_CONFIG (t3code.toml), T3CODE_MCP_HOST, T3CODE_MCP_PORT, T3CODE_MCP_STATE_DIR,
+T3CODE_MCP_HOOK_URL/_TOKEN/_SECRET, T3CODE_MCP_TOKEN, … — see docs/configuration.md.
+`, server.Version)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("t3code-mcp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { usage(stderr) }
+	logJSON := fs.Bool("log-json", os.Getenv("T3CODE_MCP_LOG_FORMAT") == "json", "log JSON lines")
+	logLevel := fs.String("log-level", envOr("T3CODE_MCP_LOG_LEVEL", "info"), "log level")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "--log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	// Logs go to stderr always: stdout is the MCP channel under stdio.
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(stderr, hopts)
+	if *logJSON {
+		h = slog.NewJSONHandler(stderr, hopts)
+	}
+	log := slog.New(h)
+	slog.SetDefault(log)
+
+	cmd, rest := "serve", []string(nil)
+	if fs.NArg() > 0 {
+		cmd, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	switch cmd {
+	case "serve":
+		return serve(ctx, log, stdout, stderr)
+	case "stdio":
+		return stdio(ctx, log, stderr)
+	case "doctor":
+		return doctor(ctx, stdout, stderr)
+	case "dead-letters":
+		return deadLetters(rest, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "t3code-mcp", server.Version)
+		return 0
+	case "help", "-h", "--help":
+		usage(stdout)
+		return 0
+	}
+	fmt.Fprintf(stderr, "unknown command %q\n\n", cmd)
+	usage(stderr)
+	return 2
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func settings(stderr io.Writer) (app.Settings, bool) {
+	s, err := app.SettingsFromEnv(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "configuration error:", err)
+		return s, false
+	}
+	return s, true
+}
+
+func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int {
+	s, ok := settings(stderr)
+	if !ok {
+		return 2
+	}
+	a, err := app.New(s, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		return 1
+	}
+	defer a.Close()
+	addr := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "t3code-mcp: cannot listen on %s (T3CODE_MCP_HOST/T3CODE_MCP_PORT): %v\n", addr, err)
+		return 1
+	}
+	srv := &http.Server{Handler: a.Handler, ReadHeaderTimeout: 10 * time.Second}
+	banner(stdout, a, "http://"+ln.Addr().String())
+
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(runCtx) }()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}
+	log.Info("shutting down")
+	shut, c2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer c2()
+	_ = srv.Shutdown(shut)
+	cancel()
+	<-done
+	return 0
+}
+
+func banner(w io.Writer, a *app.App, base string) {
+	fmt.Fprintf(w, "t3code-mcp %s\n  MCP:     %s/mcp\n  health:  %s/healthz\n  metrics: %s/metrics\n  state:   %s\n", server.Version, base, base, base, a.Store.Path())
+	if a.Settings.HookURL == "" {
+		fmt.Fprintln(w, "  events:  off (set T3CODE_MCP_HOOK_URL to receive webhooks)")
+	} else {
+		fmt.Fprintln(w, "  events:  on")
+	}
+	if a.Demo != nil {
+		fmt.Fprintf(w, "\nNo t3code.toml found, so this is the built-in DEMO machine %q (a fake T3 server at %s).\n", "demo", a.Demo.URL())
+		fmt.Fprint(w, app.DemoHelp())
+		fmt.Fprintln(w, "\nTo add a real machine: on it run")
+		fmt.Fprintln(w, "  t3 auth session issue --scope orchestration:read --scope orchestration:operate --token-only --ttl 365d --label t3code-mcp")
+		fmt.Fprintln(w, "then copy t3code.example.toml to t3code.toml, set url and token_env, export the token, and restart.")
+	} else {
+		fmt.Fprintf(w, "  config:  %s (%d machines)\n", a.Config.Path, len(a.Config.Machines))
+	}
+}
+
+func stdio(ctx context.Context, log *slog.Logger, stderr io.Writer) int {
+	s, ok := settings(stderr)
+	if !ok {
+		return 2
+	}
+	a, err := app.New(s, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		return 1
+	}
+	defer a.Close()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(runCtx) }()
+	err = a.MCP.Run(ctx, &mcp.StdioTransport{})
+	cancel()
+	<-done
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
+		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		return 1
+	}
+	return 0
+}
+
+func deadLetters(args []string, stdout, stderr io.Writer) int {
+	s, ok := settings(stderr)
+	if !ok {
+		return 2
+	}
+	st, err := openStore(s)
+	if err != nil {
+		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		return 1
+	}
+	defer st.Close()
+	if len(args) > 0 && args[0] == "retry" {
+		n, err := st.Requeue(time.Now(), args[1:]...)
+		if err != nil {
+			fmt.Fprintln(stderr, "t3code-mcp:", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "requeued %d dead letters; a running connector delivers them on its next pass\n", n)
+		return 0
+	}
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "unknown dead-letters command %q: use `dead-letters` to list or `dead-letters retry [id…]`\n", args[0])
+		return 2
+	}
+	dead, err := st.Dead()
+	if err != nil {
+		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		return 1
+	}
+	for _, e := range dead {
+		fmt.Fprintf(stdout, "%s\t%s\t%s\tattempts=%d\t%s\n", e.ID, e.Stream, e.DeadAt.Format(time.RFC3339), e.Attempts, strings.ReplaceAll(e.LastError, "\n", " "))
+	}
+	fmt.Fprintf(stdout, "%d dead letters\n", len(dead))
+	return 0
+}

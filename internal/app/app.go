@@ -1,0 +1,329 @@
+// Package app assembles the connector from its parts — config, store, fleet,
+// event detector, outbox, tools, HTTP server — for `serve`, `stdio` and the
+// tests that run the whole thing in-process.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/config"
+	"github.com/t3code-mcp/t3code-mcp/internal/events"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
+	"github.com/t3code-mcp/t3code-mcp/internal/server"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
+	"github.com/t3code-mcp/t3code-mcp/internal/tools"
+)
+
+// Settings are everything the environment configures (see docs/configuration.md).
+type Settings struct {
+	ConfigPath string // T3CODE_MCP_CONFIG; else ./t3code.toml when present; else the demo machine
+	Host       string // T3CODE_MCP_HOST (127.0.0.1)
+	Port       int    // T3CODE_MCP_PORT (8000)
+	StateDir   string // T3CODE_MCP_STATE_DIR
+
+	HookURL, HookToken, HookSecret string        // T3CODE_MCP_HOOK_URL, _TOKEN, _SECRET
+	HookMaxAge                     time.Duration // T3CODE_MCP_HOOK_MAX_AGE (24h)
+
+	Token  string // T3CODE_MCP_TOKEN: bearer required on /mcp
+	Origin string // T3CODE_MCP_ORIGIN: origin of stdio calls
+
+	SessionTimeout time.Duration // T3CODE_MCP_SESSION_TIMEOUT (30m)
+	MaxBodyBytes   int64         // T3CODE_MCP_MAX_BODY_BYTES (4 MiB)
+	HTTPTimeout    time.Duration // T3CODE_MCP_T3_TIMEOUT (15s): each HTTP read of a T3 machine
+	Limits         tools.Limits
+
+	// NoDemo refuses to start the demo machine when no config is found.
+	NoDemo bool
+}
+
+// DefaultStateDir is where state lives when T3CODE_MCP_STATE_DIR is unset.
+func DefaultStateDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "t3code-mcp")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "t3code-mcp")
+	}
+	return "t3code-mcp-state"
+}
+
+// SettingsFromEnv reads the settings; errors name the variable.
+func SettingsFromEnv(getenv func(string) string) (Settings, error) {
+	s := Settings{
+		ConfigPath: getenv("T3CODE_MCP_CONFIG"),
+		Host:       getenv("T3CODE_MCP_HOST"),
+		StateDir:   getenv("T3CODE_MCP_STATE_DIR"),
+		HookURL:    getenv("T3CODE_MCP_HOOK_URL"),
+		HookToken:  getenv("T3CODE_MCP_HOOK_TOKEN"),
+		HookSecret: getenv("T3CODE_MCP_HOOK_SECRET"),
+		Token:      getenv("T3CODE_MCP_TOKEN"),
+		Origin:     getenv("T3CODE_MCP_ORIGIN"),
+	}
+	if s.Host == "" {
+		s.Host = "127.0.0.1"
+	}
+	if s.StateDir == "" {
+		s.StateDir = DefaultStateDir()
+	}
+	var errs []error
+	intVar := func(name string, dst *int, def int) {
+		*dst = def
+		if v := getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a positive whole number", name, v))
+				return
+			}
+			*dst = n
+		}
+	}
+	durVar := func(name string, dst *time.Duration, def time.Duration) {
+		*dst = def
+		if v := getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a positive duration such as 30s or 24h", name, v))
+				return
+			}
+			*dst = d
+		}
+	}
+	intVar("T3CODE_MCP_PORT", &s.Port, 8000)
+	if s.Port > 65535 {
+		errs = append(errs, fmt.Errorf("T3CODE_MCP_PORT=%d: not a port", s.Port))
+	}
+	durVar("T3CODE_MCP_HOOK_MAX_AGE", &s.HookMaxAge, 24*time.Hour)
+	durVar("T3CODE_MCP_SESSION_TIMEOUT", &s.SessionTimeout, 30*time.Minute)
+	durVar("T3CODE_MCP_T3_TIMEOUT", &s.HTTPTimeout, 15*time.Second)
+	var body int
+	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
+	s.MaxBodyBytes = int64(body)
+	intVar("T3CODE_MCP_MAX_PROMPT_CHARS", &s.Limits.MaxPromptChars, 100_000)
+	intVar("T3CODE_MCP_MAX_ANSWER_BYTES", &s.Limits.MaxAnswerBytes, 64<<10)
+	intVar("T3CODE_MCP_MAX_WAITS", &s.Limits.MaxWaits, 2000)
+	intVar("T3CODE_MCP_MAX_WAITS_PER_SESSION", &s.Limits.MaxWaitsPerSession, 50)
+	durVar("T3CODE_MCP_CALL_TIMEOUT", &s.Limits.CallTimeout, 60*time.Second)
+	durVar("T3CODE_MCP_MAX_WAIT", &s.Limits.MaxWait, time.Hour)
+	return s, errors.Join(errs...)
+}
+
+// App is one running connector.
+type App struct {
+	Settings Settings
+	Config   *config.Config
+	Store    *store.Store
+	Fleet    *fleet.Fleet
+	Detector *events.Detector // nil without a hook URL
+	Outbox   *outbox.Outbox   // nil without a hook URL
+	Deps     *tools.Deps
+	MCP      *mcp.Server
+	Handler  http.Handler
+	Registry *prometheus.Registry
+	Demo     *t3fake.Server // the built-in demo machine, when no config was found
+	Log      *slog.Logger
+
+	closeOnce sync.Once
+}
+
+// DemoTokenEnv holds the demo machine's token inside the process.
+const DemoTokenEnv = "T3CODE_MCP_DEMO_TOKEN"
+
+// New builds the connector. It does not start anything: see Run.
+func New(s Settings, log *slog.Logger) (*App, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	a := &App{Settings: s, Log: log}
+	cfg, demo, err := loadConfig(s, log)
+	if err != nil {
+		return nil, err
+	}
+	a.Config, a.Demo = cfg, demo
+	st, err := store.Open(s.StateDir)
+	if err != nil {
+		a.closeDemo()
+		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
+	}
+	a.Store = st
+	a.Registry = prometheus.NewRegistry()
+	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var fl *fleet.Fleet
+	if s.HookURL != "" {
+		m, err := outbox.NewMetrics(a.Registry)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Logger: log, Metrics: m})
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		a.Outbox = ob
+		read := func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
+			m, err := fl.Machine(machine)
+			if err != nil {
+				return nil, err
+			}
+			return m.Projection(ctx, threadID)
+		}
+		a.Detector = events.New(events.Options{
+			Store: st, Tracked: st, Logger: log, Notify: ob.Notify,
+			Build: events.NewBuilder(read, func(msg string, args ...any) { log.Warn(msg, args...) }),
+			RunStatus: func(ctx context.Context, machine, threadID, runID string) (string, bool, error) {
+				p, err := read(ctx, machine, threadID)
+				if err != nil {
+					return "", false, err
+				}
+				r, ok := threadview.New(p).Run(runID)
+				return r.Status, ok, nil
+			},
+		})
+	}
+	fo := fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout}
+	if a.Detector != nil {
+		fo.Sink = a.Detector
+	}
+	if demo != nil {
+		fo.DemoMachines = map[string]bool{"demo": true}
+	}
+	fl = fleet.New(cfg, st, fo)
+	a.Fleet = fl
+
+	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
+	a.Registry.MustRegister(toolCalls)
+	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin,
+		OnCall: func(tool string, _ time.Duration, isError bool) {
+			outcome := "ok"
+			if isError {
+				outcome = "error"
+			}
+			toolCalls.WithLabelValues(tool, outcome).Inc()
+		}}
+	a.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_active_waits", Help: "t3_wait calls now blocking."}, func() float64 { return float64(a.Deps.ActiveWaits()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_machines_online", Help: "Configured machines whose socket is up."}, func() float64 {
+			n := 0
+			for _, m := range fl.Machines() {
+				if m.Info().Online {
+					n++
+				}
+			}
+			return float64(n)
+		}),
+	)
+	a.MCP = server.NewMCPServer(a.Deps)
+	a.Handler = server.Handler(a.MCP, fl, server.Options{
+		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
+		Health: func() map[string]any { return server.OutboxHealth(st, s.HookURL != "") },
+	})
+	return a, nil
+}
+
+// loadConfig reads T3CODE_MCP_CONFIG, else ./t3code.toml, else starts the
+// demo machine.
+func loadConfig(s Settings, log *slog.Logger) (*config.Config, *t3fake.Server, error) {
+	path := s.ConfigPath
+	if path == "" {
+		if _, err := os.Stat("t3code.toml"); err == nil {
+			path = "t3code.toml"
+		}
+	}
+	if path != "" {
+		cfg, err := config.Load(path)
+		return cfg, nil, err
+	}
+	if s.NoDemo {
+		return nil, nil, errors.New("no config: set T3CODE_MCP_CONFIG or create ./t3code.toml (see t3code.example.toml)")
+	}
+	demo, err := StartDemo()
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the demo machine: %w", err)
+	}
+	if err := os.Setenv(DemoTokenEnv, demo.Token()); err != nil {
+		demo.Close()
+		return nil, nil, err
+	}
+	log.Info("no t3code.toml found: serving the built-in demo machine", "url", demo.URL())
+	return &config.Config{Path: "(built-in demo)", Machines: []config.Machine{{
+		Name: "demo", URL: demo.URL(), TokenEnv: DemoTokenEnv, Projects: []string{"*"}, Access: config.AccessOperate,
+	}}}, demo, nil
+}
+
+// StartDemo starts the fake T3 server that plays the demo machine, with a
+// demo project and scripted runs picked by a word in the prompt.
+func StartDemo() (*t3fake.Server, error) {
+	fk, err := t3fake.New(t3fake.Options{Label: "demo", StepDelay: 300 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	fk.AddProject("demo", "/srv/demo")
+	return fk, nil
+}
+
+// DemoHelp describes the demo's scripted runs.
+func DemoHelp() string {
+	var b strings.Builder
+	b.WriteString("demo machine: project \"demo\"; the prompt picks the run:\n")
+	for _, sc := range t3fake.Scripts {
+		words := "(any other prompt)"
+		if len(sc.Words) > 0 {
+			words = "a word starting with " + strings.Join(sc.Words, " or ")
+		}
+		fmt.Fprintf(&b, "  %-8s %s\n", sc.Name, words)
+	}
+	return b.String()
+}
+
+// Run runs the machines and the outbox until ctx ends.
+func (a *App) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Fleet.Run(ctx) }()
+	if a.Outbox != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Outbox.Run(ctx) }()
+	}
+	wg.Wait()
+}
+
+// Close releases the store and the demo machine.
+func (a *App) Close() {
+	a.closeOnce.Do(func() {
+		if a.MCP != nil {
+			// Sessions of clients that never said goodbye would outlive us.
+			for ss := range a.MCP.Sessions() {
+				_ = ss.Close()
+			}
+		}
+		if a.Store != nil {
+			_ = a.Store.Close()
+		}
+		a.closeDemo()
+	})
+}
+
+func (a *App) closeDemo() {
+	if a.Demo != nil {
+		a.Demo.Close()
+	}
+}

@@ -1,0 +1,419 @@
+// Package fleet holds every configured machine together: each machine's
+// client and watcher, its status as t3_machines and /healthz report it, and the
+// one place where project allowlists are enforced — a project no pattern admits
+// does not exist for a caller: not in lists, not by id, not through a thread.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/config"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/watch"
+)
+
+// Status words, as t3_machines and /healthz show them.
+const (
+	Online        = "online"
+	Offline       = "offline"
+	Incompatible  = "incompatible"
+	Misconfigured = "misconfigured"
+	Unauthorized  = "unauthorized"
+)
+
+// Options for a Fleet.
+type Options struct {
+	Logger      *slog.Logger
+	HTTPTimeout time.Duration
+	// Sink receives every machine's applied changes (the event detector);
+	// nil when events are off.
+	Sink watch.Sink
+	// DemoMachines are marked demo in t3_machines.
+	DemoMachines map[string]bool
+	// MinBackoff/MaxBackoff of reconnects (tests shorten them).
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Fleet is every configured machine.
+type Fleet struct {
+	machines []*Machine
+	byName   map[string]*Machine
+	store    *store.Store
+	log      *slog.Logger
+}
+
+// Machine is one configured T3 machine.
+type Machine struct {
+	Name   string
+	Config config.Machine
+	Demo   bool
+
+	client  *t3.Client
+	watcher *watch.Watcher
+	log     *slog.Logger
+
+	mu        sync.RWMutex
+	desc      *t3.Descriptor
+	problem   error  // why the machine cannot be used, when it cannot
+	status    string // a status word while not online through the watcher
+	providers *t3rpc.ServerConfig
+}
+
+// New builds the fleet; machines whose token variable is unset are kept and
+// reported as misconfigured.
+func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	f := &Fleet{byName: map[string]*Machine{}, store: st, log: o.Logger}
+	for _, mc := range cfg.Machines {
+		m := &Machine{Name: mc.Name, Config: mc, Demo: o.DemoMachines[mc.Name], log: o.Logger.With("machine", mc.Name), status: Offline}
+		token, err := mc.Token()
+		if err != nil {
+			m.status, m.problem = Misconfigured, fmt.Errorf("machine %q is misconfigured: %w", mc.Name, err)
+		} else if c, err := t3.NewClient(mc.Name, mc.URL, token, t3.Options{Timeout: o.HTTPTimeout, Logger: o.Logger}); err != nil {
+			m.status, m.problem = Misconfigured, fmt.Errorf("machine %q is misconfigured: %w", mc.Name, err)
+		} else {
+			m.client = c
+			m.watcher = watch.New(mc.Name, m.connect, watch.Options{Logger: o.Logger, Sink: o.Sink, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff})
+		}
+		f.machines = append(f.machines, m)
+		f.byName[mc.Name] = m
+	}
+	return f
+}
+
+// Run runs every machine's watcher until ctx ends.
+func (f *Fleet) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, m := range f.machines {
+		if m.watcher == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.watcher.Run(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+// connect is the watcher's way in: handshake first (a protocol-1 machine is
+// refused before any socket), then a fresh ticket and the socket.
+func (m *Machine) connect(ctx context.Context) (*effectrpc.Conn, error) {
+	d, err := m.client.Handshake(ctx)
+	if err != nil {
+		m.setProblem(err)
+		return nil, err
+	}
+	m.mu.Lock()
+	m.desc = d
+	m.mu.Unlock()
+	conn, err := m.client.DialRPC(ctx)
+	if err != nil {
+		m.setProblem(err)
+		return nil, err
+	}
+	m.mu.Lock()
+	m.problem, m.status = nil, Online
+	m.providers = nil // re-read after a reconnect: the machine may have changed
+	m.mu.Unlock()
+	return conn, nil
+}
+
+func (m *Machine) setProblem(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.problem = err
+	var inc *t3.IncompatibleError
+	var te *t3.Error
+	switch {
+	case errors.As(err, &inc):
+		m.status = Incompatible
+	case errors.As(err, &te) && (te.Status == 401 || te.Status == 403):
+		m.status = Unauthorized
+	default:
+		m.status = Offline
+	}
+}
+
+// Machines lists the machines in name order.
+func (f *Fleet) Machines() []*Machine { return f.machines }
+
+// Machine finds a machine by name; the error lists the configured names.
+func (f *Fleet) Machine(name string) (*Machine, error) {
+	if m, ok := f.byName[name]; ok {
+		return m, nil
+	}
+	names := make([]string, 0, len(f.machines))
+	for _, m := range f.machines {
+		names = append(names, m.Name)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("unknown machine %q: no machines are configured (add one to t3code.toml)", name)
+	}
+	return nil, fmt.Errorf("unknown machine %q; configured machines: %s (see t3_machines)", name, strings.Join(names, ", "))
+}
+
+// Info is a machine's status for t3_machines and /healthz.
+type Info struct {
+	Name, URL, Status, Problem string
+	Online                     bool
+	Protocol                   int
+	ServerVersion, Label       string
+	Projects                   []string
+	Demo                       bool
+}
+
+// Info reports the machine's status.
+func (m *Machine) Info() Info {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	in := Info{Name: m.Name, URL: m.Config.URL, Projects: m.Config.Projects, Demo: m.Demo, Status: m.status}
+	if m.desc != nil {
+		in.Protocol, in.ServerVersion, in.Label = m.desc.Protocol, m.desc.ServerVersion, m.desc.Label
+	}
+	if m.watcher != nil {
+		ws := m.watcher.Status()
+		in.Online = ws.Online
+		if ws.Online {
+			in.Status = Online
+		} else if in.Status == Online {
+			in.Status = Offline
+		}
+		if !ws.Online && m.problem == nil && ws.LastError != nil {
+			in.Problem = fmt.Sprintf("machine %q at %s is offline: %v", m.Name, m.Config.URL, ws.LastError)
+		}
+	}
+	if m.problem != nil && !in.Online {
+		in.Problem = m.problem.Error()
+	}
+	if in.Status == Offline && in.Problem == "" {
+		in.Problem = fmt.Sprintf("machine %q at %s is not connected yet", m.Name, m.Config.URL)
+	}
+	return in
+}
+
+// Ready returns nil when tools may act on the machine, else an error that
+// says what is wrong and what to do.
+func (m *Machine) Ready() error {
+	in := m.Info()
+	if in.Online {
+		return nil
+	}
+	return errors.New(in.Problem)
+}
+
+// Client is the machine's HTTP client (nil when misconfigured).
+func (m *Machine) Client() *t3.Client { return m.client }
+
+// Watcher is the machine's watcher (nil when misconfigured).
+func (m *Machine) Watcher() *watch.Watcher { return m.watcher }
+
+// Allowed reports whether the allowlist admits a project.
+func (m *Machine) Allowed(p t3rpc.Project) bool { return m.Config.Allows(p.Title, p.WorkspaceRoot) }
+
+// Projects lists the allowlisted projects.
+func (m *Machine) Projects() []t3rpc.Project {
+	if m.watcher == nil {
+		return nil
+	}
+	var out []t3rpc.Project
+	for _, p := range m.watcher.Projects() {
+		if m.Allowed(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Project finds an allowlisted project by id, title or workspace path. An
+// ambiguous title is refused with the candidates.
+func (m *Machine) Project(ref string) (t3rpc.Project, error) {
+	ref = strings.TrimSpace(ref)
+	projects := m.Projects()
+	var byTitle []t3rpc.Project
+	for _, p := range projects {
+		if p.ID == ref || p.WorkspaceRoot == ref || strings.TrimRight(p.WorkspaceRoot, "/") == strings.TrimRight(ref, "/") {
+			return p, nil
+		}
+		if p.Title == ref {
+			byTitle = append(byTitle, p)
+		}
+	}
+	switch len(byTitle) {
+	case 1:
+		return byTitle[0], nil
+	case 0:
+		names := make([]string, 0, len(projects))
+		for _, p := range projects {
+			names = append(names, fmt.Sprintf("%q", p.Title))
+		}
+		if len(names) == 0 {
+			return t3rpc.Project{}, fmt.Errorf("project %q not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", ref, m.Name)
+		}
+		return t3rpc.Project{}, fmt.Errorf("project %q not found on machine %q; available: %s (see t3_projects)", ref, m.Name, strings.Join(names, ", "))
+	}
+	cands := make([]string, 0, len(byTitle))
+	for _, p := range byTitle {
+		cands = append(cands, fmt.Sprintf("%s (id %s)", p.WorkspaceRoot, p.ID))
+	}
+	return t3rpc.Project{}, fmt.Errorf("project title %q is ambiguous on machine %q: %s; pass the id or the path instead", ref, m.Name, strings.Join(cands, "; "))
+}
+
+// ThreadCount counts a project's active threads.
+func (m *Machine) ThreadCount(projectID string) int {
+	if m.watcher == nil {
+		return 0
+	}
+	n := 0
+	for _, t := range m.watcher.Threads() {
+		if t.ProjectId == projectID {
+			n++
+		}
+	}
+	return n
+}
+
+// ThreadCounts counts every project's active threads in one pass.
+func (m *Machine) ThreadCounts() map[string]int {
+	out := map[string]int{}
+	if m.watcher == nil {
+		return out
+	}
+	for _, t := range m.watcher.Threads() {
+		out[t.ProjectId]++
+	}
+	return out
+}
+
+func (m *Machine) ProjectByID(id string) (t3rpc.Project, bool) {
+	for _, p := range m.watcher.Projects() {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return t3rpc.Project{}, false
+}
+
+// ErrThreadNotFound is wrapped by Thread's not-found errors.
+var ErrThreadNotFound = errors.New("thread not found")
+
+// Found is a thread located on a machine, in an allowlisted project.
+type Found struct {
+	Machine *Machine
+	Shell   t3rpc.ThreadShell
+	Project t3rpc.Project
+	Tracked store.Thread
+	// IsTracked is true when the state file knows the thread.
+	IsTracked bool
+}
+
+// Thread looks a thread up: the state file first (it names the machine), then
+// every online machine's shell. A thread of a project no allowlist admits is
+// reported exactly like a thread that does not exist.
+func (f *Fleet) Thread(id string) (Found, error) {
+	id = strings.TrimSpace(id)
+	if id == "" {
+		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
+	}
+	notFound := fmt.Errorf("thread %q not found on any machine (%w): check the id, or list tracked threads with t3_watch", id, ErrThreadNotFound)
+	tr, tracked, err := f.store.GetThread(id)
+	if err != nil {
+		return Found{}, err
+	}
+	candidates := f.machines
+	if tracked {
+		if m, ok := f.byName[tr.Machine]; ok {
+			candidates = []*Machine{m}
+		}
+	}
+	var offline []string
+	for _, m := range candidates {
+		if m.watcher == nil {
+			continue
+		}
+		shell, ok := m.watcher.Thread(id)
+		if !ok {
+			if !m.watcher.Status().Synced {
+				offline = append(offline, m.Name)
+			}
+			continue
+		}
+		p, ok := m.ProjectByID(shell.ProjectId)
+		if !ok || !m.Allowed(p) {
+			return Found{}, notFound
+		}
+		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked}, nil
+	}
+	if len(offline) > 0 {
+		sort.Strings(offline)
+		if tracked {
+			return Found{}, fmt.Errorf("thread %q is on machine %q, which is not reachable now: %v", id, tr.Machine, f.byName[tr.Machine].Ready())
+		}
+		return Found{}, fmt.Errorf("thread %q not found on the reachable machines; not checked, because offline: %s", id, strings.Join(offline, ", "))
+	}
+	return Found{}, notFound
+}
+
+// Projection reads a thread's full projection over HTTP.
+func (m *Machine) Projection(ctx context.Context, threadID string) (*t3api.ThreadProjection, error) {
+	if m.client == nil {
+		return nil, m.Ready()
+	}
+	s, err := m.client.Thread(ctx, threadID)
+	if err != nil {
+		return nil, err
+	}
+	return &s.Projection, nil
+}
+
+// Dispatch sends a command on the machine's socket, retrying a lost reply
+// with the same commandId.
+func (m *Machine) Dispatch(ctx context.Context, cmd t3.Command) (int64, error) {
+	if err := m.Ready(); err != nil {
+		return 0, err
+	}
+	return t3.Dispatch(ctx, m.watcher.Conn, cmd)
+}
+
+// Providers returns the machine's provider instances and models
+// (server.getConfig), cached per connection.
+func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {
+	m.mu.RLock()
+	p := m.providers
+	m.mu.RUnlock()
+	if p != nil {
+		return p, nil
+	}
+	if err := m.Ready(); err != nil {
+		return nil, err
+	}
+	conn, err := m.watcher.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := m.client.GetConfig(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	m.providers = cfg
+	m.mu.Unlock()
+	return cfg, nil
+}
+
+// Store is the fleet's state file.
+func (f *Fleet) Store() *store.Store { return f.store }

@@ -1,0 +1,148 @@
+// Package server is the connector's HTTP face: MCP (streamable HTTP) at /mcp,
+// health at /healthz, Prometheus metrics at /metrics. /mcp can require a bearer
+// (T3CODE_MCP_TOKEN, compared in constant time); the SDK's DNS-rebinding
+// protection stays on for loopback.
+package server
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/tools"
+)
+
+// Version is the connector's version, set at build time.
+var Version = "dev"
+
+// Instructions tell an agent how the tools fit together.
+const Instructions = `t3code-mcp runs coding threads on T3 Code machines. Start with t3_machines, then t3_projects(machine).
+t3_dispatch starts a run and returns a thread_id at once; t3_wait(thread_id) blocks until the run completes,
+fails, is interrupted or asks a question (answer with t3_answer); t3_thread reads the state without waiting.`
+
+// NewMCPServer makes the MCP server with the eight tools.
+func NewMCPServer(d *tools.Deps) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: Version}, &mcp.ServerOptions{
+		Instructions: Instructions,
+		Logger:       d.Logger,
+	})
+	tools.Register(s, d)
+	return s
+}
+
+// Options for the HTTP handler.
+type Options struct {
+	// Token, when set, is required as `Authorization: Bearer <token>` on /mcp.
+	Token string
+	// SessionTimeout closes idle MCP sessions (the SDK's KeepAlive is not
+	// used: it closes sessions of clients that never open a GET stream).
+	SessionTimeout time.Duration
+	// MaxBodyBytes bounds an MCP request body.
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+	// Registry serves /metrics.
+	Registry *prometheus.Registry
+	// Health adds fields to /healthz (events, outbox).
+	Health func() map[string]any
+}
+
+// Handler serves /mcp, /healthz and /metrics.
+func Handler(srv *mcp.Server, f *fleet.Fleet, o Options) http.Handler {
+	if o.SessionTimeout <= 0 {
+		o.SessionTimeout = 30 * time.Minute
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 4 << 20
+	}
+	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		SessionTimeout:      o.SessionTimeout,
+		MaxRequestBodyBytes: o.MaxBodyBytes,
+		Logger:              o.Logger,
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", requireBearer(o.Token, mcpHandler))
+	mux.Handle("/mcp/", requireBearer(o.Token, mcpHandler))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(Health(f, o.Health))
+	})
+	if o.Registry != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("t3code-mcp " + Version + ": MCP at /mcp, health at /healthz, metrics at /metrics\n"))
+	})
+	return mux
+}
+
+// requireBearer rejects requests without the configured bearer.
+func requireBearer(token string, next http.Handler) http.Handler {
+	if token == "" {
+		return next
+	}
+	want := []byte(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="t3code-mcp"`)
+			http.Error(w, `{"error":"unauthorized","message":"send Authorization: Bearer <T3CODE_MCP_TOKEN>"}`, http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// MachineHealth is one machine in /healthz.
+type MachineHealth struct {
+	Name    string `json:"name"`
+	Status  string `json:"status"`
+	Online  bool   `json:"online"`
+	Demo    bool   `json:"demo,omitempty"`
+	Problem string `json:"problem,omitempty"`
+}
+
+// Health is the /healthz body: ok when every machine is online.
+func Health(f *fleet.Fleet, extra func() map[string]any) map[string]any {
+	ok := true
+	ms := []MachineHealth{}
+	for _, m := range f.Machines() {
+		in := m.Info()
+		ms = append(ms, MachineHealth{Name: in.Name, Status: in.Status, Online: in.Online, Demo: in.Demo, Problem: in.Problem})
+		ok = ok && in.Online
+	}
+	out := map[string]any{"ok": ok, "machines": ms}
+	if extra != nil {
+		for k, v := range extra() {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// OutboxHealth reports the outbox for /healthz.
+func OutboxHealth(st *store.Store, hookConfigured bool) map[string]any {
+	if !hookConfigured {
+		return map[string]any{"events": map[string]any{"enabled": false, "reason": "T3CODE_MCP_HOOK_URL is not set: no events are produced (t3_wait still works)"}}
+	}
+	pending, dead, _, err := st.Counts()
+	ev := map[string]any{"enabled": true, "pending": pending, "dead_letters": dead}
+	if err != nil {
+		ev["error"] = err.Error()
+	}
+	return map[string]any{"events": ev}
+}

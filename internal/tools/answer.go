@@ -1,0 +1,215 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
+)
+
+// approvalDecisions are what T3 accepts for an approval request.
+var approvalDecisions = []string{"accept", "acceptForSession", "decline", "cancel"}
+
+func answerTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		const tool = mcptools.ToolAnswer
+		if len(c.Args) > d.Limits.MaxAnswerBytes {
+			return Result{}, fmt.Errorf("%s: the answers are %d bytes, more than the limit of %d (T3CODE_MCP_MAX_ANSWER_BYTES)", tool, len(c.Args), d.Limits.MaxAnswerBytes)
+		}
+		var in mcptools.AnswerInput
+		if err := decodeArgs(tool, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		f, err := d.Fleet.Thread(in.ThreadID)
+		if err != nil {
+			return Result{}, err
+		}
+		m := f.Machine
+		if m.Config.ReadOnly() {
+			return Result{}, fmt.Errorf("%s: machine %q is read-only (access = \"read\" in t3code.toml): questions there cannot be answered through t3code-mcp", tool, m.Name)
+		}
+		if err := m.Ready(); err != nil {
+			return Result{}, err
+		}
+		pending, ok := threadstate.PendingRequest(&f.Shell)
+		if !ok || d.answered.snapshot()[pending.ID] {
+			return Result{}, fmt.Errorf("%s: thread %q has no pending question (status %s); t3_wait returns reason question when it asks one", tool, f.Shell.ID, f.Shell.Status)
+		}
+		p, err := m.Projection(ctx, f.Shell.ID)
+		if err != nil {
+			return Result{}, err
+		}
+		item, _ := threadview.New(p).Request(pending.ID)
+		cmd, err := buildResponse(f.Shell.ID, pending, item, in.Answers)
+		if err != nil {
+			return Result{}, fmt.Errorf("%s: thread %q: %w", tool, f.Shell.ID, err)
+		}
+		if _, err := m.Dispatch(ctx, cmd); err != nil {
+			return Result{}, fmt.Errorf("%s: sending the answer to thread %q on machine %q failed: %w", tool, f.Shell.ID, m.Name, err)
+		}
+		d.answered.add(pending.ID)
+		shell, _ := m.Watcher().Thread(f.Shell.ID)
+		if shell.ID == "" {
+			shell = f.Shell
+		}
+		st, err := d.state(ctx, f, shell, 3)
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Structured: &st, Text: "answer sent; call t3_wait for the outcome. " + stateText(st)}, nil
+	}
+}
+
+// buildResponse validates answers against the pending request: T3 accepts any
+// shape and lets the run go on, so this check is the only one there is.
+func buildResponse(threadID string, pending threadstate.Pending, item *t3api.TurnItem, answers mcptools.AnswerInputAnswers) (t3.Command, error) {
+	if len(answers) == 0 {
+		return nil, fmt.Errorf("answers is empty")
+	}
+	if !pending.IsQuestion() || (item != nil && item.Type == "approval_request") {
+		// An approval: one answer, keyed by the request id (the id t3_thread
+		// shows for its one question), naming a decision.
+		if len(answers) != 1 {
+			return nil, fmt.Errorf("approval request %q takes one answer, keyed %q, with one of: %s", pending.ID, pending.ID, strings.Join(approvalDecisions, ", "))
+		}
+		for k, v := range answers {
+			if k != pending.ID {
+				return nil, fmt.Errorf("unknown question id %q; the approval's question id is %q", k, pending.ID)
+			}
+			if v.Type != mcptools.StringAnswerValue || !slices.Contains(approvalDecisions, v.String) {
+				return nil, fmt.Errorf("answer to %q must be one of: %s", k, strings.Join(approvalDecisions, ", "))
+			}
+			return t3.RespondDecision(threadID, pending.ID, v.String), nil
+		}
+	}
+	if item == nil {
+		return nil, fmt.Errorf("the questions of request %q are not readable yet; call t3_thread and try again", pending.ID)
+	}
+	byID := map[string]t3api.Question{}
+	ids := make([]string, 0, len(item.Questions))
+	for _, q := range item.Questions {
+		byID[q.ID] = q
+		ids = append(ids, fmt.Sprintf("%q", q.ID))
+	}
+	keys := make([]string, 0, len(answers))
+	for k := range answers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := map[string]t3rpc.AnswerValue{}
+	for _, k := range keys {
+		v := answers[k]
+		q, ok := byID[k]
+		if !ok {
+			return nil, fmt.Errorf("unknown question id %q; the questions are: %s", k, strings.Join(ids, ", "))
+		}
+		labels := make([]string, 0, len(q.Options))
+		for _, o := range q.Options {
+			labels = append(labels, o.Label)
+		}
+		custom := q.AllowCustomAnswer.Or(false) || len(q.Options) == 0
+		check := func(s string) error {
+			if strings.TrimSpace(s) == "" {
+				return fmt.Errorf("the answer to question %q is empty", k)
+			}
+			if custom || slices.Contains(labels, s) {
+				return nil
+			}
+			return fmt.Errorf("%q is not an option of question %q; choose one of: %s", s, k, quoteAll(labels))
+		}
+		multi := q.MultiSelect.Or(false)
+		switch v.Type {
+		case mcptools.StringAnswerValue:
+			if err := check(v.String); err != nil {
+				return nil, err
+			}
+			if multi {
+				out[k] = t3rpc.NewStringArrayAnswerValue([]string{v.String})
+			} else {
+				out[k] = t3rpc.NewStringAnswerValue(v.String)
+			}
+		case mcptools.StringArrayAnswerValue:
+			if !multi {
+				return nil, fmt.Errorf("question %q takes one answer, not a list; choose one of: %s", k, quoteAll(labels))
+			}
+			if len(v.StringArray) == 0 {
+				return nil, fmt.Errorf("the answer to question %q is an empty list; choose from: %s", k, quoteAll(labels))
+			}
+			for _, s := range v.StringArray {
+				if err := check(s); err != nil {
+					return nil, err
+				}
+			}
+			out[k] = t3rpc.NewStringArrayAnswerValue(v.StringArray)
+		default:
+			return nil, fmt.Errorf("the answer to question %q must be a string or a list of strings", k)
+		}
+	}
+	var missing []string
+	for _, q := range item.Questions {
+		if _, ok := out[q.ID]; !ok && q.Required.Or(true) {
+			missing = append(missing, fmt.Sprintf("%q", q.ID))
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("missing answers to required questions: %s", strings.Join(missing, ", "))
+	}
+	return t3.RespondAnswers(threadID, pending.ID, out), nil
+}
+
+func quoteAll(xs []string) string {
+	q := make([]string, len(xs))
+	for i, x := range xs {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	if len(q) == 0 {
+		return "(free text)"
+	}
+	return strings.Join(q, ", ")
+}
+
+func interruptTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		const tool = mcptools.ToolInterrupt
+		var in mcptools.InterruptInput
+		if err := decodeArgs(tool, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		f, err := d.Fleet.Thread(in.ThreadID)
+		if err != nil {
+			return Result{}, err
+		}
+		m := f.Machine
+		if m.Config.ReadOnly() {
+			return Result{}, fmt.Errorf("%s: machine %q is read-only (access = \"read\" in t3code.toml): runs there cannot be interrupted through t3code-mcp", tool, m.Name)
+		}
+		if err := m.Ready(); err != nil {
+			return Result{}, err
+		}
+		run := threadstate.ActiveRun(&f.Shell)
+		if run == "" {
+			return Result{}, fmt.Errorf("%s: thread %q has no active run to interrupt (status %s)", tool, f.Shell.ID, f.Shell.Status)
+		}
+		if _, err := m.Dispatch(ctx, t3.RunInterrupt(f.Shell.ID, run, "interrupted through t3code-mcp")); err != nil {
+			return Result{}, fmt.Errorf("%s: interrupting run %q of thread %q failed: %w", tool, run, f.Shell.ID, err)
+		}
+		shell, _ := m.Watcher().Thread(f.Shell.ID)
+		if shell.ID == "" {
+			shell = f.Shell
+		}
+		st, err := d.state(ctx, f, shell, 3)
+		if err != nil {
+			return Result{}, err
+		}
+		out := mcptools.InterruptOutput{ThreadID: f.Shell.ID, RunID: run, Status: shell.Status, State: st}
+		return Result{Structured: &out, Text: fmt.Sprintf("interrupt sent to run %s of thread %s (now %s); t3_wait reports when it has stopped", run, f.Shell.ID, shell.Status)}, nil
+	}
+}

@@ -1,0 +1,295 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+)
+
+func dispatchTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		const tool = mcptools.ToolDispatch
+		var in mcptools.DispatchInput
+		if err := decodeArgs(tool, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		if err := requireText(tool, "machine", in.Machine); err != nil {
+			return Result{}, err
+		}
+		if err := requireText(tool, "prompt", in.Prompt); err != nil {
+			return Result{}, err
+		}
+		if n := utf8.RuneCountInString(in.Prompt); n > d.Limits.MaxPromptChars {
+			return Result{}, fmt.Errorf("%s: prompt is %d characters, more than the limit of %d (T3CODE_MCP_MAX_PROMPT_CHARS); shorten it or put the details in a file in the workspace", tool, n, d.Limits.MaxPromptChars)
+		}
+		m, err := d.Fleet.Machine(in.Machine)
+		if err != nil {
+			return Result{}, err
+		}
+		if m.Config.ReadOnly() {
+			return Result{}, fmt.Errorf("%s: machine %q is read-only (access = \"read\" in t3code.toml): threads can be read and waited on there, not started", tool, m.Name)
+		}
+		if err := m.Ready(); err != nil {
+			return Result{}, err
+		}
+		watch := in.Watch.Or(true)
+		if tid, ok := in.ThreadID.Get(); ok && strings.TrimSpace(tid) != "" {
+			return continueThread(ctx, d, c, m, strings.TrimSpace(tid), in, watch)
+		}
+		if err := requireText(tool, "project", in.Project); err != nil {
+			return Result{}, err
+		}
+		p, err := m.Project(in.Project)
+		if err != nil {
+			return Result{}, err
+		}
+		sel, err := modelSelection(ctx, m, in.Model.Or(""), p)
+		if err != nil {
+			return Result{}, err
+		}
+		title := strings.TrimSpace(in.Title.Or(""))
+		if title == "" {
+			title = titleFrom(in.Prompt)
+		}
+		threadID, msgID := t3.NewID("thread"), t3.NewID("msg")
+		now := time.Now().UTC()
+		tr := store.Thread{
+			ID: threadID, Machine: m.Name, ProjectID: p.ID, ProjectTitle: p.Title, Title: title,
+			Origin: c.Origin, Watch: watch, LastMessageID: msgID, CreatedAt: now, UpdatedAt: now,
+		}
+		// Recorded before T3 hears of it: a crash between the two commands
+		// still leaves a thread the connector knows and can report on.
+		if err := d.Store.PutThread(tr); err != nil {
+			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
+		}
+		if watch && d.Detector != nil {
+			if err := d.Detector.Baseline(m.Name, &t3rpc.ThreadShell{ID: threadID, Status: "idle"}); err != nil {
+				return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
+			}
+		}
+		create := t3.ThreadCreate(threadID, p.ID, title, sel)
+		if _, err := m.Dispatch(ctx, create); err != nil {
+			_ = d.Store.DeleteThread(threadID)
+			return Result{}, fmt.Errorf("%s: creating the thread on machine %q failed: %w", tool, m.Name, err)
+		}
+		if _, err := m.Dispatch(ctx, t3.MessageDispatch(threadID, msgID, in.Prompt, title)); err != nil {
+			return Result{}, fmt.Errorf("%s: thread %q was created on machine %q but sending the prompt failed: %w (retry with thread_id %q)", tool, threadID, m.Name, err, threadID)
+		}
+		out := mcptools.DispatchOutput{
+			ThreadID: threadID, Machine: m.Name, Project: mcptools.ProjectRef{ID: p.ID, Title: p.Title},
+			MessageID: msgID, Created: true, Watching: watch,
+		}
+		return Result{Structured: &out, Text: fmt.Sprintf("started thread %s on %s in %s (%s); call t3_wait with this thread_id for the outcome", threadID, m.Name, p.Title, sel.InstanceId+"/"+sel.Model)}, nil
+	}
+}
+
+// continueThread sends the prompt as the next run of an existing thread.
+func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, threadID string, in mcptools.DispatchInput, watch bool) (Result, error) {
+	const tool = mcptools.ToolDispatch
+	found, err := d.Fleet.Thread(threadID)
+	if err != nil {
+		return Result{}, err
+	}
+	if found.Machine != m {
+		return Result{}, fmt.Errorf("%s: thread %q is on machine %q, not %q; pass machine %q", tool, threadID, found.Machine.Name, m.Name, found.Machine.Name)
+	}
+	if ref := strings.TrimSpace(in.Project); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
+		return Result{}, fmt.Errorf("%s: thread %q belongs to project %q (%s), not %q; leave project empty or pass that one", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, ref)
+	}
+	if model := strings.TrimSpace(in.Model.Or("")); model != "" {
+		sel, err := modelSelection(ctx, m, model, found.Project)
+		if err != nil {
+			return Result{}, err
+		}
+		if _, err := m.Dispatch(ctx, t3.ModelSelectionSet(threadID, sel)); err != nil {
+			return Result{}, fmt.Errorf("%s: changing the model of thread %q failed: %w", tool, threadID, err)
+		}
+	}
+	msgID := t3.NewID("msg")
+	tr := found.Tracked
+	if !found.IsTracked {
+		tr = store.Thread{ID: threadID, Machine: m.Name, CreatedAt: time.Now().UTC()}
+	}
+	tr.ProjectID, tr.ProjectTitle, tr.Title = found.Project.ID, found.Project.Title, found.Shell.Title
+	tr.Origin, tr.Watch, tr.LastMessageID, tr.UpdatedAt = c.Origin, watch, msgID, time.Now().UTC()
+	if err := d.Store.PutThread(tr); err != nil {
+		return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
+	}
+	if watch && d.Detector != nil && (!found.IsTracked || !found.Tracked.Watch) {
+		if err := d.Detector.Baseline(m.Name, &found.Shell); err != nil {
+			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
+		}
+	}
+	if _, err := m.Dispatch(ctx, t3.MessageDispatch(threadID, msgID, in.Prompt, "")); err != nil {
+		return Result{}, fmt.Errorf("%s: sending the prompt to thread %q on machine %q failed: %w", tool, threadID, m.Name, err)
+	}
+	out := mcptools.DispatchOutput{
+		ThreadID: threadID, Machine: m.Name, Project: mcptools.ProjectRef{ID: found.Project.ID, Title: found.Project.Title},
+		MessageID: msgID, Created: false, Watching: watch,
+	}
+	return Result{Structured: &out, Text: fmt.Sprintf("sent the prompt to thread %s on %s; call t3_wait for the outcome", threadID, m.Name)}, nil
+}
+
+// titleFrom makes a thread title from the prompt's first line.
+func titleFrom(prompt string) string {
+	line := strings.TrimSpace(prompt)
+	if i := strings.IndexByte(line, '\n'); i >= 0 {
+		line = strings.TrimSpace(line[:i])
+	}
+	line = strings.Join(strings.Fields(line), " ")
+	if utf8.RuneCountInString(line) > 80 {
+		r := []rune(line)
+		line = strings.TrimSpace(string(r[:79])) + "…"
+	}
+	if line == "" {
+		line = "t3code-mcp thread"
+	}
+	return line
+}
+
+// modelSelection picks the model of a new run: the call's model, else the
+// machine's configured model (with its options), else the project's default.
+// A model named in the call or the config is checked against the machine's
+// providers (server.getConfig); a bad one is refused listing what is there.
+func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc.Project) (t3rpc.ModelSelection, error) {
+	const tool = mcptools.ToolDispatch
+	source := "model argument"
+	var opts map[string]any
+	if model == "" {
+		if inst, slug, ok := m.Config.ModelSelection(); ok {
+			model, opts, source = inst+"/"+slug, m.Config.Options, fmt.Sprintf("model of machine %q in t3code.toml", m.Name)
+		}
+	}
+	if model == "" {
+		if ms, ok := p.DefaultModelSelection.Get(); ok {
+			return ms, nil
+		}
+		// No model anywhere: let the first usable provider decide.
+		cfg, err := m.Providers(ctx)
+		if err != nil {
+			return t3rpc.ModelSelection{}, err
+		}
+		for _, pr := range cfg.Providers {
+			if usable(pr) && len(pr.Models) > 0 {
+				return t3rpc.ModelSelection{InstanceId: pr.InstanceId, Model: pr.Models[0].Slug}, nil
+			}
+		}
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: machine %q has no usable provider (none is enabled and ready); set one up in T3 Code there", tool, m.Name)
+	}
+	inst, slug, ok := strings.Cut(model, "/")
+	if !ok || inst == "" || slug == "" {
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %q is not instanceId/model (for example codex/gpt-5.6-sol)", tool, source, model)
+	}
+	cfg, err := m.Providers(ctx)
+	if err != nil {
+		return t3rpc.ModelSelection{}, err
+	}
+	var avail []string
+	for _, pr := range cfg.Providers {
+		if !usable(pr) {
+			continue
+		}
+		for _, md := range pr.Models {
+			avail = append(avail, pr.InstanceId+"/"+md.Slug)
+			if pr.InstanceId == inst && md.Slug == slug {
+				sel := t3rpc.ModelSelection{InstanceId: inst, Model: slug}
+				o, err := modelOptions(md, opts)
+				if err != nil {
+					return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s: %w", tool, source, err)
+				}
+				sel.Options = o
+				return sel, nil
+			}
+		}
+	}
+	sort.Strings(avail)
+	if len(avail) == 0 {
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %q is not available on machine %q: it has no usable provider", tool, source, model, m.Name)
+	}
+	return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %q is not available on machine %q; available: %s", tool, source, model, m.Name, strings.Join(avail, ", "))
+}
+
+func usable(p t3rpc.Provider) bool {
+	if !p.Enabled.Or(true) {
+		return false
+	}
+	if s, ok := p.Status.Get(); ok && s != "ready" {
+		return false
+	}
+	if a, ok := p.Availability.Get(); ok && a == "unavailable" {
+		return false
+	}
+	return true
+}
+
+// modelOptions turns configured options into model options, checked against
+// the model's option descriptors.
+func modelOptions(md t3rpc.ProviderModel, opts map[string]any) ([]t3rpc.ModelOption, error) {
+	if len(opts) == 0 {
+		return nil, nil
+	}
+	descs := map[string]t3rpc.OptionDescriptor{}
+	if caps, ok := md.Capabilities.Get(); ok {
+		for _, d := range caps.OptionDescriptors {
+			descs[d.ID] = d
+		}
+	}
+	ids := make([]string, 0, len(opts))
+	for id := range opts {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var out []t3rpc.ModelOption
+	for _, id := range ids {
+		d, ok := descs[id]
+		if !ok {
+			known := make([]string, 0, len(descs))
+			for k := range descs {
+				known = append(known, k)
+			}
+			sort.Strings(known)
+			return nil, fmt.Errorf("option %q is not an option of model %s (its options: %s)", id, md.Slug, strings.Join(known, ", "))
+		}
+		switch v := opts[id].(type) {
+		case bool:
+			if d.Type != "boolean" {
+				return nil, fmt.Errorf("option %q of model %s takes one of %s, not a boolean", id, md.Slug, choices(d))
+			}
+			out = append(out, t3rpc.ModelOption{ID: id, Value: t3rpc.NewBoolModelOptionValue(v)})
+		case string:
+			if d.Type == "select" {
+				found := false
+				for _, c := range d.Options {
+					found = found || c.ID == v
+				}
+				if !found {
+					return nil, fmt.Errorf("option %q of model %s is %q; allowed: %s", id, md.Slug, v, choices(d))
+				}
+			}
+			out = append(out, t3rpc.ModelOption{ID: id, Value: t3rpc.NewStringModelOptionValue(v)})
+		default:
+			return nil, fmt.Errorf("option %q must be a string or a boolean", id)
+		}
+	}
+	return out, nil
+}
+
+func choices(d t3rpc.OptionDescriptor) string {
+	ids := make([]string, 0, len(d.Options))
+	for _, c := range d.Options {
+		ids = append(ids, c.ID)
+	}
+	if len(ids) == 0 {
+		return d.Type
+	}
+	return strings.Join(ids, ", ")
+}

@@ -1,0 +1,91 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+func machinesTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		var in mcptools.MachinesInput
+		if err := decodeArgs(mcptools.ToolMachines, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		out := mcptools.MachinesOutput{Machines: []mcptools.Machine{}}
+		var b strings.Builder
+		for _, m := range d.Fleet.Machines() {
+			in := m.Info()
+			mm := mcptools.Machine{
+				Name: in.Name, URL: in.URL, Online: in.Online, Status: mcptools.MachineStatus(in.Status),
+				Allowlist: append([]string{}, in.Projects...), Demo: in.Demo,
+			}
+			if in.Problem != "" && !in.Online {
+				mm.Problem.SetTo(in.Problem)
+			}
+			if in.Protocol > 0 {
+				mm.Protocol.SetTo(in.Protocol)
+			}
+			if in.ServerVersion != "" {
+				mm.T3Version.SetTo(in.ServerVersion)
+			}
+			if in.Label != "" {
+				mm.Environment.SetTo(in.Label)
+			}
+			out.Machines = append(out.Machines, mm)
+			demo := ""
+			if in.Demo {
+				demo = " [demo]"
+			}
+			fmt.Fprintf(&b, "%s%s: %s (%s)", in.Name, demo, in.Status, in.URL)
+			if mm.Problem.Set {
+				fmt.Fprintf(&b, " — %s", in.Problem)
+			}
+			b.WriteString("\n")
+		}
+		if len(out.Machines) == 0 {
+			b.WriteString("no machines configured: add one to t3code.toml (see t3code.example.toml)")
+		}
+		return Result{Structured: &out, Text: strings.TrimSpace(b.String())}, nil
+	}
+}
+
+func modelString(p t3rpc.Project) string {
+	if ms, ok := p.DefaultModelSelection.Get(); ok {
+		return ms.InstanceId + "/" + ms.Model
+	}
+	return ""
+}
+
+func projectsTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		var in mcptools.ProjectsInput
+		if err := decodeArgs(mcptools.ToolProjects, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		if err := requireText(mcptools.ToolProjects, "machine", in.Machine); err != nil {
+			return Result{}, err
+		}
+		m, err := d.Fleet.Machine(in.Machine)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := m.Ready(); err != nil {
+			return Result{}, err
+		}
+		counts := m.ThreadCounts()
+		out := mcptools.ProjectsOutput{Machine: m.Name, Projects: []mcptools.Project{}}
+		var b strings.Builder
+		for _, p := range m.Projects() {
+			out.Projects = append(out.Projects, mcptools.Project{ID: p.ID, Title: p.Title, Path: p.WorkspaceRoot, DefaultModel: modelString(p), ThreadCount: counts[p.ID]})
+			fmt.Fprintf(&b, "%s — %s (id %s, %d threads)\n", p.Title, p.WorkspaceRoot, p.ID, counts[p.ID])
+		}
+		if len(out.Projects) == 0 {
+			fmt.Fprintf(&b, "no project on machine %q is allowed by its projects patterns %q", m.Name, m.Config.Projects)
+		}
+		return Result{Structured: &out, Text: strings.TrimSpace(b.String())}, nil
+	}
+}

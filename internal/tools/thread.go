@@ -1,0 +1,162 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
+	"github.com/t3code-mcp/t3code-mcp/internal/wait"
+)
+
+// state renders a found thread's current state from its projection and its
+// (fresher) shell row.
+func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int) (mcptools.ThreadState, error) {
+	p, err := f.Machine.Projection(ctx, shell.ID)
+	if err != nil {
+		return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+	}
+	meta := threadview.Meta{
+		Machine: f.Machine.Name,
+		Project: mcptools.ProjectRef{ID: f.Project.ID, Title: f.Project.Title},
+		Status:  shell.Status,
+	}
+	answered := d.answered.snapshot()
+	if pr, ok := threadstate.PendingRequest(&shell); ok && !answered[pr.ID] {
+		meta.PendingRequestID, meta.PendingKind = pr.ID, pr.Kind
+	}
+	st := threadview.New(p).Render(meta, turns, threadview.DefaultLimits)
+	if st.Title == "" {
+		st.Title = shell.Title
+	}
+	return st, nil
+}
+
+func stateText(st mcptools.ThreadState) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "thread %s on %s (%s): %s", st.ThreadID, st.Machine, st.Project.Title, st.Status)
+	if lr, ok := st.LatestRun.Get(); ok && lr.Error.Set {
+		fmt.Fprintf(&b, "\nerror: %s", lr.Error.Value)
+	}
+	if n := len(st.Runs); n > 0 {
+		if r := st.Runs[n-1].Reply.Or(""); r != "" {
+			fmt.Fprintf(&b, "\nreply: %s", threadview.Cut(r, 500))
+		}
+	}
+	if q, ok := st.PendingQuestion.Get(); ok {
+		fmt.Fprintf(&b, "\nwaiting for an answer (t3_answer, request %s):", q.RequestID)
+		for _, qq := range q.Questions {
+			fmt.Fprintf(&b, "\n- %s: %s [%s]", qq.ID, qq.Text, strings.Join(qq.Options, " | "))
+		}
+	}
+	return b.String()
+}
+
+func threadTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		var in mcptools.ThreadInput
+		if err := decodeArgs(mcptools.ToolThread, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		f, err := d.Fleet.Thread(in.ThreadID)
+		if err != nil {
+			return Result{}, err
+		}
+		st, err := d.state(ctx, f, f.Shell, in.Turns.Or(3))
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Structured: &st, Text: stateText(st)}, nil
+	}
+}
+
+func waitTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		const tool = mcptools.ToolWait
+		var in mcptools.WaitInput
+		if err := decodeArgs(tool, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		f, err := d.Fleet.Thread(in.ThreadID)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := f.Machine.Ready(); err != nil {
+			return Result{}, err
+		}
+		timeout := d.Limits.DefaultWait
+		if s, ok := in.Timeout.Get(); ok {
+			timeout = time.Duration(s) * time.Second
+		}
+		if timeout <= 0 || timeout > d.Limits.MaxWait {
+			return Result{}, fmt.Errorf("%s: timeout must be between 1 and %d seconds", tool, int(d.Limits.MaxWait/time.Second))
+		}
+		session := ""
+		if c.Req != nil && c.Req.Session != nil {
+			session = c.Req.Session.ID()
+		}
+		release, err := d.waits.acquire(session, d.Limits)
+		if err != nil {
+			return Result{}, err
+		}
+		defer release()
+
+		target := wait.Target{ThreadID: f.Shell.ID, Answered: d.answered.snapshot()}
+		if f.IsTracked {
+			target.MessageID = f.Tracked.LastMessageID
+		}
+		m := f.Machine
+		lookup := func(ctx context.Context, msgID string) (string, string, bool, error) {
+			p, err := m.Projection(ctx, f.Shell.ID)
+			if err != nil {
+				return "", "", false, err
+			}
+			r, ok := threadview.New(p).RunByMessage(msgID)
+			return r.ID, r.Status, ok, nil
+		}
+		opts := wait.Options{Lookup: lookup, ProgressEvery: d.Limits.ProgressEvery}
+		if tok := progressToken(c.Req); tok != nil {
+			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
+				_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+					ProgressToken: tok,
+					Progress:      elapsed.Seconds(),
+					Total:         timeout.Seconds(),
+					Message:       fmt.Sprintf("thread %s is %s after %s", f.Shell.ID, shell.Status, elapsed.Round(time.Second)),
+				})
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		r, err := wait.Wait(wctx, m.Watcher(), target, opts)
+		if err != nil {
+			return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, f.Shell.ID, err)
+		}
+		// Render with a context of its own: a timeout must still report state.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
+		defer rcancel()
+		shell := r.Shell
+		if shell.ID == "" {
+			shell = f.Shell
+		}
+		st, err := d.state(rctx, f, shell, 3)
+		if err != nil {
+			return Result{}, err
+		}
+		out := mcptools.WaitOutput{Reason: mcptools.WaitReason(r.Reason), State: st}
+		return Result{Structured: &out, Text: string(r.Reason) + ": " + stateText(st)}, nil
+	}
+}
+
+func progressToken(req *mcp.CallToolRequest) any {
+	if req == nil || req.Params == nil || req.Session == nil {
+		return nil
+	}
+	return req.Params.GetProgressToken()
+}

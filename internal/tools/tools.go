@@ -1,0 +1,318 @@
+// Package tools declares the eight MCP tools as data: each pairs its schema
+// (generated from schema/mcp/tools.json into gen/mcptools) with a handler
+// factory, one file per domain. Register adds them to an MCP server.
+//
+// Every tool error is a tool result with isError set and a message naming the
+// machine, thread or field at fault and what to do; protocol errors are left to
+// the SDK for protocol faults only. Nothing a caller sends can crash the server:
+// arguments are decoded by the generated decoders and every handler runs under
+// a recover.
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/internal/events"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+)
+
+// OriginHeader carries the caller's conversation origin; it is recorded with
+// every thread the call dispatches and travels back on every event.
+const OriginHeader = "X-Conversation-Origin"
+
+// Limits bound what callers may ask for. Zero values pick the defaults.
+type Limits struct {
+	MaxPromptChars     int           // default 100,000 (T3 accepts 120,000)
+	MaxAnswerBytes     int           // default 64 KiB
+	MaxWaitsPerSession int           // default 50
+	MaxWaits           int           // default 2,000
+	DefaultWait        time.Duration // default 600 s
+	MaxWait            time.Duration // default 3600 s
+	CallTimeout        time.Duration // every non-wait tool; default 60 s
+	ProgressEvery      time.Duration // t3_wait progress notifications; default 15 s
+}
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defd := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxPromptChars, 100_000)
+	def(&l.MaxAnswerBytes, 64<<10)
+	def(&l.MaxWaitsPerSession, 50)
+	def(&l.MaxWaits, 2000)
+	defd(&l.DefaultWait, 600*time.Second)
+	defd(&l.MaxWait, 3600*time.Second)
+	defd(&l.CallTimeout, 60*time.Second)
+	defd(&l.ProgressEvery, 15*time.Second)
+	return l
+}
+
+// Deps is what the handlers use.
+type Deps struct {
+	Fleet *fleet.Fleet
+	Store *store.Store
+	// Detector records a baseline when a thread starts being watched; nil
+	// when events are off.
+	Detector *events.Detector
+	Logger   *slog.Logger
+	Limits   Limits
+	// DefaultOrigin is used when a call carries no X-Conversation-Origin
+	// header (stdio: T3CODE_MCP_ORIGIN).
+	DefaultOrigin string
+	// OnCall, when set, observes every call (metrics).
+	OnCall func(tool string, d time.Duration, isError bool)
+
+	waits    waitCounter
+	answered answeredSet
+}
+
+// Call is one tool call as a handler sees it.
+type Call struct {
+	Req    *mcp.CallToolRequest
+	Args   json.RawMessage
+	Origin string
+}
+
+// Result is a handler's success: structured content plus a short text.
+type Result struct {
+	Structured json.Marshaler
+	Text       string
+}
+
+// Handler runs one tool call.
+type Handler func(ctx context.Context, c *Call) (Result, error)
+
+// Tool is one tool: its declared spec and a handler factory.
+type Tool struct {
+	Spec    mcptools.ToolSpec
+	Handler func(d *Deps) Handler
+}
+
+// All returns the eight tools in declaration order.
+func All() []Tool {
+	handlers := map[string]func(d *Deps) Handler{
+		mcptools.ToolMachines:  machinesTool,
+		mcptools.ToolProjects:  projectsTool,
+		mcptools.ToolDispatch:  dispatchTool,
+		mcptools.ToolThread:    threadTool,
+		mcptools.ToolWait:      waitTool,
+		mcptools.ToolAnswer:    answerTool,
+		mcptools.ToolInterrupt: interruptTool,
+		mcptools.ToolWatch:     watchTool,
+	}
+	out := make([]Tool, 0, len(mcptools.Tools))
+	for _, s := range mcptools.Tools {
+		h, ok := handlers[s.Name]
+		if !ok {
+			panic("tools: no handler for declared tool " + s.Name)
+		}
+		out = append(out, Tool{Spec: s, Handler: h})
+	}
+	return out
+}
+
+// Register adds every tool to s.
+func Register(s *mcp.Server, d *Deps) {
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	d.Limits = d.Limits.withDefaults()
+	for _, t := range All() {
+		s.AddTool(mcpTool(t.Spec), wrap(d, t.Spec.Name, t.Handler(d)))
+	}
+}
+
+func mcpTool(s mcptools.ToolSpec) *mcp.Tool {
+	open := true
+	destructive := s.Destructive
+	return &mcp.Tool{
+		Name:         s.Name,
+		Title:        s.Title,
+		Description:  s.Description,
+		InputSchema:  s.InputSchema,
+		OutputSchema: s.OutputSchema,
+		Annotations: &mcp.ToolAnnotations{
+			Title:           s.Title,
+			ReadOnlyHint:    s.ReadOnly,
+			DestructiveHint: &destructive,
+			IdempotentHint:  s.Idempotent,
+			OpenWorldHint:   &open,
+		},
+	}
+}
+
+// wrap turns a Handler into an SDK handler: origin, timeout, recover, error
+// results, one log line per call.
+func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+		start := time.Now()
+		c := &Call{Req: req, Origin: d.DefaultOrigin}
+		if req.Params != nil {
+			c.Args = req.Params.Arguments
+		}
+		if req.Extra != nil && req.Extra.Header != nil {
+			if o := strings.TrimSpace(req.Extra.Header.Get(OriginHeader)); o != "" {
+				c.Origin = o
+			}
+		}
+		if len(c.Origin) > 1024 {
+			c.Origin = c.Origin[:1024]
+		}
+		if name != mcptools.ToolWait {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d.Limits.CallTimeout)
+			defer cancel()
+		}
+		defer func() {
+			if p := recover(); p != nil {
+				d.Logger.Error("tool panicked", "tool", name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				res, err = errorResult(fmt.Errorf("%s failed with an internal error; the connector is still running, please report this", name)), nil
+			}
+			if d.OnCall != nil {
+				d.OnCall(name, time.Since(start), res != nil && res.IsError)
+			}
+		}()
+		r, herr := h(ctx, c)
+		if herr != nil {
+			if errors.Is(herr, context.DeadlineExceeded) && name != mcptools.ToolWait {
+				herr = fmt.Errorf("%s timed out after %s: the machine did not answer in time (%v)", name, d.Limits.CallTimeout, herr)
+			}
+			d.Logger.Info("tool call", "tool", name, "ok", false, "ms", time.Since(start).Milliseconds(), "err", herr.Error())
+			return errorResult(herr), nil
+		}
+		d.Logger.Info("tool call", "tool", name, "ok", true, "ms", time.Since(start).Milliseconds())
+		raw, merr := r.Structured.MarshalJSON()
+		if merr != nil {
+			return errorResult(fmt.Errorf("%s: could not encode the result: %v", name, merr)), nil
+		}
+		return &mcp.CallToolResult{
+			Content:           []mcp.Content{&mcp.TextContent{Text: r.Text}},
+			StructuredContent: json.RawMessage(raw),
+		}, nil
+	}
+}
+
+func errorResult(err error) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
+}
+
+// decoder is what the generated input types implement.
+type decoder interface{ UnmarshalJSON([]byte) error }
+
+// decodeArgs decodes and validates arguments with the generated decoder; its
+// errors name the field (e.g. `decode field "machine"`), and are put in words
+// an agent can act on.
+func decodeArgs(tool string, raw json.RawMessage, v decoder) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = json.RawMessage("{}")
+	}
+	if err := v.UnmarshalJSON(raw); err != nil {
+		return fmt.Errorf("%s: invalid arguments: %v (see the tool's input schema)", tool, err)
+	}
+	if val, ok := v.(interface{ Validate() error }); ok {
+		if err := val.Validate(); err != nil {
+			return fmt.Errorf("%s: invalid arguments: %v (see the tool's input schema)", tool, err)
+		}
+	}
+	return nil
+}
+
+// requireText checks a required string argument is not blank.
+func requireText(tool, field, v string) error {
+	if strings.TrimSpace(v) == "" {
+		return fmt.Errorf("%s: %s is empty", tool, field)
+	}
+	if strings.ContainsRune(v, 0) {
+		return fmt.Errorf("%s: %s contains a NUL character", tool, field)
+	}
+	return nil
+}
+
+// waitCounter bounds concurrent waits overall and per MCP session.
+type waitCounter struct {
+	mu        sync.Mutex
+	total     int
+	bySession map[string]int
+}
+
+func (w *waitCounter) acquire(session string, l Limits) (func(), error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.bySession == nil {
+		w.bySession = map[string]int{}
+	}
+	if w.total >= l.MaxWaits {
+		return nil, fmt.Errorf("t3_wait: %d waits are already running on this connector (T3CODE_MCP_MAX_WAITS); retry later or use t3_thread", w.total)
+	}
+	if w.bySession[session] >= l.MaxWaitsPerSession {
+		return nil, fmt.Errorf("t3_wait: this session already has %d waits running (T3CODE_MCP_MAX_WAITS_PER_SESSION); end one first or use t3_thread", w.bySession[session])
+	}
+	w.total++
+	w.bySession[session]++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.total--
+		if w.bySession[session]--; w.bySession[session] <= 0 {
+			delete(w.bySession, session)
+		}
+	}, nil
+}
+
+// Active reports the number of running waits.
+func (d *Deps) ActiveWaits() int {
+	d.waits.mu.Lock()
+	defer d.waits.mu.Unlock()
+	return d.waits.total
+}
+
+// answeredSet remembers runtime requests answered through this connector: T3
+// may show them pending a moment longer, and they must not count as questions.
+type answeredSet struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+func (a *answeredSet) add(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]time.Time{}
+	}
+	now := time.Now()
+	a.m[id] = now
+	for k, t := range a.m { // bounded: forget after an hour
+		if now.Sub(t) > time.Hour {
+			delete(a.m, k)
+		}
+	}
+}
+
+func (a *answeredSet) snapshot() map[string]bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]bool, len(a.m))
+	for k := range a.m {
+		out[k] = true
+	}
+	return out
+}
