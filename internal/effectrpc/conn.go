@@ -1,0 +1,539 @@
+// Package effectrpc is the client side of Effect RPC's JSON protocol over one
+// WebSocket, as spoken by T3 Code on /ws: requests multiplexed by id, streams
+// with Chunk → handler → Ack flow control, Ping/Pong liveness, Interrupt on
+// cancel, and Exit causes mapped to Go errors. It knows nothing about T3's
+// methods; the wire messages are the generated types in gen/t3rpc.
+package effectrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// Defaults for Options.
+const (
+	DefaultPingInterval = 5 * time.Second
+	// DefaultReadLimit is the largest frame accepted. T3 sends whole thread
+	// projections and shell snapshots in one frame; the library default of 32 KiB
+	// would kill the socket on the first real snapshot.
+	DefaultReadLimit    = 64 << 20
+	DefaultWriteTimeout = 10 * time.Second
+)
+
+// Options configure Dial. The zero value is usable.
+type Options struct {
+	// PingInterval is how often a Ping is sent. A Pong must arrive before the
+	// next tick, or the socket is treated as dead and closed (as Effect's own
+	// client does). Default 5s.
+	PingInterval time.Duration
+	// ReadLimit is the largest frame accepted, in bytes. Default 64 MiB.
+	ReadLimit int64
+	// WriteTimeout bounds one frame write. A write that cannot finish in time
+	// means the peer stopped reading; the socket is closed. Default 10s.
+	WriteTimeout time.Duration
+	// HTTPClient performs the upgrade request. Default http.DefaultClient.
+	HTTPClient *http.Client
+	// Header is sent with the upgrade request.
+	Header http.Header
+	// Logger receives debug and warning lines; default discards.
+	Logger *slog.Logger
+	// Label names the peer (a machine name) in log lines; callers read it back
+	// with Conn.Label to say which machine an error came from.
+	Label string
+}
+
+func (o Options) withDefaults() Options {
+	if o.PingInterval <= 0 {
+		o.PingInterval = DefaultPingInterval
+	}
+	if o.ReadLimit <= 0 {
+		o.ReadLimit = DefaultReadLimit
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Conn is one Effect RPC WebSocket. All methods are safe for concurrent use.
+type Conn struct {
+	ws           *websocket.Conn
+	label        string
+	log          *slog.Logger
+	pingInterval time.Duration
+	writeTimeout time.Duration
+
+	// life ends when the connection closes; socket reads and writes run under it
+	// and never under a caller's context, because the library closes the whole
+	// socket when the context of an in-progress read or write ends.
+	life   context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[string]*call
+	err     error // why the connection closed; nil while open
+	done    chan struct{}
+
+	// awaitingPong is set when a Ping goes out and cleared by the Pong.
+	awaitingPong atomic.Bool
+	wg           sync.WaitGroup
+}
+
+// call is one in-flight request. The read loop appends events to its queue and
+// never blocks on it; the caller's goroutine (inside Call or Stream) consumes
+// them in order. That keeps a slow stream handler from holding up the read
+// loop, other streams or unary replies.
+type call struct {
+	id     string
+	method string
+
+	mu    sync.Mutex
+	queue []event
+	wake  chan struct{} // capacity 1: "the queue may have grown"
+}
+
+// event is a Chunk (values) or the terminal Exit (end).
+type event struct {
+	values []jx.Raw
+	end    bool
+	value  jx.Raw // success value of the Exit
+	err    error  // failure of the Exit
+}
+
+func (cl *call) push(ev event) {
+	cl.mu.Lock()
+	cl.queue = append(cl.queue, ev)
+	cl.mu.Unlock()
+	select {
+	case cl.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (cl *call) pop() (event, bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if len(cl.queue) == 0 {
+		return event{}, false
+	}
+	ev := cl.queue[0]
+	cl.queue[0] = event{}
+	cl.queue = cl.queue[1:]
+	return ev, true
+}
+
+// Dial opens the WebSocket at url (ws://, wss://, http:// or https://) and
+// starts the read and ping loops. A handshake answered with anything but 101
+// returns *UpgradeError. The URL's query (it carries the wsTicket) never
+// appears in an error.
+func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
+	opts = opts.withDefaults()
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
+		HTTPClient: opts.HTTPClient,
+		HTTPHeader: opts.Header,
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			var body []byte
+			if resp.Body != nil {
+				body, _ = io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			}
+			return nil, &UpgradeError{Status: resp.StatusCode, Body: body}
+		}
+		return nil, redact(fmt.Errorf("effectrpc: dial %s: %w", safeURL(url), err), url)
+	}
+	ws.SetReadLimit(opts.ReadLimit)
+
+	life, cancel := context.WithCancel(context.Background())
+	log := opts.Logger
+	if opts.Label != "" {
+		log = log.With("peer", opts.Label)
+	}
+	c := &Conn{
+		ws:           ws,
+		label:        opts.Label,
+		log:          log,
+		pingInterval: opts.PingInterval,
+		writeTimeout: opts.WriteTimeout,
+		life:         life,
+		cancel:       cancel,
+		pending:      make(map[string]*call),
+		done:         make(chan struct{}),
+	}
+	c.wg.Add(2)
+	go c.readLoop(opts.ReadLimit)
+	go c.pingLoop()
+	return c, nil
+}
+
+// Label is Options.Label.
+func (c *Conn) Label() string { return c.label }
+
+// Done is closed when the connection has closed, for any reason.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err says why the connection closed: ErrClosed after Close, otherwise an
+// error wrapping ErrClosed that names the cause (socket lost, no Pong, a Defect,
+// which is also an *Error of KindDefect). It is nil while the connection is open.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close closes the connection and waits for its goroutines. In-flight requests
+// return ErrClosed. Close is idempotent.
+func (c *Conn) Close() error {
+	if c.shutdown(ErrClosed) {
+		// A close handshake tells T3 to end this connection's subscriptions now
+		// rather than when it notices a dead socket.
+		_ = c.ws.Close(websocket.StatusNormalClosure, "")
+	}
+	c.cancel()
+	_ = c.ws.CloseNow()
+	c.wg.Wait()
+	return nil
+}
+
+// Call sends a unary request and waits for its Exit. payload is a generated
+// type (json.Marshaler, value or pointer), json.RawMessage, or nil for {}.
+// result is a pointer to a generated type (json.Unmarshaler), *json.RawMessage,
+// or nil to discard the value. A Failure exit returns *Error. When ctx ends
+// first, an Interrupt is sent and ctx.Err() returned. A lost socket returns an
+// error wrapping ErrClosed: the request may or may not have been handled.
+func (c *Conn) Call(ctx context.Context, method string, payload, result any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	cl, err := c.start(method, payload)
+	if err != nil {
+		return err
+	}
+	for {
+		ev, err := c.next(ctx, cl)
+		if err != nil {
+			return err
+		}
+		if !ev.end {
+			// Unary methods never stream; a stray Chunk is not worth failing for.
+			c.log.Debug("effectrpc: Chunk for a unary request ignored", "method", method, "id", cl.id)
+			continue
+		}
+		if ev.err != nil {
+			return ev.err
+		}
+		if result == nil {
+			return nil
+		}
+		if isNull(ev.value) {
+			return &Error{Kind: KindProtocol, Method: method, Message: "success exit carried no value"}
+		}
+		if err := decodeResult(ev.value, result); err != nil {
+			return &Error{Kind: KindProtocol, Method: method, Message: "cannot decode the result: " + err.Error()}
+		}
+		return nil
+	}
+}
+
+// Stream sends a stream request and blocks until the stream ends. onChunk gets
+// each Chunk's values in arrival order, on the calling goroutine, one at a
+// time; the Ack that lets T3 send the next Chunk goes out only after onChunk
+// returns nil, so nothing new arrives until the last batch is applied.
+//
+// Stream returns nil on an Exit Success, *Error on a Failure, ctx.Err() after
+// sending an Interrupt when ctx ends, onChunk's error (after an Interrupt) when
+// it fails, and an error wrapping ErrClosed when the socket goes away.
+func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk func(values []jx.Raw) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	cl, err := c.start(method, payload)
+	if err != nil {
+		return err
+	}
+	for {
+		ev, err := c.next(ctx, cl)
+		if err != nil {
+			return err
+		}
+		if ev.end {
+			return ev.err
+		}
+		if err := onChunk(ev.values); err != nil {
+			c.abandon(cl)
+			return err
+		}
+		if c.isPending(cl.id) {
+			// A failed Ack means the socket is gone; next() then reports it.
+			_ = c.send(t3rpc.NewAckClientMessage(t3rpc.Ack{RequestId: t3rpc.NewStringRequestId(cl.id)}))
+		}
+	}
+}
+
+// start registers a request and writes it. The request is registered first so
+// that a reply racing the write is never dropped.
+func (c *Conn) start(method string, payload any) (*call, error) {
+	raw, err := encodePayload(payload)
+	if err != nil {
+		return nil, fmt.Errorf("effectrpc: %s: encode payload: %w", method, err)
+	}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	id := strconv.FormatUint(c.nextID, 10)
+	c.nextID++
+	cl := &call{id: id, method: method, wake: make(chan struct{}, 1)}
+	c.pending[id] = cl
+	c.mu.Unlock()
+
+	req := t3rpc.Request{
+		ID:      t3rpc.NewStringRequestId(id),
+		Method:  method,
+		Payload: raw,
+		Headers: []t3rpc.Header{},
+	}
+	if err := c.send(t3rpc.NewRequestClientMessage(req)); err != nil {
+		c.forget(id)
+		return nil, err
+	}
+	return cl, nil
+}
+
+// next returns the request's next event, or an error when ctx ends (after
+// interrupting the request) or the connection closes (after handing out what
+// had already arrived).
+func (c *Conn) next(ctx context.Context, cl *call) (event, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			c.abandon(cl)
+			return event{}, err
+		}
+		if ev, ok := cl.pop(); ok {
+			return ev, nil
+		}
+		select {
+		case <-cl.wake:
+		case <-ctx.Done():
+			c.abandon(cl)
+			return event{}, ctx.Err()
+		case <-c.done:
+			if ev, ok := cl.pop(); ok {
+				return ev, nil
+			}
+			return event{}, c.Err()
+		}
+	}
+}
+
+// abandon forgets a request the caller gave up on and, if T3 has not ended it
+// yet, sends an Interrupt so T3 stops the work (and, for a stream, stops
+// sending). A late Exit for it is ignored.
+func (c *Conn) abandon(cl *call) {
+	c.mu.Lock()
+	_, live := c.pending[cl.id]
+	delete(c.pending, cl.id)
+	open := c.err == nil
+	c.mu.Unlock()
+	if !live || !open {
+		return
+	}
+	// interruptors is written as [] because that is what T3's own client sends.
+	msg := t3rpc.NewInterruptClientMessage(t3rpc.Interrupt{
+		RequestId:    t3rpc.NewStringRequestId(cl.id),
+		Interruptors: []jx.Raw{},
+	})
+	if err := c.send(msg); err != nil {
+		c.log.Debug("effectrpc: Interrupt not sent", "method", cl.method, "id", cl.id, "err", err)
+	}
+}
+
+func (c *Conn) forget(id string) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+func (c *Conn) isPending(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.pending[id]
+	return ok
+}
+
+// lookup returns the request for id; take also removes it (its Exit arrived).
+func (c *Conn) lookup(id string, take bool) *call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl := c.pending[id]
+	if take {
+		delete(c.pending, id)
+	}
+	return cl
+}
+
+// send writes one client message.
+func (c *Conn) send(m t3rpc.ClientMessage) error {
+	ctx, cancel := context.WithTimeout(c.life, c.writeTimeout)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageText, encodeClient(m)); err != nil {
+		// The library closes the socket on a failed or timed-out write, so every
+		// waiter must hear about it, not just this sender.
+		c.fail(fmt.Errorf("%w: write failed: %v", ErrClosed, err))
+		return c.Err()
+	}
+	return nil
+}
+
+// shutdown marks the connection closed with cause; it reports whether this
+// call was the first. Waiters observe done and return Err().
+func (c *Conn) shutdown(cause error) bool {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return false
+	}
+	c.err = cause
+	close(c.done)
+	c.mu.Unlock()
+	if cause != ErrClosed {
+		c.log.Debug("effectrpc: connection closed", "err", cause)
+	}
+	return true
+}
+
+// fail closes the connection because of a fault (lost socket, no Pong, Defect).
+func (c *Conn) fail(cause error) {
+	if c.shutdown(cause) {
+		c.cancel()
+		_ = c.ws.CloseNow()
+	}
+}
+
+func (c *Conn) readLoop(limit int64) {
+	defer c.wg.Done()
+	for {
+		_, data, err := c.ws.Read(c.life)
+		if err != nil {
+			c.fail(fmt.Errorf("%w: %s", ErrClosed, describeReadErr(err, limit)))
+			return
+		}
+		msgs, err := decodeFrame(data)
+		if err != nil {
+			c.log.Warn("effectrpc: undecodable frame from T3", "err", err, "bytes", len(data))
+		}
+		for _, m := range msgs {
+			c.handle(m)
+		}
+	}
+}
+
+func describeReadErr(err error, limit int64) string {
+	if errors.Is(err, websocket.ErrMessageTooBig) {
+		return fmt.Sprintf("T3 sent a frame larger than the read limit of %d bytes", limit)
+	}
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		if ce.Reason != "" {
+			return fmt.Sprintf("T3 closed the socket (%d %s)", int(ce.Code), ce.Reason)
+		}
+		return fmt.Sprintf("T3 closed the socket (%d)", int(ce.Code))
+	}
+	return "socket lost: " + err.Error()
+}
+
+func (c *Conn) handle(m inbound) {
+	if m.err != nil {
+		if m.requestID == "" {
+			c.log.Warn("effectrpc: undecodable message from T3", "tag", m.tag, "err", m.err)
+			return
+		}
+		// A reply that cannot be read still ends its request, or it would wait forever.
+		if cl := c.lookup(m.requestID, true); cl != nil {
+			cl.push(event{end: true, err: &Error{
+				Kind: KindProtocol, Method: cl.method,
+				Message: fmt.Sprintf("undecodable %q message from T3: %v", m.tag, m.err),
+			}})
+		}
+		return
+	}
+	switch m.msg.Type {
+	case t3rpc.ChunkServerMessage:
+		id := idKey(m.msg.Chunk.RequestId)
+		cl := c.lookup(id, false)
+		if cl == nil {
+			// Late chunk of an interrupted stream.
+			c.log.Debug("effectrpc: Chunk for an unknown request", "id", id)
+			return
+		}
+		cl.push(event{values: m.msg.Chunk.Values})
+	case t3rpc.ExitServerMessage:
+		id := idKey(m.msg.Exit.RequestId)
+		cl := c.lookup(id, true)
+		if cl == nil {
+			c.log.Debug("effectrpc: Exit for an unknown request", "id", id)
+			return
+		}
+		ex := m.msg.Exit.Exit
+		if f, ok := ex.GetExitFailure(); ok {
+			cl.push(event{end: true, err: exitError(cl.method, f)})
+			return
+		}
+		cl.push(event{end: true, value: ex.ExitSuccess.Value})
+	case t3rpc.PongServerMessage:
+		c.awaitingPong.Store(false)
+	case t3rpc.DefectServerMessage:
+		d := &Error{Kind: KindDefect, Message: defectMessage(m.msg.Defect.Defect)}
+		c.fail(fmt.Errorf("%w: %w", ErrClosed, d))
+	case t3rpc.ClientProtocolErrorServerMessage:
+		// Effect's client fails every in-flight request on this and keeps the socket.
+		msg := defectMessage(m.msg.ClientProtocolError.Error)
+		c.mu.Lock()
+		calls := c.pending
+		c.pending = make(map[string]*call)
+		c.mu.Unlock()
+		c.log.Warn("effectrpc: ClientProtocolError from T3", "message", msg, "failed", len(calls))
+		for _, cl := range calls {
+			cl.push(event{end: true, err: &Error{Kind: KindProtocol, Method: cl.method, Message: msg}})
+		}
+	}
+}
+
+func (c *Conn) pingLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.pingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		if c.awaitingPong.Load() {
+			c.fail(fmt.Errorf("%w: no Pong from T3 within %v; the socket is dead", ErrClosed, c.pingInterval))
+			return
+		}
+		c.awaitingPong.Store(true)
+		// A failed write closes the connection itself; nothing else to do here.
+		_ = c.send(t3rpc.NewPingClientMessage(t3rpc.Ping{}))
+	}
+}

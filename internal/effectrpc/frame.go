@@ -1,0 +1,186 @@
+package effectrpc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// inbound is one server message from a frame. A message that does not decode
+// still reports what could be read of it, so a reply meant for a request can
+// fail that request instead of leaving it waiting forever.
+type inbound struct {
+	msg t3rpc.ServerMessage
+	// err is set when the message did not decode; tag and requestID are then
+	// best-effort reads of the raw object.
+	err       error
+	tag       string
+	requestID string
+}
+
+// decodeFrame splits one WebSocket text frame into server messages. Effect's
+// JSON serialization decodes `Array.isArray(x) ? x : [x]`, so a frame is either
+// one message object or an array of them. Elements are decoded one by one so a
+// single bad element does not lose its neighbours; on a malformed array the
+// messages read before the fault are returned with the error.
+func decodeFrame(data []byte) ([]inbound, error) {
+	d := jx.DecodeBytes(data)
+	switch d.Next() {
+	case jx.Object:
+		return []inbound{decodeMessage(data)}, nil
+	case jx.Array:
+		var out []inbound
+		err := d.Arr(func(d *jx.Decoder) error {
+			raw, err := d.Raw()
+			if err != nil {
+				return err
+			}
+			out = append(out, decodeMessage(raw))
+			return nil
+		})
+		if err != nil {
+			return out, fmt.Errorf("effectrpc: malformed frame: %w", err)
+		}
+		return out, nil
+	default:
+		return nil, errors.New("effectrpc: frame is neither a message object nor an array of messages")
+	}
+}
+
+func decodeMessage(raw []byte) inbound {
+	var m t3rpc.ServerMessage
+	if err := m.Decode(jx.DecodeBytes(raw)); err != nil {
+		in := inbound{err: err}
+		in.tag, in.requestID = peekMessage(raw)
+		return in
+	}
+	return inbound{msg: m}
+}
+
+// peekMessage reads _tag and requestId from a message object without
+// validating anything else.
+func peekMessage(raw []byte) (tag, requestID string) {
+	d := jx.DecodeBytes(raw)
+	if d.Next() != jx.Object {
+		return "", ""
+	}
+	_ = d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "_tag":
+			if d.Next() == jx.String {
+				v, err := d.Str()
+				tag = v
+				return err
+			}
+		case "requestId":
+			switch d.Next() {
+			case jx.String:
+				v, err := d.Str()
+				requestID = v
+				return err
+			case jx.Number:
+				n, err := d.Num()
+				if err != nil {
+					return err
+				}
+				if i, err := n.Int64(); err == nil {
+					requestID = strconv.FormatInt(i, 10)
+				} else {
+					requestID = n.String()
+				}
+				return nil
+			}
+		}
+		return d.Skip()
+	})
+	return tag, requestID
+}
+
+// idKey is the map key of a request id. This client sends ids as decimal
+// strings ("0", "1", … as T3's web client does); T3 echoes the id verbatim, but
+// a number is accepted too, so both spellings map to the same key.
+func idKey(id t3rpc.RequestId) string {
+	if id.IsInt64() {
+		return strconv.FormatInt(id.Int64, 10)
+	}
+	return id.String
+}
+
+// encodePayload turns a request payload into raw JSON. Generated types
+// implement json.Marshaler on their pointer, so a value is boxed to reach it
+// (encoding/json would otherwise fall back to reflection and write ogen's Opt
+// wrappers as objects).
+func encodePayload(p any) (jx.Raw, error) {
+	switch v := p.(type) {
+	case nil:
+		return jx.Raw("{}"), nil
+	case json.RawMessage:
+		return checkRaw(v)
+	case jx.Raw:
+		return checkRaw(v)
+	case json.Marshaler:
+		b, err := v.MarshalJSON()
+		return jx.Raw(b), err
+	}
+	rv := reflect.ValueOf(p)
+	if rv.Kind() != reflect.Pointer {
+		ptr := reflect.New(rv.Type())
+		ptr.Elem().Set(rv)
+		if m, ok := ptr.Interface().(json.Marshaler); ok {
+			b, err := m.MarshalJSON()
+			return jx.Raw(b), err
+		}
+	}
+	b, err := json.Marshal(p)
+	return jx.Raw(b), err
+}
+
+// checkRaw refuses invalid JSON: it would corrupt the whole frame and T3 would
+// answer with a Defect that kills the socket for every other request.
+func checkRaw(b []byte) (jx.Raw, error) {
+	if len(b) == 0 {
+		return jx.Raw("{}"), nil
+	}
+	if !json.Valid(b) {
+		return nil, errors.New("payload is not valid JSON")
+	}
+	return jx.Raw(b), nil
+}
+
+// decodeResult stores a success value into result.
+func decodeResult(raw jx.Raw, result any) error {
+	switch r := result.(type) {
+	case nil:
+		return nil
+	case *json.RawMessage:
+		*r = append((*r)[:0], raw...)
+		return nil
+	case *jx.Raw:
+		*r = append((*r)[:0], raw...)
+		return nil
+	case json.Unmarshaler:
+		return r.UnmarshalJSON(raw)
+	default:
+		return json.Unmarshal(raw, result)
+	}
+}
+
+// isNull reports whether a success value is absent or JSON null.
+func isNull(raw jx.Raw) bool {
+	if len(raw) == 0 {
+		return true
+	}
+	return jx.DecodeBytes(raw).Next() == jx.Null
+}
+
+func encodeClient(m t3rpc.ClientMessage) []byte {
+	var e jx.Encoder
+	m.Encode(&e)
+	return e.Bytes()
+}

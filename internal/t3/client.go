@@ -1,0 +1,436 @@
+// Package t3 talks to one T3 Code machine (`t3 serve`) through T3's own API,
+// orchestration protocol 2: the descriptor handshake (refusing any other
+// protocol), HTTP reads through gen/t3api with the bearer token and protocol
+// header, the WebSocket ticket and dial, and commands with idempotent
+// commandIds. Its errors name the machine and say what to do; they never
+// contain the token.
+package t3
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-faster/jx"
+	"github.com/ogen-go/ogen/ogenerrors"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+)
+
+// Protocol is the orchestration protocol this package speaks.
+const Protocol = 2
+
+// DefaultTimeout bounds each HTTP exchange (and the WebSocket handshake).
+const DefaultTimeout = 15 * time.Second
+
+// Options configure a Client. The zero value is usable.
+type Options struct {
+	// Timeout bounds each HTTP request and the WebSocket handshake. Default 15s.
+	Timeout time.Duration
+	// HTTPClient carries the HTTP requests and the upgrade. Default: a new
+	// client with Go's default transport.
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+	// RPC tunes the sockets DialRPC opens (ping interval, read limit). Its
+	// HTTPClient, Header, Logger and Label are set by the client.
+	RPC effectrpc.Options
+}
+
+// Client is one T3 machine. It is safe for concurrent use.
+type Client struct {
+	name    string
+	base    *url.URL
+	token   string
+	timeout time.Duration
+	hc      *http.Client
+	api     *t3api.Client
+	log     *slog.Logger
+	rpc     effectrpc.Options
+	errs    *errs
+}
+
+// Descriptor is what a machine says about itself (GET /.well-known/t3/environment).
+type Descriptor struct {
+	EnvironmentID string
+	Label         string
+	ServerVersion string
+	// Protocol is the orchestration protocol; 1 when the server does not say.
+	Protocol     int
+	OS, Arch     string
+	Capabilities t3api.EnvironmentDescriptorCapabilities
+}
+
+// Session is what T3 knows about the token (GET /api/auth/session).
+type Session struct {
+	Authenticated bool
+	Scopes        []string
+	ExpiresAt     string
+	Method        string
+}
+
+// NewClient prepares a client for the machine called name at baseURL
+// (http:// or https://, optionally with a path prefix). token is the bearer
+// token; surrounding whitespace (a trailing newline from a file) is dropped.
+func NewClient(name, baseURL, token string, opts Options) (*Client, error) {
+	u, err := url.Parse(strings.TrimSpace(baseURL))
+	if err != nil {
+		return nil, fmt.Errorf("machine %q: url is not a valid URL", name)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("machine %q: url must look like http://host:port or https://host, not %q", name, safeURL(u))
+	}
+	if u.User != nil {
+		// Never print the userinfo back: it may hold a password.
+		return nil, fmt.Errorf("machine %q: url must not carry credentials; put the token in the variable named by token_env", name)
+	}
+	base := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimRight(u.Path, "/")}
+
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("machine", name)
+	token = strings.TrimSpace(token)
+
+	c := &Client{
+		name: name, base: base, token: token, timeout: opts.Timeout,
+		hc: hc, log: log, rpc: opts.RPC,
+		errs: &errs{machine: name, where: base.String(), timeout: opts.Timeout, secrets: []string{token}},
+	}
+	api, err := t3api.NewClient(base.String(), bearer{c}, t3api.WithClient(recorder{hc}))
+	if err != nil {
+		return nil, fmt.Errorf("machine %q: %w", name, err)
+	}
+	c.api = api
+	return c, nil
+}
+
+// Name is the machine's name from the configuration.
+func (c *Client) Name() string { return c.name }
+
+// URL is the machine's base URL.
+func (c *Client) URL() string { return c.base.String() }
+
+func safeURL(u *url.URL) string {
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}
+
+// bearer is the security source of the generated client.
+type bearer struct{ c *Client }
+
+func (b bearer) Bearer(context.Context, t3api.OperationName) (t3api.Bearer, error) {
+	if b.c.token == "" {
+		return t3api.Bearer{}, ogenerrors.ErrSkipClientSecurity
+	}
+	return t3api.Bearer{Token: b.c.token}, nil
+}
+
+// exchange records T3's answer to one request. The generated client folds a
+// non-JSON error answer (a 503 text page, a 400 with an empty body) into a
+// decode error without its status; the recorder keeps status and body so the
+// error can still say what T3 answered.
+type exchange struct {
+	status int
+	body   []byte
+}
+
+type exchangeKey struct{}
+
+type recorder struct{ hc *http.Client }
+
+func (r recorder) Do(req *http.Request) (*http.Response, error) {
+	resp, err := r.hc.Do(req)
+	if err != nil || resp == nil {
+		return resp, err
+	}
+	if x, ok := req.Context().Value(exchangeKey{}).(*exchange); ok {
+		x.status = resp.StatusCode
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			x.body = b
+			resp.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(b), resp.Body), resp.Body}
+		}
+	}
+	return resp, nil
+}
+
+// begin starts one HTTP exchange under the client's timeout.
+func (c *Client) begin(ctx context.Context) (context.Context, *exchange, context.CancelFunc) {
+	x := &exchange{}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	return context.WithValue(ctx, exchangeKey{}, x), x, cancel
+}
+
+// failed maps an error returned by the generated client.
+func (c *Client) failed(parent context.Context, op string, err error, x *exchange, threadID string) error {
+	if errors.Is(err, ogenerrors.ErrSecurityRequirementIsNotSatisfied) {
+		return c.errs.finish(&Error{Op: op, Code: CodeNoToken, Err: err, Message: fmt.Sprintf(
+			"no token%s; issue one on that machine with `%s` and put it in the variable named by token_env", forMachine(c.name), IssueCommand)})
+	}
+	if x.status == 0 {
+		return c.errs.transport(parent, op, err)
+	}
+	if x.status != http.StatusOK {
+		var body t3api.ErrorBody
+		if json.Valid(x.body) && body.UnmarshalJSON(x.body) == nil {
+			return c.errs.status(op, x.status, body, threadID, "")
+		}
+		return c.errs.status(op, x.status, t3api.ErrorBody{}, threadID, snippet(string(x.body), 200))
+	}
+	return c.errs.finish(&Error{Op: op, Status: x.status, Code: CodeBadResponse, Err: err, Message: fmt.Sprintf(
+		"machine %q sent a %s answer this t3code-mcp cannot read (%s); T3 Code and t3code-mcp may disagree on the protocol",
+		c.name, op, snippet(err.Error(), 300))})
+}
+
+// answer handles the typed result of a generated call: the success type, or
+// the default *ErrorStatusCode.
+func answer[T any](c *Client, op, threadID string, res any) (*T, error) {
+	switch r := res.(type) {
+	case *T:
+		return r, nil
+	case *t3api.ErrorStatusCode:
+		return nil, c.errs.status(op, r.StatusCode, r.Response, threadID, "")
+	}
+	return nil, c.errs.finish(&Error{Op: op, Code: CodeBadResponse, Message: fmt.Sprintf("machine %q: %s: unexpected answer %T", c.name, op, res)})
+}
+
+// Handshake reads the machine's descriptor (no credential needed) and refuses
+// any machine that does not speak orchestration protocol 2 with
+// *IncompatibleError.
+func (c *Client) Handshake(ctx context.Context) (*Descriptor, error) {
+	const op = "handshake"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.GetEnvironment(rctx)
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, "")
+	}
+	d := &Descriptor{
+		EnvironmentID: res.EnvironmentId,
+		Label:         res.Label,
+		ServerVersion: res.ServerVersion,
+		Protocol:      protocolOf(res),
+	}
+	if p, ok := res.Platform.Get(); ok {
+		d.OS, d.Arch = p.Os.Or(""), p.Arch.Or("")
+	}
+	if caps, ok := res.Capabilities.Get(); ok {
+		d.Capabilities = caps
+	}
+	if d.Protocol != Protocol {
+		return nil, &IncompatibleError{Machine: c.name, ServerVersion: d.ServerVersion, Protocol: d.Protocol}
+	}
+	c.log.Debug("t3: handshake", "server_version", d.ServerVersion, "environment", d.EnvironmentID)
+	return d, nil
+}
+
+// protocolOf reads orchestrationProtocolVersion: top level first, then inside
+// capabilities (one variant put it there); absent means protocol 1, exactly as
+// T3's own client decides.
+func protocolOf(d *t3api.EnvironmentDescriptor) int {
+	if v, ok := d.OrchestrationProtocolVersion.Get(); ok {
+		return v
+	}
+	if caps, ok := d.Capabilities.Get(); ok {
+		if raw, ok := caps["orchestrationProtocolVersion"]; ok {
+			if n, err := jx.DecodeBytes(raw).Int(); err == nil {
+				return n
+			}
+		}
+	}
+	return 1
+}
+
+// Session asks T3 what it knows about the token. T3 never answers 401 here:
+// an unknown token gives Authenticated false.
+func (c *Client) Session(ctx context.Context) (*Session, error) {
+	const op = "session"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.GetAuthSession(rctx)
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, "")
+	}
+	st, err := answer[t3api.AuthSessionState](c, op, "", res)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{Authenticated: st.Authenticated, Scopes: st.Scopes, ExpiresAt: st.ExpiresAt.Or(""), Method: st.SessionMethod.Or("")}, nil
+}
+
+// Shell reads every project and thread row.
+func (c *Client) Shell(ctx context.Context) (*t3api.ShellSnapshot, error) {
+	const op = "shell"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.GetShell(rctx, t3api.GetShellParams{XT3OrchestrationProtocol: t3api.ProtocolHeader2})
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, "")
+	}
+	return answer[t3api.ShellSnapshot](c, op, "", res)
+}
+
+// Thread reads the full projection of one thread.
+func (c *Client) Thread(ctx context.Context, threadID string) (*t3api.ThreadSnapshot, error) {
+	const op = "thread"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.GetThread(rctx, t3api.GetThreadParams{XT3OrchestrationProtocol: t3api.ProtocolHeader2, ThreadId: threadID})
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, threadID)
+	}
+	return answer[t3api.ThreadSnapshot](c, op, threadID, res)
+}
+
+// ThreadBounded reads a thread with every control-plane array but only a
+// recent window of timeline rows; older rows come from ThreadHistory.
+func (c *Client) ThreadBounded(ctx context.Context, threadID string) (*t3api.BoundedThreadSnapshot, error) {
+	const op = "thread (bounded)"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.GetThreadBounded(rctx, t3api.GetThreadBoundedParams{XT3OrchestrationProtocol: t3api.ProtocolHeader2, ThreadId: threadID})
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, threadID)
+	}
+	return answer[t3api.BoundedThreadSnapshot](c, op, threadID, res)
+}
+
+// ThreadHistory reads the timeline rows before cursor (from ThreadBounded or a
+// previous page).
+func (c *Client) ThreadHistory(ctx context.Context, threadID, cursor string) (*t3api.ThreadHistoryPage, error) {
+	const op = "thread history"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.GetThreadHistory(rctx, t3api.GetThreadHistoryParams{XT3OrchestrationProtocol: t3api.ProtocolHeader2, ThreadId: threadID, Cursor: cursor})
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, threadID)
+	}
+	return answer[t3api.ThreadHistoryPage](c, op, threadID, res)
+}
+
+// Projects lists the machine's projects.
+func (c *Client) Projects(ctx context.Context) ([]t3api.Project, error) {
+	const op = "projects"
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.ListProjects(rctx, t3api.ListProjectsParams{XT3OrchestrationProtocol: t3api.ProtocolHeader2})
+	if err != nil {
+		return nil, c.failed(ctx, op, err, x, "")
+	}
+	pl, err := answer[t3api.ProjectList](c, op, "", res)
+	if err != nil {
+		return nil, err
+	}
+	return pl.Projects, nil
+}
+
+// DialRPC opens a WebSocket to the machine: it mints a fresh single-use
+// ticket (POST /api/auth/websocket-ticket) for every connection, so the token
+// itself never travels in a URL, then dials /ws?wsTicket=…&orchestrationProtocol=2.
+// The caller owns the returned connection.
+func (c *Client) DialRPC(ctx context.Context) (*effectrpc.Conn, error) {
+	rctx, x, cancel := c.begin(ctx)
+	defer cancel()
+	res, err := c.api.IssueWebSocketTicket(rctx)
+	if err != nil {
+		return nil, c.failed(ctx, "websocket ticket", err, x, "")
+	}
+	tk, err := answer[t3api.WebSocketTicket](c, "websocket ticket", "", res)
+	if err != nil {
+		return nil, err
+	}
+	if tk.Ticket == "" {
+		return nil, c.errs.finish(&Error{Op: "websocket ticket", Code: CodeBadResponse, Message: fmt.Sprintf("machine %q issued an empty WebSocket ticket", c.name)})
+	}
+
+	ws := *c.base
+	ws.Scheme = map[string]string{"http": "ws", "https": "wss"}[c.base.Scheme]
+	ws.Path = c.base.Path + "/ws"
+	ws.RawQuery = url.Values{"wsTicket": {tk.Ticket}, "orchestrationProtocol": {strconv.Itoa(Protocol)}}.Encode()
+
+	opts := c.rpc
+	opts.HTTPClient, opts.Header, opts.Logger, opts.Label = c.hc, nil, c.log, c.name
+	conn, err := effectrpc.Dial(rctx, ws.String(), opts)
+	if err != nil {
+		return nil, c.dialFailed(ctx, err, tk.Ticket)
+	}
+	c.log.Debug("t3: socket open")
+	return conn, nil
+}
+
+func (c *Client) dialFailed(parent context.Context, err error, ticket string) error {
+	const op = "websocket"
+	var ue *effectrpc.UpgradeError
+	if !errors.As(err, &ue) {
+		e := c.errs.transport(parent, op, err)
+		e.Message = strings.ReplaceAll(e.Message, ticket, "REDACTED")
+		return e
+	}
+	var body t3api.ErrorBody
+	if !json.Valid(ue.Body) || body.UnmarshalJSON(ue.Body) != nil {
+		body = t3api.ErrorBody{}
+	}
+	if ue.Status == http.StatusUpgradeRequired {
+		// T3 checks the protocol before the credential: 426 means it wants a
+		// protocol other than the 2 this client asked for.
+		want := "a different one"
+		if v, ok := upgradeProtocol(ue.Body); ok {
+			want = "protocol " + strconv.Itoa(v)
+		}
+		return c.errs.finish(&Error{Op: op, Status: ue.Status, Code: body.Code.Or(""), Err: err, Message: fmt.Sprintf(
+			"machine %q refused orchestration protocol %d on /ws and asks for %s (T3: %s); update t3code-mcp or run a T3 Code that speaks protocol %d",
+			c.name, Protocol, want, orUnknown(body.Message.Or("")), Protocol)})
+	}
+	e := c.errs.status(op, ue.Status, body, "", snippet(string(ue.Body), 200))
+	e.Err = err
+	return e
+}
+
+// upgradeProtocol reads orchestrationProtocolVersion from a 426 body.
+func upgradeProtocol(body []byte) (int, bool) {
+	v, found := 0, false
+	d := jx.DecodeBytes(body)
+	if d.Next() != jx.Object {
+		return 0, false
+	}
+	_ = d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		if string(k) == "orchestrationProtocolVersion" && d.Next() == jx.Number {
+			n, err := d.Int()
+			v, found = n, err == nil
+			return err
+		}
+		return d.Skip()
+	})
+	return v, found
+}
+
+// GetConfig calls server.getConfig on conn: providers, models and their
+// option descriptors (there is no HTTP equivalent).
+func (c *Client) GetConfig(ctx context.Context, conn *effectrpc.Conn) (*t3rpc.ServerConfig, error) {
+	var cfg t3rpc.ServerConfig
+	if err := conn.Call(ctx, "server.getConfig", json.RawMessage(`{}`), &cfg); err != nil {
+		return nil, rpcError(c.name, "server.getConfig", err, c.errs.scrub)
+	}
+	return &cfg, nil
+}

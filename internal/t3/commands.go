@@ -1,0 +1,260 @@
+package t3
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+)
+
+// Values every command from this connector carries. T3 overwrites createdBy
+// with "user" for client commands but still requires it; creationSource "mcp"
+// is T3's own value for commands arriving through an MCP client.
+const (
+	createdBy       = "user"
+	creationSource  = "mcp"
+	runtimeMode     = "full-access"
+	interactionMode = "default"
+)
+
+// NewID returns prefix-<uuid v4>, e.g. "cmd-2f6c…". T3 leaves the format of
+// client-generated ids open; UUIDs are what its own client uses.
+func NewID(prefix string) string {
+	return prefix + "-" + uuid.NewString()
+}
+
+// Command is one orchestration command for orchestration.dispatchCommand: a
+// generated wire type plus its commandId, which is fixed when the command is
+// built so that every retry of it carries the same id (T3 keeps receipts by
+// commandId and answers a repeat with the original result).
+type Command interface {
+	CommandID() string
+	CommandType() string
+	json.Marshaler
+}
+
+type command struct {
+	id, typ string
+	payload json.Marshaler
+}
+
+func (c *command) CommandID() string            { return c.id }
+func (c *command) CommandType() string          { return c.typ }
+func (c *command) MarshalJSON() ([]byte, error) { return c.payload.MarshalJSON() }
+
+// ThreadCreate creates a thread in a project without starting it.
+func ThreadCreate(threadID, projectID, title string, model t3rpc.ModelSelection) Command {
+	p := &t3rpc.ThreadCreateCommand{
+		Type:            t3rpc.ThreadCreateCommandTypeThreadCreate,
+		CommandId:       NewID("cmd"),
+		ThreadId:        threadID,
+		ProjectId:       projectID,
+		Title:           title,
+		CreatedBy:       createdBy,
+		CreationSource:  creationSource,
+		ModelSelection:  model,
+		RuntimeMode:     runtimeMode,
+		InteractionMode: interactionMode,
+		Branch:          t3rpc.NilString{Null: true},
+		WorktreePath:    t3rpc.NilString{Null: true},
+	}
+	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
+}
+
+// MessageDispatch sends a user message that starts a run now (on a busy
+// thread T3 queues it). messageID becomes the run's userMessageId, which is how
+// the run is found afterwards. titleSeed may be empty. The thread's model
+// applies; change it first with ModelSelectionSet.
+func MessageDispatch(threadID, messageID, text, titleSeed string) Command {
+	p := &t3rpc.MessageDispatchCommand{
+		Type:           t3rpc.MessageDispatchCommandTypeMessageDispatch,
+		CommandId:      NewID("cmd"),
+		ThreadId:       threadID,
+		MessageId:      messageID,
+		Text:           text,
+		Attachments:    []t3rpc.Attachment{},
+		CreatedBy:      createdBy,
+		CreationSource: creationSource,
+		DispatchMode:   t3rpc.DispatchMode{Type: "start_immediately"},
+	}
+	if titleSeed != "" {
+		p.TitleSeed = t3rpc.NewOptString(titleSeed)
+	}
+	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
+}
+
+// RunInterrupt stops a run (the thread shell's activeRunId). reason may be empty.
+func RunInterrupt(threadID, runID, reason string) Command {
+	p := &t3rpc.RunInterruptCommand{
+		Type:      t3rpc.RunInterruptCommandTypeRunInterrupt,
+		CommandId: NewID("cmd"),
+		ThreadId:  threadID,
+		RunId:     runID,
+	}
+	if reason != "" {
+		p.Reason = t3rpc.NewOptString(reason)
+	}
+	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
+}
+
+// RespondAnswers answers a pending user_input request, keyed by question id.
+// T3 does not check answers against the questions: validate before calling.
+func RespondAnswers(threadID, requestID string, answers t3rpc.RuntimeRequestRespondCommandAnswers) Command {
+	p := &t3rpc.RuntimeRequestRespondCommand{
+		Type:      t3rpc.RuntimeRequestRespondCommandTypeRuntimeRequestRespond,
+		CommandId: NewID("cmd"),
+		ThreadId:  threadID,
+		RequestId: requestID,
+		Answers:   t3rpc.NewOptRuntimeRequestRespondCommandAnswers(answers),
+	}
+	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
+}
+
+// RespondDecision answers a pending approval: accept, acceptForSession,
+// decline or cancel.
+func RespondDecision(threadID, requestID, decision string) Command {
+	p := &t3rpc.RuntimeRequestRespondCommand{
+		Type:      t3rpc.RuntimeRequestRespondCommandTypeRuntimeRequestRespond,
+		CommandId: NewID("cmd"),
+		ThreadId:  threadID,
+		RequestId: requestID,
+		Decision:  t3rpc.NewOptString(decision),
+	}
+	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
+}
+
+// ModelSelectionSet changes a thread's model and options within its provider
+// instance.
+func ModelSelectionSet(threadID string, model t3rpc.ModelSelection) Command {
+	p := &t3rpc.ThreadModelSelectionSetCommand{
+		Type:           t3rpc.ThreadModelSelectionSetCommandTypeThreadModelSelectionSet,
+		CommandId:      NewID("cmd"),
+		ThreadId:       threadID,
+		ModelSelection: model,
+	}
+	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
+}
+
+// LaunchThreadInput builds the input of orchestration.launchThread: a thread
+// in the project's root workspace, started with text (when not empty) as its
+// first message.
+func LaunchThreadInput(threadID, projectID, title string, model t3rpc.ModelSelection, messageID, text string) *t3rpc.LaunchThreadInput {
+	in := &t3rpc.LaunchThreadInput{
+		CommandId:         NewID("cmd"),
+		CreationSource:    creationSource,
+		ThreadId:          threadID,
+		ProjectId:         projectID,
+		Title:             title,
+		ModelSelection:    model,
+		RuntimeMode:       runtimeMode,
+		InteractionMode:   interactionMode,
+		WorkspaceStrategy: t3rpc.WorkspaceStrategy{Type: "root"},
+	}
+	if text != "" {
+		msg := t3rpc.InitialMessage{Text: text, Attachments: []t3rpc.Attachment{}}
+		if messageID != "" {
+			msg.MessageId = t3rpc.NewOptString(messageID)
+		}
+		in.InitialMessage = t3rpc.NewOptInitialMessage(msg)
+	}
+	return in
+}
+
+// Connect returns a live socket to one machine, e.g. the machine watcher's
+// shared one. Dispatch does not close what it returns.
+type Connect func(context.Context) (*effectrpc.Conn, error)
+
+// retry bounds the resending of a command whose reply was lost.
+var retry = struct {
+	attempts  int
+	base, max time.Duration
+}{attempts: 4, base: 250 * time.Millisecond, max: 2 * time.Second}
+
+// Dispatch sends cmd through orchestration.dispatchCommand and returns the
+// sequence of its last event. When the reply is lost (the socket closed before
+// the Exit) it resends the same command — same commandId — on a socket from
+// connect, a bounded number of times with backoff: T3 applies a commandId once
+// and answers a repeat with the original result. A refusal from T3 (a typed
+// failure or a defect) is returned at once, never retried.
+//
+// The socket should stay open while the run goes on: T3 was seen to drop the
+// agent's output of a run whose dispatching socket closed right away.
+func Dispatch(ctx context.Context, connect Connect, cmd Command) (int64, error) {
+	var res t3rpc.DispatchResult
+	err := idempotent(ctx, connect, "orchestration.dispatchCommand", cmd.CommandType(), cmd.CommandID(), cmd, &res)
+	if err != nil {
+		return 0, err
+	}
+	return res.Sequence, nil
+}
+
+// Launch calls orchestration.launchThread with the same lost-reply retry as
+// Dispatch (T3 journals a launch under its commandId).
+func Launch(ctx context.Context, connect Connect, in *t3rpc.LaunchThreadInput) (*t3rpc.LaunchThreadResult, error) {
+	var res t3rpc.LaunchThreadResult
+	if err := idempotent(ctx, connect, "orchestration.launchThread", "thread launch", in.CommandId, in, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+func idempotent(ctx context.Context, connect Connect, method, what, commandID string, payload, result any) error {
+	var machine string
+	var lost error // the last lost-reply error, once one happened
+	for attempt := 1; ; attempt++ {
+		conn, err := connect(ctx)
+		if err != nil {
+			if lost == nil || ctx.Err() != nil {
+				// Nothing was sent yet, or the caller gave up: connect's own error says it.
+				return err
+			}
+			lost = err
+		} else {
+			machine = conn.Label()
+			err = conn.Call(ctx, method, payload, result)
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, effectrpc.ErrClosed) || ctx.Err() != nil {
+				return rpcError(machine, what, err, nil)
+			}
+			lost = err
+		}
+		if attempt >= retry.attempts {
+			return &Error{Machine: machine, Op: what, Code: CodeReplyLost, Err: lost, Message: fmt.Sprintf(
+				"%s: no reply to %s command %s after %d attempts (last: %v); it may or may not have been applied, and sending the same command again is safe",
+				onMachine(machine), what, commandID, attempt, lost)}
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return err
+		}
+	}
+}
+
+// backoff doubles from retry.base up to retry.max, with up to 25% jitter so
+// several commands cut off by one lost socket do not resend in lockstep.
+func backoff(attempt int) time.Duration {
+	d := retry.base << (attempt - 1)
+	if d > retry.max || d <= 0 {
+		d = retry.max
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/4+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
