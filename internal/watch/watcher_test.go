@@ -1,0 +1,327 @@
+package watch_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/events"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
+	"github.com/t3code-mcp/t3code-mcp/internal/watch"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a Sink that keeps every status a thread was seen in.
+type recorder struct {
+	mu       sync.Mutex
+	statuses map[string][]string
+	snaps    int
+}
+
+func (r *recorder) Apply(_ context.Context, c watch.Change) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.statuses == nil {
+		r.statuses = map[string][]string{}
+	}
+	if c.Snapshot {
+		r.snaps++
+	}
+	for _, t := range c.Threads {
+		s := r.statuses[t.ID]
+		if len(s) == 0 || s[len(s)-1] != t.Status {
+			r.statuses[t.ID] = append(s, t.Status)
+		}
+	}
+	return nil
+}
+
+func (r *recorder) seen(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.statuses[id]...)
+}
+
+type rig struct {
+	fake    *t3fake.Server
+	client  *t3.Client
+	watcher *watch.Watcher
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func start(t *testing.T, fk *t3fake.Server, sink watch.Sink) *rig {
+	t.Helper()
+	c, err := t3.NewClient("mac", fk.URL(), fk.Token(), t3.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func(ctx context.Context) (*effectrpc.Conn, error) {
+		if _, err := c.Handshake(ctx); err != nil {
+			return nil, err
+		}
+		return c.DialRPC(ctx)
+	}
+	w := watch.New("mac", connect, watch.Options{Logger: quiet, Sink: sink, MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &rig{fake: fk, client: c, watcher: w, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(r.done); w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return r
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func (r *rig) dispatch(t *testing.T, projectID, prompt string) string {
+	t.Helper()
+	tid := t3.NewID("thread")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := t3.Dispatch(ctx, r.watcher.Conn, t3.ThreadCreate(tid, projectID, prompt, t3fakeModel())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := t3.Dispatch(ctx, r.watcher.Conn, t3.MessageDispatch(tid, t3.NewID("msg"), prompt, prompt)); err != nil {
+		t.Fatal(err)
+	}
+	return tid
+}
+
+func TestRunObservedFromStartToEnd(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{ManualSteps: true})
+	pid := fk.AddProject("api", "/srv/api")
+	rec := &recorder{}
+	r := start(t, fk, rec)
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	tid := r.dispatch(t, pid, "do the thing")
+	for fk.Pending() > 0 || fk.Step() {
+		// Each step is applied before the next: every intermediate state is seen.
+		head := fk.Head()
+		eventually(t, "cursor to reach head", func() bool { return r.watcher.Status().Cursor >= head })
+		fk.Step()
+	}
+	eventually(t, "completed", func() bool {
+		s, ok := r.watcher.Thread(tid)
+		return ok && s.Status == "completed"
+	})
+	got := fmt.Sprint(rec.seen(tid))
+	for _, want := range []string{"running", "waiting", "completed"} {
+		if !contains(rec.seen(tid), want) {
+			t.Fatalf("statuses seen %s, missing %s", got, want)
+		}
+	}
+	if p := r.watcher.Projects(); len(p) != 1 || p[0].Title != "api" {
+		t.Fatalf("projects = %v", p)
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// Forced disconnects in the middle of runs: the watcher resumes from its
+// cursor, and the event detector (the real one, over a real store) reports
+// every run's end exactly once.
+func TestDisconnectsMissNoTransitionAndDoubleNone(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{StepDelay: 2 * time.Millisecond})
+	pid := fk.AddProject("api", "/srv/api")
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var rr *rig
+	read := func(ctx context.Context, _, threadID string) (*t3api.ThreadProjection, error) {
+		s, err := rr.client.Thread(ctx, threadID)
+		if err != nil {
+			return nil, err
+		}
+		return &s.Projection, nil
+	}
+	det := events.New(events.Options{Store: st, Tracked: st, Build: events.NewBuilder(read, nil),
+		RunStatus: func(ctx context.Context, _, threadID, runID string) (string, bool, error) {
+			p, err := read(ctx, "", threadID)
+			if err != nil {
+				return "", false, err
+			}
+			run, ok := threadview.New(p).Run(runID)
+			return run.Status, ok, nil
+		}})
+	rr = start(t, fk, det)
+	eventually(t, "synced", func() bool { return rr.watcher.Status().Synced })
+
+	stop := make(chan struct{})
+	dropped := make(chan int)
+	go func() {
+		n := 0
+		tk := time.NewTicker(15 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				dropped <- n
+				return
+			case <-tk.C:
+				fk.DropConnections()
+				n++
+			}
+		}
+	}()
+	prompts := []string{"finish", "fail this", "finish again", "fail too", "done"}
+	want := map[string]string{}
+	for i := 0; i < 20; i++ {
+		p := prompts[i%len(prompts)]
+		tid := t3.NewID("thread")
+		if err := st.PutThread(store.Thread{ID: tid, Machine: "mac", Watch: true}); err != nil {
+			t.Fatal(err)
+		}
+		// As t3_dispatch does: the thread is watched from before it exists.
+		if err := det.Baseline("mac", &t3rpc.ThreadShell{ID: tid, Status: "idle"}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := t3.Dispatch(ctx, rr.watcher.Conn, t3.ThreadCreate(tid, pid, p, t3fakeModel())); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := t3.Dispatch(ctx, rr.watcher.Conn, t3.MessageDispatch(tid, t3.NewID("msg"), p, p)); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		want[tid] = "thread.completed"
+		if p == "fail this" || p == "fail too" {
+			want[tid] = "thread.failed"
+		}
+	}
+	eventually(t, "every run settled on the fake", func() bool {
+		for tid := range want {
+			if s, _ := fk.ThreadStatus(tid); s != "completed" && s != "failed" {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	drops := <-dropped
+	eventually(t, "every event recorded", func() bool {
+		evs, _ := st.Pending(1000)
+		return len(evs) >= len(want)
+	})
+	time.Sleep(50 * time.Millisecond) // let a late duplicate, if any, land
+	evs, _ := st.Pending(1000)
+	got := map[string][]string{}
+	for _, e := range evs {
+		var b struct {
+			Type     string `json:"type"`
+			ThreadID string `json:"thread_id"`
+		}
+		if err := json.Unmarshal(e.Body, &b); err != nil {
+			t.Fatal(err)
+		}
+		got[b.ThreadID] = append(got[b.ThreadID], b.Type)
+	}
+	for tid, typ := range want {
+		if len(got[tid]) != 1 || got[tid][0] != typ {
+			t.Errorf("thread %s: events %v, want exactly [%s]", tid, got[tid], typ)
+		}
+	}
+	if drops < 3 || rr.watcher.Status().Reconnects < 3 {
+		t.Fatalf("only %d drops / %d reconnects: the test did not exercise reconnects", drops, rr.watcher.Status().Reconnects)
+	}
+}
+
+// T3 restarted with a replaced database (a lower sequence): the watcher takes
+// the snapshot T3 falls back to and its state follows the new head.
+func TestSnapshotFallbackAfterReplacedDatabase(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{StepDelay: time.Millisecond})
+	pid := fk.AddProject("api", "/srv/api")
+	rec := &recorder{}
+	r := start(t, fk, rec)
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	tid := r.dispatch(t, pid, "finish")
+	eventually(t, "completed", func() bool { s, _ := r.watcher.Thread(tid); return s.Status == "completed" })
+	before := r.watcher.Status().Cursor
+	rec.mu.Lock()
+	snaps := rec.snaps
+	rec.mu.Unlock()
+	fk.Restart(1)
+	eventually(t, "a fresh snapshot", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.snaps > snaps
+	})
+	if c := r.watcher.Status().Cursor; c >= before {
+		t.Fatalf("cursor %d after a replaced database, want below %d (the snapshot's sequence)", c, before)
+	}
+	// Live items after the fallback are applied, not dropped as "old".
+	tid2 := r.dispatch(t, pid, "finish")
+	eventually(t, "new run after fallback", func() bool { s, _ := r.watcher.Thread(tid2); return s.Status == "completed" })
+}
+
+func TestBadTokenIsReportedAndLiveMachineUnaffected(t *testing.T) {
+	dead := t3fake.StartT(t, t3fake.Options{})
+	dead.SetUnauthorized(true)
+	live := t3fake.StartT(t, t3fake.Options{StepDelay: time.Millisecond})
+	pid := live.AddProject("api", "/srv/api")
+	bad := start(t, dead, nil)
+	good := start(t, live, nil)
+	eventually(t, "bad token reported", func() bool {
+		err := bad.watcher.Status().LastError
+		return err != nil && strings.Contains(err.Error(), "invalid or expired")
+	})
+	// A machine that never answers at all, beside them.
+	unreachable, err := t3.NewClient("gone", "http://127.0.0.1:1", "tok", t3.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := watch.New("gone", func(ctx context.Context) (*effectrpc.Conn, error) {
+		if _, err := unreachable.Handshake(ctx); err != nil {
+			return nil, err
+		}
+		return unreachable.DialRPC(ctx)
+	}, watch.Options{Logger: quiet, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	eventually(t, "live synced", func() bool { return good.watcher.Status().Synced })
+	tid := good.dispatch(t, pid, "finish")
+	eventually(t, "live run completes while the others fail", func() bool { s, _ := good.watcher.Thread(tid); return s.Status == "completed" })
+	if w.Status().Online || bad.watcher.Status().Online {
+		t.Fatal("dead machines reported online")
+	}
+}
+
+func t3fakeModel() t3rpc.ModelSelection {
+	return t3rpc.ModelSelection{InstanceId: t3fake.ProviderInstance, Model: t3fake.ProviderModel}
+}
+
+var quiet = slog.New(slog.DiscardHandler)
