@@ -28,7 +28,7 @@ var DefaultLimits = Limits{Reply: 4000, Prompt: 1000, Tool: 200, Error: 1000, Qu
 // View indexes one projection.
 type View struct {
 	p     *t3api.ThreadProjection
-	runs  []t3api.Run                 // by ordinal
+	runs  []t3api.Run                  // by ordinal
 	items map[string][]*t3api.TurnItem // by run id, by ordinal
 	byReq map[string]*t3api.TurnItem   // question/approval items by request id
 }
