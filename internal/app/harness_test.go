@@ -182,6 +182,12 @@ func (r headerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (h *harness) client(origin string) *client {
 	h.t.Helper()
+	return h.clientVersion(origin, "")
+}
+
+// clientVersion connects a client that speaks one MCP protocol version.
+func (h *harness) clientVersion(origin, version string) *client {
+	h.t.Helper()
 	c := &client{t: h.t, progress: make(chan *mcp.ProgressNotificationParams, 100)}
 	mc := mcp.NewClient(&mcp.Implementation{Name: "test-agent", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
@@ -196,7 +202,11 @@ func (h *harness) client(origin string) *client {
 		hdr.Set("X-Conversation-Origin", origin)
 	}
 	tr := &mcp.StreamableClientTransport{Endpoint: h.http.URL + "/mcp", HTTPClient: &http.Client{Transport: headerRT{hdr, http.DefaultTransport}}}
-	s, err := mc.Connect(context.Background(), tr, nil)
+	var opts *mcp.ClientSessionOptions
+	if version != "" {
+		opts = &mcp.ClientSessionOptions{ProtocolVersion: version}
+	}
+	s, err := mc.Connect(context.Background(), tr, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}

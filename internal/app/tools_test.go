@@ -325,3 +325,41 @@ func TestIncompatibleAndMisconfiguredMachines(t *testing.T) {
 		t.Fatal("health ok with two machines down")
 	}
 }
+
+// Clients speaking MCP 2025-06-18, 2025-11-25 and 2026-07-28 all work,
+// including origin capture and progress notifications during t3_wait.
+func TestProtocolVersions(t *testing.T) {
+	h := newHarness(t, harnessOpts{settings: func(s *appSettings) { s.Limits.ProgressEvery = 20 * time.Millisecond }})
+	h.waitOnline("mac")
+	for _, v := range []string{"2025-06-18", "2025-11-25", "2026-07-28"} {
+		c := h.clientVersion("origin-"+v, v)
+		if got := c.session.InitializeResult(); got != nil && v < "2026-07-28" && got.ProtocolVersion != v {
+			t.Fatalf("%s: negotiated %s", v, got.ProtocolVersion)
+		}
+		if ms := c.ok("t3_machines", nil)["machines"].([]any); len(ms) != 1 {
+			t.Fatalf("%s: machines = %v", v, ms)
+		}
+		tid := str(c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "hang on " + v}), "thread_id")
+		sc, text, isErr := c.callProgress("t3_wait", map[string]any{"thread_id": tid, "timeout": 1}, "p-"+v)
+		if isErr || sc["reason"] != "timeout" {
+			t.Fatalf("%s: wait = %v %s", v, sc, text)
+		}
+		select {
+		case p := <-c.progress:
+			if p.ProgressToken != "p-"+v {
+				t.Fatalf("%s: progress token %v", v, p.ProgressToken)
+			}
+		default:
+			t.Fatalf("%s: no progress notification", v)
+		}
+		c.ok("t3_interrupt", map[string]any{"thread_id": tid})
+		found := false
+		for _, x := range c.ok("t3_watch", nil)["threads"].([]any) {
+			m := x.(map[string]any)
+			found = found || (m["thread_id"] == tid && m["origin"] == "origin-"+v)
+		}
+		if !found {
+			t.Fatalf("%s: origin not recorded", v)
+		}
+	}
+}
