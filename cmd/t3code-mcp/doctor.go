@@ -5,14 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
+	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
+	"github.com/t3code-mcp/t3code-mcp/internal/server"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 )
@@ -25,28 +32,65 @@ func openStore(s app.Settings) (*store.Store, error) {
 	return st, err
 }
 
-// needed are the scopes t3code-mcp uses; more are not needed.
-var needed = []string{"orchestration:read", "orchestration:operate"}
+// Scopes of a T3 token.
+const (
+	scopeRead    = "orchestration:read"
+	scopeOperate = "orchestration:operate"
+)
 
 // report collects doctor lines; any failure makes the exit code non-zero.
 type report struct {
 	w      io.Writer
 	failed bool
+	warns  int
 }
 
-func (r *report) ok(format string, a ...any)   { fmt.Fprintf(r.w, "  ok    "+format+"\n", a...) }
-func (r *report) warn(format string, a ...any) { fmt.Fprintf(r.w, "  warn  "+format+"\n", a...) }
+func (r *report) section(format string, a ...any) { fmt.Fprintf(r.w, "\n"+format+"\n", a...) }
+func (r *report) ok(format string, a ...any)      { fmt.Fprintf(r.w, "  ok    "+format+"\n", a...) }
+func (r *report) warn(format string, a ...any) {
+	r.warns++
+	fmt.Fprintf(r.w, "  warn  "+format+"\n", a...)
+}
 func (r *report) fail(format string, a ...any) {
 	r.failed = true
 	fmt.Fprintf(r.w, "  FAIL  "+format+"\n", a...)
 }
 
-func doctor(ctx context.Context, stdout, stderr io.Writer) int {
-	s, ok := settings(stderr)
-	if !ok {
-		return 2
-	}
+// doctor checks the settings, the config, every machine, the hook and the
+// state file, printing one line per check. Exit code: 0 when nothing failed
+// (warnings allowed), 1 otherwise. It reads the environment only; it never
+// changes anything on a machine or at the hook.
+func doctor(ctx context.Context, stdout io.Writer) int {
 	r := &report{w: stdout}
+	fmt.Fprintf(stdout, "t3code-mcp %s doctor\n", server.Version)
+	s, err := app.SettingsFromEnv(os.Getenv)
+	if err != nil {
+		// Report every bad variable; the checks below go on with the defaults.
+		r.section("settings")
+		for line := range strings.SplitSeq(err.Error(), "\n") {
+			r.fail("%s", line)
+		}
+	}
+	checkConfig(ctx, r, s)
+	r.section("events")
+	checkHook(ctx, r, s)
+	r.section("server")
+	checkServer(r, s)
+	r.section("state")
+	checkState(r, s)
+	switch {
+	case r.failed:
+		fmt.Fprintln(stdout, "\ndoctor: problems found (FAIL lines above)")
+		return 1
+	case r.warns > 0:
+		fmt.Fprintf(stdout, "\ndoctor: all good, %d warning(s) above\n", r.warns)
+	default:
+		fmt.Fprintln(stdout, "\ndoctor: all good")
+	}
+	return 0
+}
+
+func checkConfig(ctx context.Context, r *report, s app.Settings) {
 	path := s.ConfigPath
 	if path == "" {
 		if _, err := os.Stat("t3code.toml"); err == nil {
@@ -54,44 +98,41 @@ func doctor(ctx context.Context, stdout, stderr io.Writer) int {
 		}
 	}
 	if path == "" {
-		fmt.Fprintln(stdout, "config: none (T3CODE_MCP_CONFIG unset and no ./t3code.toml): `serve` would start the demo machine")
-		fmt.Fprintln(stdout, "  create one from t3code.example.toml to use real machines")
-		return 1
+		r.section("config")
+		r.fail("no config: T3CODE_MCP_CONFIG is unset and there is no ./t3code.toml, so `serve` would start only the built-in demo machine; copy t3code.example.toml to t3code.toml and add your machines")
+		return
 	}
 	cfg, err := config.Load(path)
 	if err != nil {
-		fmt.Fprintf(stdout, "config: %s\n", path)
+		r.section("config: %s", path)
 		r.fail("%v", err)
-		return 1
+		return
 	}
-	fmt.Fprintf(stdout, "config: %s (%d machines)\n", path, len(cfg.Machines))
+	r.section("config: %s (%s)", path, plural(len(cfg.Machines), "machine"))
+	if len(cfg.Machines) == 0 {
+		r.fail("no [machines.NAME] table: add one (see t3code.example.toml)")
+	}
 	for _, m := range cfg.Machines {
-		fmt.Fprintf(stdout, "\nmachine %q (%s)\n", m.Name, m.URL)
+		r.section("machine %q (%s)", m.Name, m.URL)
 		checkMachine(ctx, r, m, s.HTTPTimeout)
 	}
-	fmt.Fprintln(stdout, "\nevents")
-	checkHook(ctx, r, s)
-	if r.failed {
-		fmt.Fprintln(stdout, "\ndoctor: problems found (FAIL lines above)")
-		return 1
-	}
-	fmt.Fprintln(stdout, "\ndoctor: all good")
-	return 0
 }
 
 func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time.Duration) {
 	token, err := m.Token()
 	if err != nil {
-		r.fail("%v", err)
+		r.fail("%v: export it with the machine's token (`%s` on the machine issues one)", err, t3.IssueCommand)
 		return
 	}
 	r.ok("token variable %s is set", m.TokenEnv)
-	c, err := t3.NewClient(m.Name, m.URL, token, t3.Options{Timeout: timeout})
+	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	defer hc.CloseIdleConnections()
+	c, err := t3.NewClient(m.Name, m.URL, token, t3.Options{Timeout: timeout, HTTPClient: hc})
 	if err != nil {
 		r.fail("%v", err)
 		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, timeout)
+	cctx, cancel := context.WithTimeout(ctx, 4*timeout)
 	defer cancel()
 	d, err := c.Handshake(cctx)
 	if err != nil {
@@ -105,8 +146,12 @@ func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time
 		return
 	}
 	if !sess.Authenticated {
-		r.fail("the token in %s is not valid on this machine (expired or revoked?); issue a new one there: t3 auth session issue --scope orchestration:read --scope orchestration:operate --token-only --ttl 365d --label t3code-mcp", m.TokenEnv)
+		r.fail("the token in %s is not valid on this machine (wrong, expired or revoked); issue a new one there: %s", m.TokenEnv, t3.IssueCommand)
 		return
+	}
+	needed := []string{scopeRead, scopeOperate}
+	if m.ReadOnly() {
+		needed = needed[:1]
 	}
 	var missing, extra []string
 	for _, n := range needed {
@@ -120,16 +165,21 @@ func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time
 		}
 	}
 	if len(missing) > 0 {
-		r.fail("the token lacks scope %s; issue one with --scope orchestration:read --scope orchestration:operate", strings.Join(missing, " and "))
+		r.fail("the token lacks scope %s; issue one on the machine with: %s", strings.Join(missing, " and "), t3.IssueCommand)
 	} else {
-		r.ok("the token has orchestration:read and orchestration:operate")
+		r.ok("the token is valid and has %s", strings.Join(needed, " and "))
 	}
 	if len(extra) > 0 {
-		r.warn("the token also has %s: only orchestration:read and orchestration:operate are needed; a narrower token limits what a leak could do", strings.Join(extra, ", "))
+		why := "only " + strings.Join(needed, " and ") + " are needed"
+		if m.ReadOnly() {
+			why = `access = "read" needs only ` + scopeRead
+		}
+		r.warn("the token also has %s: %s; a narrower token limits what a leak could do", strings.Join(extra, ", "), why)
 	}
-	if len(missing) > 0 && !slices.Contains(sess.Scopes, "orchestration:read") {
+	if !slices.Contains(sess.Scopes, scopeRead) {
 		return
 	}
+	checkSocket(cctx, r, c, m)
 	projects, err := c.Projects(cctx)
 	if err != nil {
 		r.fail("listing projects: %v", err)
@@ -142,16 +192,116 @@ func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time
 		}
 	}
 	if len(admitted) == 0 {
-		r.warn("the allowlist %q admits none of the %d projects on this machine", m.Projects, len(projects))
+		r.warn("the allowlist (projects = %q) admits none of the %d projects on this machine: agents will see no project there", m.Projects, len(projects))
 	} else {
-		r.ok("the allowlist %q admits %d of %d projects: %s", m.Projects, len(admitted), len(projects), strings.Join(admitted, ", "))
+		r.ok("the allowlist (projects = %q) admits %d of %d projects: %s", m.Projects, len(admitted), len(projects), strings.Join(admitted, ", "))
 	}
+}
+
+// checkSocket opens the Effect RPC WebSocket the connector runs on (a reverse
+// proxy that does not pass WebSocket upgrades fails here), asks for the
+// providers and checks the configured model against them.
+func checkSocket(ctx context.Context, r *report, c *t3.Client, m config.Machine) {
+	conn, err := c.DialRPC(ctx)
+	if err != nil {
+		r.fail("the WebSocket (/ws) does not open: %v", err)
+		return
+	}
+	defer conn.Close()
+	cfg, err := c.GetConfig(ctx, conn)
+	if err != nil {
+		r.fail("the WebSocket (/ws) opens but server.getConfig failed: %v", err)
+		return
+	}
+	var ready []string
+	for _, p := range cfg.Providers {
+		if providerUsable(p) {
+			ready = append(ready, p.InstanceId)
+		}
+	}
+	if len(ready) == 0 {
+		r.warn("the WebSocket (/ws) works, but no provider is ready on this machine: runs will fail until one is enabled in T3 Code")
+	} else {
+		r.ok("the WebSocket (/ws) works; providers ready: %s", strings.Join(ready, ", "))
+	}
+	inst, slug, ok := m.ModelSelection()
+	if !ok {
+		return
+	}
+	var avail []string
+	for _, p := range cfg.Providers {
+		for _, md := range p.Models {
+			if !providerUsable(p) {
+				continue
+			}
+			avail = append(avail, p.InstanceId+"/"+md.Slug)
+			if p.InstanceId != inst || md.Slug != slug {
+				continue
+			}
+			if bad := unknownOptions(md, m.Options); len(bad) > 0 {
+				r.fail("model %s has no option %s (t3code.toml options); t3_dispatch would refuse every new thread", m.Model, strings.Join(bad, ", "))
+				return
+			}
+			r.ok("model %s is available", m.Model)
+			return
+		}
+	}
+	if len(avail) == 0 {
+		avail = []string{"none"}
+	}
+	r.fail("model %s (t3code.toml) is not available on this machine, so t3_dispatch would refuse every new thread; available: %s", m.Model, strings.Join(avail, ", "))
+}
+
+func providerUsable(p t3rpc.Provider) bool {
+	if !p.Enabled.Or(true) {
+		return false
+	}
+	if st, ok := p.Status.Get(); ok && st != "ready" {
+		return false
+	}
+	if a, ok := p.Availability.Get(); ok && a == "unavailable" {
+		return false
+	}
+	return true
+}
+
+// unknownOptions lists configured option ids the model does not declare.
+func unknownOptions(md t3rpc.ProviderModel, opts map[string]any) []string {
+	known := map[string]bool{}
+	if caps, ok := md.Capabilities.Get(); ok {
+		for _, d := range caps.OptionDescriptors {
+			known[d.ID] = true
+		}
+	}
+	var bad []string
+	for id := range opts {
+		if !known[id] {
+			bad = append(bad, strconv.Quote(id))
+		}
+	}
+	slices.Sort(bad)
+	return bad
 }
 
 func checkHook(ctx context.Context, r *report, s app.Settings) {
 	if s.HookURL == "" {
 		r.warn("T3CODE_MCP_HOOK_URL is not set: no events are sent (t3_wait still works)")
 		return
+	}
+	u, err := url.Parse(s.HookURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		// The URL is never echoed: it may carry a credential in its query.
+		r.fail("T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
+		return
+	}
+	if s.HookSecret != "" {
+		if _, err := outbox.DecodeSecret(s.HookSecret); err != nil {
+			r.fail("%s", strings.TrimPrefix(err.Error(), "outbox: "))
+		} else {
+			r.ok("T3CODE_MCP_HOOK_SECRET is a valid Standard Webhooks secret: deliveries are signed")
+		}
+	} else {
+		r.warn("T3CODE_MCP_HOOK_SECRET is not set: deliveries are not signed (receivers can check T3CODE_MCP_HOOK_TOKEN only)")
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -160,19 +310,106 @@ func checkHook(ctx context.Context, r *report, s app.Settings) {
 		r.fail("T3CODE_MCP_HOOK_URL is not a valid URL")
 		return
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if s.HookToken != "" {
+		req.Header.Set("Authorization", "Bearer "+s.HookToken)
+	}
+	// Deliveries never follow redirects; neither does this check.
+	hc := &http.Client{
+		Transport:     http.DefaultTransport.(*http.Transport).Clone(),
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Do(req)
 	if err != nil {
-		r.fail("the hook URL does not answer (T3CODE_MCP_HOOK_URL): %v", redactURL(err, s.HookURL))
+		r.fail("the hook URL (T3CODE_MCP_HOOK_URL) does not answer: %s; events queue up and are retried for T3CODE_MCP_HOOK_MAX_AGE (%s), then become dead letters", redact(netCause(err), s), s.HookMaxAge)
 		return
 	}
 	resp.Body.Close()
-	r.ok("the hook URL answers (HTTP %d to HEAD)", resp.StatusCode)
-	if s.HookSecret == "" {
-		r.warn("T3CODE_MCP_HOOK_SECRET is not set: deliveries are not signed")
+	code := resp.StatusCode
+	switch {
+	case code >= 300 && code < 400:
+		r.fail("the hook URL redirects (HTTP %d to HEAD): deliveries do not follow redirects and would become dead letters; set T3CODE_MCP_HOOK_URL to the final URL", code)
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		r.warn("the hook URL answers HTTP %d to HEAD: if the receiver checks the bearer, T3CODE_MCP_HOOK_TOKEN is wrong or unset (a refused delivery becomes a dead letter at once)", code)
+	case code == http.StatusNotFound:
+		r.warn("the hook URL answers HTTP 404 to HEAD: check its path (a delivery answered 404 becomes a dead letter at once)")
+	case code >= 500:
+		r.warn("the hook URL answers HTTP %d to HEAD: the receiver has a problem (deliveries answered 5xx are retried)", code)
+	default:
+		r.ok("the hook URL answers (HTTP %d to HEAD)", code)
 	}
 }
 
-// redactURL keeps a hook URL (which may carry a credential) out of messages.
-func redactURL(err error, u string) string {
-	return strings.ReplaceAll(err.Error(), u, "<hook url>")
+// netCause is the network error without the request line around it.
+func netCause(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return err.Error()
+}
+
+// redact keeps the hook URL and its secrets (a URL may carry a credential)
+// out of messages.
+func redact(msg string, s app.Settings) string {
+	for _, sec := range []string{s.HookURL, s.HookToken, s.HookSecret} {
+		if sec != "" {
+			msg = strings.ReplaceAll(msg, sec, "<redacted>")
+		}
+	}
+	return msg
+}
+
+func checkServer(r *report, s app.Settings) {
+	addr := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+	ip := net.ParseIP(s.Host)
+	loopback := s.Host == "localhost" || (ip != nil && ip.IsLoopback())
+	switch {
+	case s.Token != "":
+		r.ok("serve listens on %s; /mcp requires the bearer in T3CODE_MCP_TOKEN", addr)
+	case loopback:
+		r.ok("serve listens on %s (this host only); /mcp needs no token", addr)
+	default:
+		r.warn("serve listens on %s and T3CODE_MCP_TOKEN is not set: anyone who can reach that port can start threads; set T3CODE_MCP_TOKEN", addr)
+	}
+}
+
+func checkState(r *report, s app.Settings) {
+	path := filepath.Join(s.StateDir, store.FileName)
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		r.ok("no state file yet at %s (T3CODE_MCP_STATE_DIR): serve creates it", path)
+		return
+	}
+	st, err := store.Open(s.StateDir)
+	if errors.Is(err, store.ErrInUse) {
+		r.ok("%s is in use by a running t3code-mcp", path)
+		return
+	}
+	if err != nil {
+		r.fail("%v", err)
+		return
+	}
+	defer st.Close()
+	threads, err := st.ListThreads()
+	if err != nil {
+		r.fail("reading %s: %v", path, err)
+		return
+	}
+	pending, dead, _, err := st.Counts()
+	if err != nil {
+		r.fail("reading %s: %v", path, err)
+		return
+	}
+	r.ok("%s: %s tracked, %s pending", path, plural(len(threads), "thread"), plural(pending, "event"))
+	if dead > 0 {
+		r.warn("%s (events the hook never accepted): `t3code-mcp dead-letters` lists them, `t3code-mcp dead-letters retry` requeues them", plural(dead, "dead letter"))
+	}
+}
+
+// plural is "1 thing" or "n things".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }

@@ -5,6 +5,7 @@
 //	t3code-mcp stdio              the same tools over stdio, for local clients
 //	t3code-mcp doctor             check the config, machines, tokens and hook
 //	t3code-mcp dead-letters       list undeliverable events; `retry [id…]` requeues them
+//	t3code-mcp healthcheck        exit 0 when the local serve answers /healthz (container HEALTHCHECK)
 //	t3code-mcp version
 //
 // Settings come from the environment (docs/configuration.md).
@@ -39,7 +40,16 @@ func main() {
 func usage(w io.Writer) {
 	fmt.Fprintf(w, `t3code-mcp %s — run coding threads on T3 Code machines over MCP
 
-usage: t3code-mcp [flags] [serve | stdio | doctor | dead-letters [retry [id…]] | version]
+usage: t3code-mcp [flags] [serve | stdio | doctor | dead-letters [retry [id…]] | audit | healthcheck | version]
+
+commands:
+  serve             MCP over streamable HTTP at /mcp (the default)
+  stdio             the same tools over stdin/stdout, for local clients
+  doctor            check the config, each machine, the hook and the state file
+  dead-letters      list events the hook never accepted; "dead-letters retry [id…]" requeues them
+  audit             print the audit log of mutating calls; filters --machine M, --thread T, --since 2h; --json
+  healthcheck       exit 0 when the serve on T3CODE_MCP_HOST/T3CODE_MCP_PORT answers /healthz
+  version           print the version
 
 flags:
   --log-json        log JSON lines instead of text (or T3CODE_MCP_LOG_FORMAT=json)
@@ -57,6 +67,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logJSON := fs.Bool("log-json", os.Getenv("T3CODE_MCP_LOG_FORMAT") == "json", "log JSON lines")
 	logLevel := fs.String("log-level", envOr("T3CODE_MCP_LOG_LEVEL", "info"), "log level")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	var level slog.Level
@@ -86,13 +99,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "stdio":
 		return stdio(ctx, log, stderr)
 	case "doctor":
-		return doctor(ctx, stdout, stderr)
+		return doctor(ctx, stdout)
+	case "healthcheck":
+		return healthcheck(ctx, stdout, stderr)
 	case "dead-letters":
 		return deadLetters(rest, stdout, stderr)
+	case "audit":
+		return auditLog(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "t3code-mcp", server.Version)
 		return 0
-	case "help", "-h", "--help":
+	case "help":
 		usage(stdout)
 		return 0
 	}
@@ -124,7 +141,7 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 	}
 	a, err := app.New(s, log)
 	if err != nil {
-		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		startupError(stderr, s, err)
 		return 1
 	}
 	defer a.Close()
@@ -135,7 +152,7 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 		return 1
 	}
 	srv := &http.Server{Handler: a.Handler, ReadHeaderTimeout: 10 * time.Second}
-	banner(stdout, a, "http://"+ln.Addr().String())
+	banner(stdout, a, ln.Addr().(*net.TCPAddr))
 
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -150,6 +167,11 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 		}
 	}
 	log.Info("shutting down")
+	// Open sessions hold streams (a t3_wait, the SSE GET) that Shutdown would
+	// wait for; closing them first lets it return at once. Clients reconnect.
+	for ss := range a.MCP.Sessions() {
+		_ = ss.Close()
+	}
 	shut, c2 := context.WithTimeout(context.Background(), 5*time.Second)
 	defer c2()
 	_ = srv.Shutdown(shut)
@@ -158,8 +180,23 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 	return 0
 }
 
-func banner(w io.Writer, a *app.App, base string) {
-	fmt.Fprintf(w, "t3code-mcp %s\n  MCP:     %s/mcp\n  health:  %s/healthz\n  metrics: %s/metrics\n  state:   %s\n", server.Version, base, base, base, a.Store.Path())
+// banner tells where the connector listens and, for the demo, how to add a
+// real machine. A wildcard listen address is shown as loopback, the address
+// a local client uses.
+func banner(w io.Writer, a *app.App, addr *net.TCPAddr) {
+	host := addr.IP.String()
+	if addr.IP.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	base := "http://" + net.JoinHostPort(host, strconv.Itoa(addr.Port))
+	fmt.Fprintf(w, "t3code-mcp %s\n  MCP:     %s/mcp\n  health:  %s/healthz\n  metrics: %s/metrics\n", server.Version, base, base, base)
+	if addr.IP.IsUnspecified() {
+		fmt.Fprintf(w, "  listen:  every interface, port %d (T3CODE_MCP_HOST=%s)\n", addr.Port, a.Settings.Host)
+	}
+	if a.Settings.Token != "" {
+		fmt.Fprintln(w, "  auth:    /mcp requires Authorization: Bearer <T3CODE_MCP_TOKEN>")
+	}
+	fmt.Fprintf(w, "  state:   %s\n", a.Store.Path())
 	if a.Settings.HookURL == "" {
 		fmt.Fprintln(w, "  events:  off (set T3CODE_MCP_HOOK_URL to receive webhooks)")
 	} else {
@@ -171,6 +208,7 @@ func banner(w io.Writer, a *app.App, base string) {
 		fmt.Fprintln(w, "\nTo add a real machine: on it run")
 		fmt.Fprintln(w, "  t3 auth session issue --scope orchestration:read --scope orchestration:operate --token-only --ttl 365d --label t3code-mcp")
 		fmt.Fprintln(w, "then copy t3code.example.toml to t3code.toml, set url and token_env, export the token, and restart.")
+		fmt.Fprintf(w, "\nTry it: point an MCP client at %s/mcp (docs/clients.md), or in the repository run\n  go run ./scripts/smoke %s/mcp demo demo\n", base, base)
 	} else {
 		fmt.Fprintf(w, "  config:  %s (%d machines)\n", a.Config.Path, len(a.Config.Machines))
 	}
@@ -183,7 +221,7 @@ func stdio(ctx context.Context, log *slog.Logger, stderr io.Writer) int {
 	}
 	a, err := app.New(s, log)
 	if err != nil {
-		fmt.Fprintln(stderr, "t3code-mcp:", err)
+		startupError(stderr, s, err)
 		return 1
 	}
 	defer a.Close()
@@ -198,6 +236,15 @@ func stdio(ctx context.Context, log *slog.Logger, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// startupError prints why the connector could not start, with a hint for a
+// config file that is not there (a container without its mount).
+func startupError(stderr io.Writer, s app.Settings, err error) {
+	fmt.Fprintln(stderr, "t3code-mcp:", err)
+	if s.ConfigPath != "" && errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(stderr, "  T3CODE_MCP_CONFIG names %s, which does not exist: create it from t3code.example.toml (in a container: mount it there), or unset T3CODE_MCP_CONFIG to try the built-in demo machine\n", s.ConfigPath)
+	}
 }
 
 func deadLetters(args []string, stdout, stderr io.Writer) int {

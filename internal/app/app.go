@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
@@ -52,6 +53,10 @@ type Settings struct {
 
 	// NoDemo refuses to start the demo machine when no config is found.
 	NoDemo bool
+
+	// Audit log (docs/guardrails.md): <StateDir>/audit.log, rotated by size.
+	AuditMaxBytes int64 // T3CODE_MCP_AUDIT_MAX_BYTES (10 MiB)
+	AuditKeep     int   // T3CODE_MCP_AUDIT_KEEP (3 rotated files)
 }
 
 // DefaultStateDir is where state lives when T3CODE_MCP_STATE_DIR is unset.
@@ -122,6 +127,11 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	intVar("T3CODE_MCP_MAX_WAITS_PER_SESSION", &s.Limits.MaxWaitsPerSession, 50)
 	durVar("T3CODE_MCP_CALL_TIMEOUT", &s.Limits.CallTimeout, 60*time.Second)
 	durVar("T3CODE_MCP_MAX_WAIT", &s.Limits.MaxWait, time.Hour)
+	// Audit log rotation.
+	var auditMax int
+	intVar("T3CODE_MCP_AUDIT_MAX_BYTES", &auditMax, audit.DefaultMaxBytes)
+	s.AuditMaxBytes = int64(auditMax)
+	intVar("T3CODE_MCP_AUDIT_KEEP", &s.AuditKeep, audit.DefaultKeep)
 	return s, errors.Join(errs...)
 }
 
@@ -138,6 +148,7 @@ type App struct {
 	Handler  http.Handler
 	Registry *prometheus.Registry
 	Demo     *t3fake.Server // the built-in demo machine, when no config was found
+	Audit    *audit.Log     // <state dir>/audit.log
 	Log      *slog.Logger
 
 	closeOnce sync.Once
@@ -231,6 +242,13 @@ func New(s Settings, log *slog.Logger) (*App, error) {
 			return float64(n)
 		}),
 	)
+	// Audit log: one line per mutating tool call.
+	al, err := audit.Open(s.StateDir, audit.Options{MaxBytes: s.AuditMaxBytes, Keep: s.AuditKeep})
+	if err != nil {
+		a.Close()
+		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
+	}
+	a.Audit, a.Deps.Audit = al, al
 	a.MCP = server.NewMCPServer(a.Deps)
 	a.Handler = server.Handler(a.MCP, fl, server.Options{
 		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
@@ -317,6 +335,9 @@ func (a *App) Close() {
 		}
 		if a.Store != nil {
 			_ = a.Store.Close()
+		}
+		if a.Audit != nil {
+			_ = a.Audit.Close()
 		}
 		a.closeDemo()
 	})

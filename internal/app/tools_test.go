@@ -225,10 +225,14 @@ func TestToolErrorsNameTheFault(t *testing.T) {
 
 func projectID(t *testing.T, h *harness, title string) string {
 	t.Helper()
-	for _, p := range h.app.Fleet.Machines()[0].Watcher().Projects() {
-		if p.Title == title {
-			return p.ID
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, p := range h.app.Fleet.Machines()[0].Watcher().Projects() {
+			if p.Title == title {
+				return p.ID
+			}
 		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("no project %q", title)
 	return ""

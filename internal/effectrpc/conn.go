@@ -53,6 +53,9 @@ type Options struct {
 	// Label names the peer (a machine name) in log lines; callers read it back
 	// with Conn.Label to say which machine an error came from.
 	Label string
+	// Tap, when set, sees every frame: dir "send" or "recv" and the raw text.
+	// The traffic recorder (scripts/record) uses it; it must not block.
+	Tap func(dir string, data []byte)
 }
 
 func (o Options) withDefaults() Options {
@@ -78,6 +81,7 @@ type Conn struct {
 	log          *slog.Logger
 	pingInterval time.Duration
 	writeTimeout time.Duration
+	tap          func(dir string, data []byte)
 
 	// life ends when the connection closes; socket reads and writes run under it
 	// and never under a caller's context, because the library closes the whole
@@ -172,6 +176,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		log:          log,
 		pingInterval: opts.PingInterval,
 		writeTimeout: opts.WriteTimeout,
+		tap:          opts.Tap,
 		life:         life,
 		cancel:       cancel,
 		pending:      make(map[string]*call),
@@ -395,7 +400,11 @@ func (c *Conn) lookup(id string, take bool) *call {
 func (c *Conn) send(m t3rpc.ClientMessage) error {
 	ctx, cancel := context.WithTimeout(c.life, c.writeTimeout)
 	defer cancel()
-	if err := c.ws.Write(ctx, websocket.MessageText, encodeClient(m)); err != nil {
+	frame := encodeClient(m)
+	if c.tap != nil {
+		c.tap("send", frame)
+	}
+	if err := c.ws.Write(ctx, websocket.MessageText, frame); err != nil {
 		// The library closes the socket on a failed or timed-out write, so every
 		// waiter must hear about it, not just this sender.
 		c.fail(fmt.Errorf("%w: write failed: %v", ErrClosed, err))
@@ -436,6 +445,9 @@ func (c *Conn) readLoop(limit int64) {
 		if err != nil {
 			c.fail(fmt.Errorf("%w: %s", ErrClosed, describeReadErr(err, limit)))
 			return
+		}
+		if c.tap != nil {
+			c.tap("recv", data)
 		}
 		msgs, err := decodeFrame(data)
 		if err != nil {

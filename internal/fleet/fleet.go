@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -162,9 +163,9 @@ func (f *Fleet) Machine(name string) (*Machine, error) {
 		names = append(names, m.Name)
 	}
 	if len(names) == 0 {
-		return nil, fmt.Errorf("unknown machine %q: no machines are configured (add one to t3code.toml)", name)
+		return nil, fmt.Errorf("unknown machine %s: no machines are configured (add one to t3code.toml)", quoted(name))
 	}
-	return nil, fmt.Errorf("unknown machine %q; configured machines: %s (see t3_machines)", name, strings.Join(names, ", "))
+	return nil, fmt.Errorf("unknown machine %s; configured machines: %s (see t3_machines)", quoted(name), strings.Join(names, ", "))
 }
 
 // Info is a machine's status for t3_machines and /healthz.
@@ -187,7 +188,9 @@ func (m *Machine) Info() Info {
 	}
 	if m.watcher != nil {
 		ws := m.watcher.Status()
-		in.Online = ws.Online
+		// Online once the first snapshot is in: before that, tools would see
+		// a machine with no projects and no threads.
+		in.Online = ws.Online && ws.Synced
 		if ws.Online {
 			in.Status = Online
 		} else if in.Status == Online {
@@ -262,9 +265,9 @@ func (m *Machine) Project(ref string) (t3rpc.Project, error) {
 			names = append(names, fmt.Sprintf("%q", p.Title))
 		}
 		if len(names) == 0 {
-			return t3rpc.Project{}, fmt.Errorf("project %q not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", ref, m.Name)
+			return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", quoted(ref), m.Name)
 		}
-		return t3rpc.Project{}, fmt.Errorf("project %q not found on machine %q; available: %s (see t3_projects)", ref, m.Name, strings.Join(names, ", "))
+		return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q; available: %s (see t3_projects)", quoted(ref), m.Name, strings.Join(names, ", "))
 	}
 	cands := make([]string, 0, len(byTitle))
 	for _, p := range byTitle {
@@ -329,7 +332,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 	if id == "" {
 		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
 	}
-	notFound := fmt.Errorf("thread %q not found on any machine (%w): check the id, or list tracked threads with t3_watch", id, ErrThreadNotFound)
+	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", quoted(id), ErrThreadNotFound)
 	tr, tracked, err := f.store.GetThread(id)
 	if err != nil {
 		return Found{}, err
@@ -363,7 +366,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 		if tracked {
 			return Found{}, fmt.Errorf("thread %q is on machine %q, which is not reachable now: %v", id, tr.Machine, f.byName[tr.Machine].Ready())
 		}
-		return Found{}, fmt.Errorf("thread %q not found on the reachable machines; not checked, because offline: %s", id, strings.Join(offline, ", "))
+		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not checked, because offline: %s", quoted(id), strings.Join(offline, ", "))
 	}
 	return Found{}, notFound
 }
@@ -417,3 +420,18 @@ func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {
 
 // Store is the fleet's state file.
 func (f *Fleet) Store() *store.Store { return f.store }
+
+// quoted quotes a caller-supplied name for an error message, cut to a readable
+// length: an agent that sent a megabyte as a machine name or thread id gets a
+// message that names it, not the megabyte back into its context.
+func quoted(s string) string {
+	const limit = 128
+	if len(s) <= limit {
+		return fmt.Sprintf("%q", s)
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%q… (%d bytes)", s[:cut], len(s))
+}

@@ -10,10 +10,15 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/config"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
+
+// interruptReason is the reason t3_interrupt gives T3.
+const interruptReason = "interrupted through t3code-mcp"
 
 // approvalDecisions are what T3 accepts for an approval request.
 var approvalDecisions = []string{"accept", "acceptForSession", "decline", "cancel"}
@@ -28,13 +33,15 @@ func answerTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
+		c.Audit.Thread = in.ThreadID
 		f, err := d.Fleet.Thread(in.ThreadID)
 		if err != nil {
 			return Result{}, err
 		}
 		m := f.Machine
+		c.Audit.Machine, c.Audit.Project, c.Audit.Thread = m.Name, f.Project.Title, f.Shell.ID
 		if m.Config.ReadOnly() {
-			return Result{}, fmt.Errorf("%s: machine %q is read-only (access = \"read\" in t3code.toml): questions there cannot be answered through t3code-mcp", tool, m.Name)
+			return Result{}, refuseReadOnly(tool, m, "answer questions")
 		}
 		if err := m.Ready(); err != nil {
 			return Result{}, err
@@ -43,6 +50,7 @@ func answerTool(d *Deps) Handler {
 		if !ok || d.answered.snapshot()[pending.ID] {
 			return Result{}, fmt.Errorf("%s: thread %q has no pending question (status %s); t3_wait returns reason question when it asks one", tool, f.Shell.ID, f.Shell.Status)
 		}
+		c.Audit.Request = pending.ID
 		p, err := m.Projection(ctx, f.Shell.ID)
 		if err != nil {
 			return Result{}, err
@@ -51,6 +59,10 @@ func answerTool(d *Deps) Handler {
 		cmd, err := buildResponse(f.Shell.ID, pending, item, in.Answers)
 		if err != nil {
 			return Result{}, fmt.Errorf("%s: thread %q: %w", tool, f.Shell.ID, err)
+		}
+		ctx, err = d.approve(ctx, c, tool, m, answerApproval(f, pending, item, in.Answers, cmd))
+		if err != nil {
+			return Result{}, err
 		}
 		if _, err := m.Dispatch(ctx, cmd); err != nil {
 			return Result{}, fmt.Errorf("%s: sending the answer to thread %q on machine %q failed: %w", tool, f.Shell.ID, m.Name, err)
@@ -165,6 +177,70 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 	return t3.RespondAnswers(threadID, pending.ID, out), nil
 }
 
+// answerApproval shows a person the request being answered and the
+// answers exactly as they will be sent.
+func answerApproval(f fleet.Found, pending threadstate.Pending, item *t3api.TurnItem, answers mcptools.AnswerInputAnswers, cmd t3.Command) approval {
+	a := approval{
+		action: config.ApproveAnswer,
+		details: [][2]string{
+			{"project", fmt.Sprintf("%s (%s)", f.Project.Title, f.Project.WorkspaceRoot)},
+			{"thread", fmt.Sprintf("%s, titled %q, now %s", f.Shell.ID, f.Shell.Title, f.Shell.Status)},
+			{"request", pending.ID},
+		},
+		thread:   f.Shell.ID,
+		commands: []t3.Command{cmd},
+	}
+	var b strings.Builder
+	if !pending.IsQuestion() || (item != nil && item.Type == "approval_request") {
+		a.summary = "answering the agent's request for permission on thread " + f.Shell.ID
+		a.bodyTitle = "The agent asks permission for:"
+		asks := ""
+		if item != nil {
+			for _, s := range []string{item.Title.Or(""), item.Prompt.Or(""), item.Input.Or("")} {
+				if strings.TrimSpace(s) != "" {
+					asks += s + "\n"
+				}
+			}
+		}
+		if asks == "" {
+			asks = fmt.Sprintf("(T3 did not say more than: a %s request)\n", pending.Kind)
+		}
+		b.WriteString(asks)
+		fmt.Fprintf(&b, "\nAnswer that will be sent: %s", commandField(cmd, "decision"))
+		a.body = b.String()
+		return a
+	}
+	a.summary = "answering the agent's question on thread " + f.Shell.ID
+	a.bodyTitle = "Questions, and the answers that will be sent:"
+	if item != nil {
+		for i, q := range item.Questions {
+			text := q.Question
+			if h := q.Header.Or(""); h != "" {
+				text = "[" + h + "] " + text
+			}
+			fmt.Fprintf(&b, "%d. %s\n", i+1, text)
+			if len(q.Options) > 0 {
+				labels := make([]string, 0, len(q.Options))
+				for _, o := range q.Options {
+					labels = append(labels, o.Label)
+				}
+				fmt.Fprintf(&b, "   options: %s\n", strings.Join(labels, " | "))
+			}
+			v, ok := answers[q.ID]
+			switch {
+			case !ok:
+				b.WriteString("   answer:  (none)\n")
+			case v.Type == mcptools.StringArrayAnswerValue:
+				fmt.Fprintf(&b, "   answer:  %s\n", quoteAll(v.StringArray))
+			default:
+				fmt.Fprintf(&b, "   answer:  %q\n", v.String)
+			}
+		}
+	}
+	a.body = strings.TrimRight(b.String(), "\n")
+	return a
+}
+
 func quoteAll(xs []string) string {
 	q := make([]string, len(xs))
 	for i, x := range xs {
@@ -183,13 +259,15 @@ func interruptTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
+		c.Audit.Thread = in.ThreadID
 		f, err := d.Fleet.Thread(in.ThreadID)
 		if err != nil {
 			return Result{}, err
 		}
 		m := f.Machine
+		c.Audit.Machine, c.Audit.Project, c.Audit.Thread = m.Name, f.Project.Title, f.Shell.ID
 		if m.Config.ReadOnly() {
-			return Result{}, fmt.Errorf("%s: machine %q is read-only (access = \"read\" in t3code.toml): runs there cannot be interrupted through t3code-mcp", tool, m.Name)
+			return Result{}, refuseReadOnly(tool, m, "interrupt runs")
 		}
 		if err := m.Ready(); err != nil {
 			return Result{}, err
@@ -198,7 +276,24 @@ func interruptTool(d *Deps) Handler {
 		if run == "" {
 			return Result{}, fmt.Errorf("%s: thread %q has no active run to interrupt (status %s)", tool, f.Shell.ID, f.Shell.Status)
 		}
-		if _, err := m.Dispatch(ctx, t3.RunInterrupt(f.Shell.ID, run, "interrupted through t3code-mcp")); err != nil {
+		c.Audit.Run = run
+		cmd := t3.RunInterrupt(f.Shell.ID, run, interruptReason)
+		ctx, err = d.approve(ctx, c, tool, m, approval{
+			action:  config.ApproveInterrupt,
+			summary: "interrupting run " + run,
+			details: [][2]string{
+				{"project", fmt.Sprintf("%s (%s)", f.Project.Title, f.Project.WorkspaceRoot)},
+				{"thread", fmt.Sprintf("%s, titled %q, now %s", f.Shell.ID, f.Shell.Title, f.Shell.Status)},
+				{"run", run + " (stopped where it is: its work so far stays, the rest is not done)"},
+				{"reason", interruptReason},
+			},
+			thread:   f.Shell.ID,
+			commands: []t3.Command{cmd},
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		if _, err := m.Dispatch(ctx, cmd); err != nil {
 			return Result{}, fmt.Errorf("%s: interrupting run %q of thread %q failed: %w", tool, run, f.Shell.ID, err)
 		}
 		shell, _ := m.Watcher().Thread(f.Shell.ID)

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
@@ -21,6 +23,14 @@ func dispatchTool(d *Deps) Handler {
 		var in mcptools.DispatchInput
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
+		}
+		// Recorded as asked until resolved below.
+		c.Audit.Machine, c.Audit.Project = strings.TrimSpace(in.Machine), strings.TrimSpace(in.Project)
+		if tid, ok := in.ThreadID.Get(); ok {
+			c.Audit.Thread = strings.TrimSpace(tid)
+		}
+		if in.Prompt != "" {
+			c.Audit.SetPrompt(in.Prompt)
 		}
 		if err := requireText(tool, "machine", in.Machine); err != nil {
 			return Result{}, err
@@ -35,8 +45,9 @@ func dispatchTool(d *Deps) Handler {
 		if err != nil {
 			return Result{}, err
 		}
+		c.Audit.Machine = m.Name
 		if m.Config.ReadOnly() {
-			return Result{}, fmt.Errorf("%s: machine %q is read-only (access = \"read\" in t3code.toml): threads can be read and waited on there, not started", tool, m.Name)
+			return Result{}, refuseReadOnly(tool, m, "start threads or send prompts")
 		}
 		if err := m.Ready(); err != nil {
 			return Result{}, err
@@ -52,15 +63,37 @@ func dispatchTool(d *Deps) Handler {
 		if err != nil {
 			return Result{}, err
 		}
+		c.Audit.Project = p.Title
 		sel, err := modelSelection(ctx, m, in.Model.Or(""), p)
 		if err != nil {
 			return Result{}, err
 		}
+		c.Audit.Model = sel.InstanceId + "/" + sel.Model
 		title := strings.TrimSpace(in.Title.Or(""))
 		if title == "" {
 			title = titleFrom(in.Prompt)
 		}
 		threadID, msgID := t3.NewID("thread"), t3.NewID("msg")
+		c.Audit.Thread = threadID
+		create := t3.ThreadCreate(threadID, p.ID, title, sel)
+		send := t3.MessageDispatch(threadID, msgID, in.Prompt, title)
+		ctx, err = d.approve(ctx, c, tool, m, approval{
+			action:  config.ApproveDispatch,
+			summary: "starting a new thread",
+			details: [][2]string{
+				{"project", fmt.Sprintf("%s (%s)", p.Title, p.WorkspaceRoot)},
+				{"thread", fmt.Sprintf("new, titled %q", title)},
+				{"model", modelText(sel)},
+				{"runtime mode", runtimeModeText(commandField(create, "runtimeMode"))},
+			},
+			bodyTitle: promptTitle(in.Prompt),
+			body:      in.Prompt,
+			thread:    "new",
+			commands:  []t3.Command{create, send},
+		})
+		if err != nil {
+			return Result{}, err
+		}
 		now := time.Now().UTC()
 		tr := store.Thread{
 			ID: threadID, Machine: m.Name, ProjectID: p.ID, ProjectTitle: p.Title, Title: title,
@@ -76,12 +109,11 @@ func dispatchTool(d *Deps) Handler {
 				return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 			}
 		}
-		create := t3.ThreadCreate(threadID, p.ID, title, sel)
 		if _, err := m.Dispatch(ctx, create); err != nil {
 			_ = d.Store.DeleteThread(threadID)
 			return Result{}, fmt.Errorf("%s: creating the thread on machine %q failed: %w", tool, m.Name, err)
 		}
-		if _, err := m.Dispatch(ctx, t3.MessageDispatch(threadID, msgID, in.Prompt, title)); err != nil {
+		if _, err := m.Dispatch(ctx, send); err != nil {
 			return Result{}, fmt.Errorf("%s: thread %q was created on machine %q but sending the prompt failed: %w (retry with thread_id %q)", tool, threadID, m.Name, err, threadID)
 		}
 		out := mcptools.DispatchOutput{
@@ -105,16 +137,50 @@ func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, thr
 	if ref := strings.TrimSpace(in.Project); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
 		return Result{}, fmt.Errorf("%s: thread %q belongs to project %q (%s), not %q; leave project empty or pass that one", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, ref)
 	}
+	c.Audit.Project = found.Project.Title
+	current := "the thread's own"
+	if ms, ok := found.Shell.ModelSelection.Get(); ok {
+		current = modelText(ms)
+	}
+	modelLine := current + " (unchanged)"
+	var setModel t3.Command
 	if model := strings.TrimSpace(in.Model.Or("")); model != "" {
 		sel, err := modelSelection(ctx, m, model, found.Project)
 		if err != nil {
 			return Result{}, err
 		}
-		if _, err := m.Dispatch(ctx, t3.ModelSelectionSet(threadID, sel)); err != nil {
+		c.Audit.Model = sel.InstanceId + "/" + sel.Model
+		setModel = t3.ModelSelectionSet(threadID, sel)
+		modelLine = fmt.Sprintf("%s (switching from %s)", modelText(sel), current)
+	}
+	msgID := t3.NewID("msg")
+	send := t3.MessageDispatch(threadID, msgID, in.Prompt, "")
+	commands := []t3.Command{send}
+	if setModel != nil {
+		commands = []t3.Command{setModel, send}
+	}
+	ctx, err = d.approve(ctx, c, tool, m, approval{
+		action:  config.ApproveDispatch,
+		summary: "sending a prompt to thread " + threadID,
+		details: [][2]string{
+			{"project", fmt.Sprintf("%s (%s)", found.Project.Title, found.Project.WorkspaceRoot)},
+			{"thread", fmt.Sprintf("%s, titled %q, now %s", threadID, found.Shell.Title, found.Shell.Status)},
+			{"model", modelLine},
+			{"runtime mode", runtimeModeText(found.Shell.RuntimeMode.Or(""))},
+		},
+		bodyTitle: promptTitle(in.Prompt),
+		body:      in.Prompt,
+		thread:    threadID,
+		commands:  commands,
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	if setModel != nil {
+		if _, err := m.Dispatch(ctx, setModel); err != nil {
 			return Result{}, fmt.Errorf("%s: changing the model of thread %q failed: %w", tool, threadID, err)
 		}
 	}
-	msgID := t3.NewID("msg")
 	tr := found.Tracked
 	if !found.IsTracked {
 		tr = store.Thread{ID: threadID, Machine: m.Name, CreatedAt: time.Now().UTC()}
@@ -129,7 +195,7 @@ func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, thr
 			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 		}
 	}
-	if _, err := m.Dispatch(ctx, t3.MessageDispatch(threadID, msgID, in.Prompt, "")); err != nil {
+	if _, err := m.Dispatch(ctx, send); err != nil {
 		return Result{}, fmt.Errorf("%s: sending the prompt to thread %q on machine %q failed: %w", tool, threadID, m.Name, err)
 	}
 	out := mcptools.DispatchOutput{
@@ -137,6 +203,55 @@ func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, thr
 		MessageID: msgID, Created: false, Watching: watch,
 	}
 	return Result{Structured: &out, Text: fmt.Sprintf("sent the prompt to thread %s on %s; call t3_wait for the outcome", threadID, m.Name)}, nil
+}
+
+// modelText shows a model selection as instanceId/model (option=value, …).
+func modelText(sel t3rpc.ModelSelection) string {
+	s := sel.InstanceId + "/" + sel.Model
+	var opts []string
+	for _, o := range sel.Options {
+		switch o.Value.Type {
+		case t3rpc.BoolModelOptionValue:
+			opts = append(opts, fmt.Sprintf("%s=%t", o.ID, o.Value.Bool))
+		default:
+			opts = append(opts, fmt.Sprintf("%s=%s", o.ID, o.Value.String))
+		}
+	}
+	if len(opts) > 0 {
+		s += " (" + strings.Join(opts, ", ") + ")"
+	}
+	return s
+}
+
+// runtimeModeText explains a T3 runtime mode to the person approving.
+func runtimeModeText(mode string) string {
+	switch mode {
+	case "full-access":
+		return "full-access: the agent runs commands and edits files in the project without asking anyone"
+	case "":
+		return "the thread's own (T3 did not report it)"
+	}
+	return mode
+}
+
+func promptTitle(prompt string) string {
+	return fmt.Sprintf("Prompt (%d characters, in full):", utf8.RuneCountInString(prompt))
+}
+
+// commandField reads one top-level string field of a command as it will be
+// sent, so that what a person approves is read off the command itself.
+func commandField(cmd t3.Command, field string) string {
+	raw, err := cmd.MarshalJSON()
+	if err != nil {
+		return ""
+	}
+	var v map[string]json.RawMessage
+	if json.Unmarshal(raw, &v) != nil {
+		return ""
+	}
+	var s string
+	_ = json.Unmarshal(v[field], &s)
+	return s
 }
 
 // titleFrom makes a thread title from the prompt's first line.

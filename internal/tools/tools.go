@@ -23,6 +23,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -80,9 +81,13 @@ type Deps struct {
 	DefaultOrigin string
 	// OnCall, when set, observes every call (metrics).
 	OnCall func(tool string, d time.Duration, isError bool)
+	// Audit, when set, gets one record per call of a mutating tool
+	// (t3_dispatch, t3_answer, t3_interrupt).
+	Audit Auditor
 
-	waits    waitCounter
-	answered answeredSet
+	waits     waitCounter
+	answered  answeredSet
+	approvals approvals
 }
 
 // Call is one tool call as a handler sees it.
@@ -90,6 +95,13 @@ type Call struct {
 	Req    *mcp.CallToolRequest
 	Args   json.RawMessage
 	Origin string
+	// Audit is the call's audit record: the handler fills in what it learns
+	// (machine, project, thread, approval, …) and wrap writes it when the
+	// tool is a mutating one.
+	Audit *audit.Record
+
+	base    context.Context // the request's context, without the call timeout
+	cancels []context.CancelFunc
 }
 
 // Result is a handler's success: structured content plus a short text.
@@ -161,11 +173,12 @@ func mcpTool(s mcptools.ToolSpec) *mcp.Tool {
 }
 
 // wrap turns a Handler into an SDK handler: origin, timeout, recover, error
-// results, one log line per call.
+// results, one log line per call, and one audit record per call of a
+// mutating tool (written whatever the outcome, panics included).
 func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
 		start := time.Now()
-		c := &Call{Req: req, Origin: d.DefaultOrigin}
+		c := &Call{Req: req, Origin: d.DefaultOrigin, base: ctx}
 		if req.Params != nil {
 			c.Args = req.Params.Arguments
 		}
@@ -177,21 +190,34 @@ func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
 		if len(c.Origin) > 1024 {
 			c.Origin = c.Origin[:1024]
 		}
+		c.Audit = &audit.Record{Tool: name, Origin: c.Origin, Client: clientOf(req), Approval: audit.NotReached}
 		if name != mcptools.ToolWait {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, d.Limits.CallTimeout)
 			defer cancel()
 		}
 		defer func() {
+			for _, cancel := range c.cancels {
+				cancel()
+			}
+		}()
+		defer func() {
 			if p := recover(); p != nil {
 				d.Logger.Error("tool panicked", "tool", name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				res, err = errorResult(fmt.Errorf("%s failed with an internal error; the connector is still running, please report this", name)), nil
+			}
+			if mutating[name] && d.Audit != nil {
+				d.writeAudit(c, res, start)
 			}
 			if d.OnCall != nil {
 				d.OnCall(name, time.Since(start), res != nil && res.IsError)
 			}
 		}()
 		r, herr := h(ctx, c)
+		if ir := (*inputRequired)(nil); errors.As(herr, &ir) {
+			d.Logger.Info("tool call", "tool", name, "ok", true, "ms", time.Since(start).Milliseconds(), "approval", "requested")
+			return ir.result(), nil
+		}
 		if herr != nil {
 			if errors.Is(herr, context.DeadlineExceeded) && name != mcptools.ToolWait {
 				herr = fmt.Errorf("%s timed out after %s: the machine did not answer in time (%v)", name, d.Limits.CallTimeout, herr)
@@ -208,6 +234,33 @@ func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
 			Content:           []mcp.Content{&mcp.TextContent{Text: r.Text}},
 			StructuredContent: json.RawMessage(raw),
 		}, nil
+	}
+}
+
+// writeAudit writes the call's audit record, its result taken from res.
+func (d *Deps) writeAudit(c *Call, res *mcp.CallToolResult, start time.Time) {
+	rec := *c.Audit
+	rec.Time = time.Now()
+	rec.Millis = time.Since(start).Milliseconds()
+	switch {
+	case res == nil:
+		rec.SetError("no result")
+	case res.InputRequests != nil:
+		rec.Result = audit.ResultInputRequired
+	case res.IsError:
+		var text []string
+		for _, ct := range res.Content {
+			if tc, ok := ct.(*mcp.TextContent); ok {
+				text = append(text, tc.Text)
+			}
+		}
+		rec.SetError(strings.Join(text, " "))
+	default:
+		rec.Result = audit.ResultOK
+	}
+	if err := d.Audit.Write(rec); err != nil {
+		// The call has happened; losing its line is reported loudly.
+		d.Logger.Error("audit log write failed", "tool", rec.Tool, "machine", rec.Machine, "thread", rec.Thread, "err", err)
 	}
 }
 

@@ -1,0 +1,638 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// The tests here run the real binary, built once with the flags the
+// Dockerfile uses (static, -trimpath, version stamped with -X).
+const testVersion = "v9.9.9-test"
+
+var (
+	binDir    string
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "t3code-mcp-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// binary builds cmd/t3code-mcp as the Dockerfile does and returns its path.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binPath = filepath.Join(binDir, "t3code-mcp")
+		cmd := exec.Command("go", "build", "-trimpath",
+			"-ldflags", "-s -w -X github.com/t3code-mcp/t3code-mcp/internal/server.Version="+testVersion,
+			"-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// baseEnv is a clean environment for the subprocess: nothing of the
+// developer's T3CODE_MCP_* settings leaks in.
+func baseEnv(t *testing.T, kv ...string) []string {
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	return append(env, kv...)
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// freePort finds a port on 127.0.0.1 that is free right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// served is a running `t3code-mcp serve` subprocess.
+type served struct {
+	cmd    *exec.Cmd
+	stdout *syncBuffer // the banner
+	stderr *syncBuffer // the logs
+	mcpURL string
+	exited chan struct{}
+}
+
+// startServe runs the binary with args in dir and waits for its banner.
+func startServe(t *testing.T, dir string, env []string, args ...string) *served {
+	t.Helper()
+	s := &served{cmd: exec.Command(binary(t), args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	s.cmd.Dir, s.cmd.Env, s.cmd.Stderr = dir, env, s.stderr
+	out, err := s.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	urlc := make(chan string, 1)
+	go func() {
+		defer close(urlc)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(s.stdout, line)
+			if u, ok := strings.CutPrefix(strings.TrimSpace(line), "MCP:"); ok {
+				urlc <- strings.TrimSpace(u)
+			}
+		}
+	}()
+	go func() { _ = s.cmd.Wait(); close(s.exited) }()
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	})
+	select {
+	case u, ok := <-urlc:
+		if !ok {
+			<-s.exited
+			t.Fatalf("serve exited without a banner\nstdout:\n%s\nstderr:\n%s", s.stdout, s.stderr)
+		}
+		s.mcpURL = u
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no banner from serve\nstdout:\n%s\nstderr:\n%s", s.stdout, s.stderr)
+	}
+	return s
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (s *served) stop(t *testing.T) int {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not stop on SIGTERM\nstderr:\n%s", s.stderr)
+	}
+	return s.cmd.ProcessState.ExitCode()
+}
+
+// client is one MCP client session.
+type client struct {
+	t *testing.T
+	s *mcp.ClientSession
+}
+
+func connect(t *testing.T, tr mcp.Transport) *client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := mcp.NewClient(&mcp.Implementation{Name: "cmd-test", Version: "1"}, nil).Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	return &client{t: t, s: s}
+}
+
+func (c *client) call(name string, args map[string]any) (map[string]any, string, bool) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := c.s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		c.t.Fatalf("%s: protocol error: %v", name, err)
+	}
+	text := ""
+	for _, ct := range res.Content {
+		if tc, ok := ct.(*mcp.TextContent); ok {
+			text += tc.Text
+		}
+	}
+	var sc map[string]any
+	if res.StructuredContent != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		_ = json.Unmarshal(b, &sc)
+	}
+	return sc, text, res.IsError
+}
+
+func (c *client) ok(name string, args map[string]any) (map[string]any, string) {
+	c.t.Helper()
+	sc, text, isErr := c.call(name, args)
+	if isErr {
+		c.t.Fatalf("%s(%v) failed: %s", name, args, text)
+	}
+	return sc, text
+}
+
+func str(m map[string]any, path ...string) string {
+	var cur any = m
+	for _, p := range path {
+		mm, ok := cur.(map[string]any)
+		if !ok {
+			return ""
+		}
+		cur = mm[p]
+	}
+	s, _ := cur.(string)
+	return s
+}
+
+// writeConfig writes a t3code.toml with one machine "mac".
+func writeConfig(t *testing.T, url, tokenEnv, extra string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "t3code.toml")
+	body := fmt.Sprintf("[machines.mac]\nurl = %q\ntoken_env = %q\n%s", url, tokenEnv, extra)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// demoToken matches the demo machine's random token.
+var demoToken = regexp.MustCompile(`t3fake-[A-Z2-7]{20,}`)
+
+// The demo as `make run` starts it: the real binary with no config in its
+// working directory serves the built-in demo machine; the banner says where
+// /mcp is and how to add a real machine; every tool works over streamable
+// HTTP; logs are JSON with --log-json, one line per tool call, with neither
+// the token nor the prompt; `healthcheck` (the container HEALTHCHECK) passes
+// against it; SIGTERM stops it cleanly.
+func TestServeDemoThroughTheBinary(t *testing.T) {
+	port := freePort(t)
+	const marker = "zebra-prompt-marker-4711"
+	env := baseEnv(t, "T3CODE_MCP_PORT="+strconv.Itoa(port), "T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"))
+	s := startServe(t, t.TempDir(), env, "--log-json", "serve")
+	wantURL := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	if s.mcpURL != wantURL {
+		t.Fatalf("banner MCP URL %q, want %q\n%s", s.mcpURL, wantURL, s.stdout)
+	}
+
+	c := connect(t, &mcp.StreamableClientTransport{Endpoint: s.mcpURL})
+	defer c.s.Close()
+
+	// The banner is printed before the listener serves; it is complete once
+	// the client connected.
+	banner := s.stdout.String()
+	for _, want := range []string{
+		"t3code-mcp " + testVersion,
+		"MCP:     " + wantURL,
+		fmt.Sprintf("health:  http://127.0.0.1:%d/healthz", port),
+		`built-in DEMO machine "demo"`,
+		"To add a real machine",
+		"t3 auth session issue --scope orchestration:read --scope orchestration:operate",
+		"copy t3code.example.toml to t3code.toml",
+		"go run ./scripts/smoke " + wantURL + " demo demo",
+	} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("banner lacks %q:\n%s", want, banner)
+		}
+	}
+
+	// t3_machines: one machine, plainly the demo.
+	sc, text := c.ok("t3_machines", nil)
+	ms, _ := sc["machines"].([]any)
+	if len(ms) != 1 {
+		t.Fatalf("machines = %v", sc)
+	}
+	m := ms[0].(map[string]any)
+	if m["name"] != "demo" || m["demo"] != true || m["online"] != true {
+		t.Fatalf("machine = %v", m)
+	}
+	if !strings.Contains(text, "demo [demo]: online") {
+		t.Errorf("t3_machines text %q does not label the demo", text)
+	}
+
+	// t3_projects
+	sc, _ = c.ok("t3_projects", map[string]any{"machine": "demo"})
+	if ps, _ := sc["projects"].([]any); len(ps) != 1 || str(ps[0].(map[string]any), "title") != "demo" {
+		t.Fatalf("projects = %v", sc)
+	}
+
+	// t3_dispatch → t3_wait → t3_thread: the default script completes.
+	sc, _ = c.ok("t3_dispatch", map[string]any{"machine": "demo", "project": "demo", "prompt": "say hello " + marker})
+	done := str(sc, "thread_id")
+	sc, _ = c.ok("t3_wait", map[string]any{"thread_id": done, "timeout": 60})
+	if sc["reason"] != "completed" {
+		t.Fatalf("wait = %v", sc)
+	}
+	sc, _ = c.ok("t3_thread", map[string]any{"thread_id": done})
+	if sc["status"] != "completed" {
+		t.Fatalf("thread = %v", sc)
+	}
+	runs, _ := sc["runs"].([]any)
+	if len(runs) == 0 || !strings.HasPrefix(str(runs[len(runs)-1].(map[string]any), "reply"), "Done: say hello") {
+		t.Fatalf("thread runs = %v", runs)
+	}
+
+	// t3_answer: the question script asks two questions.
+	sc, _ = c.ok("t3_dispatch", map[string]any{"machine": "demo", "project": "demo", "prompt": "question first"})
+	asked := str(sc, "thread_id")
+	sc, _ = c.ok("t3_wait", map[string]any{"thread_id": asked, "timeout": 60})
+	if sc["reason"] != "question" {
+		t.Fatalf("wait = %v", sc)
+	}
+	answers := map[string]any{}
+	for _, q := range sc["state"].(map[string]any)["pending_question"].(map[string]any)["questions"].([]any) {
+		qm := q.(map[string]any)
+		first := qm["options"].([]any)[0]
+		if qm["multi_select"] == true {
+			answers[qm["id"].(string)] = []any{first}
+		} else {
+			answers[qm["id"].(string)] = first
+		}
+	}
+	c.ok("t3_answer", map[string]any{"thread_id": asked, "answers": answers})
+	if sc, _ = c.ok("t3_wait", map[string]any{"thread_id": asked, "timeout": 60}); sc["reason"] != "completed" {
+		t.Fatalf("wait after the answer = %v", sc)
+	}
+
+	// t3_interrupt: the hang script runs until interrupted.
+	sc, _ = c.ok("t3_dispatch", map[string]any{"machine": "demo", "project": "demo", "prompt": "hang on"})
+	hung := str(sc, "thread_id")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if sc, _ = c.ok("t3_thread", map[string]any{"thread_id": hung}); sc["status"] == "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hang run never ran: %v", sc)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.ok("t3_interrupt", map[string]any{"thread_id": hung})
+	if sc, _ = c.ok("t3_wait", map[string]any{"thread_id": hung, "timeout": 60}); sc["reason"] != "interrupted" {
+		t.Fatalf("wait after interrupt = %v", sc)
+	}
+
+	// t3_watch: the three threads are tracked; events for one switched off.
+	sc, _ = c.ok("t3_watch", nil)
+	if ths, _ := sc["threads"].([]any); len(ths) != 3 {
+		t.Fatalf("tracked = %v", sc)
+	}
+	sc, _ = c.ok("t3_watch", map[string]any{"thread_id": done, "enabled": false})
+	if sc["thread"].(map[string]any)["watching"] != false {
+		t.Fatalf("watch off = %v", sc)
+	}
+
+	// The container HEALTHCHECK, against this very server.
+	hc := exec.Command(binary(t), "healthcheck")
+	hc.Env = baseEnv(t, "T3CODE_MCP_PORT="+strconv.Itoa(port), "T3CODE_MCP_HOST=0.0.0.0")
+	if out, err := hc.CombinedOutput(); err != nil || !strings.Contains(string(out), "healthy: http://127.0.0.1:") {
+		t.Fatalf("healthcheck: %v\n%s", err, out)
+	}
+
+	c.s.Close()
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM\nstderr:\n%s", code, s.stderr)
+	}
+
+	// Logs: JSON lines, one per tool call, no token, no prompt.
+	logs := s.stderr.String()
+	calls := map[string]int{}
+	for line := range strings.SplitSeq(strings.TrimSpace(logs), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line is not JSON (--log-json): %q", line)
+		}
+		if rec["msg"] == "tool call" {
+			calls[str(rec, "tool")]++
+		}
+	}
+	for _, tool := range []string{"t3_machines", "t3_projects", "t3_dispatch", "t3_wait", "t3_thread", "t3_answer", "t3_interrupt", "t3_watch"} {
+		if calls[tool] == 0 {
+			t.Errorf("no \"tool call\" log line for %s; calls logged: %v", tool, calls)
+		}
+	}
+	if calls["t3_dispatch"] != 3 {
+		t.Errorf("%d t3_dispatch log lines, want one per call (3)", calls["t3_dispatch"])
+	}
+	if strings.Contains(logs, marker) {
+		t.Errorf("the prompt appears in the logs:\n%s", logs)
+	}
+	if demoToken.MatchString(logs) || demoToken.MatchString(s.stdout.String()) {
+		t.Errorf("the demo machine's token appears in the output")
+	}
+}
+
+// `t3code-mcp stdio`: the same tools over stdin/stdout, driven by a real MCP
+// client through mcp.CommandTransport; calls carry no header, so the origin
+// recorded for a dispatched thread is T3CODE_MCP_ORIGIN. Logs stay on stderr
+// (text by default), with neither token nor prompt.
+func TestStdioRecordsTheOriginFromTheEnvironment(t *testing.T) {
+	fk := startFake(t)
+	const tokenEnv, origin, marker = "T3_STDIO_TEST_TOKEN", "slack:C0123ABCD/1764406363.000100", "quokka-prompt-marker-99"
+	cfg := writeConfig(t, fk.URL(), tokenEnv, `projects = ["api"]`+"\n")
+	cmd := exec.Command(binary(t), "stdio")
+	cmd.Dir = t.TempDir()
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	cmd.Env = baseEnv(t,
+		"T3CODE_MCP_CONFIG="+cfg,
+		"T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"),
+		"T3CODE_MCP_ORIGIN="+origin,
+		tokenEnv+"="+fk.Token(),
+	)
+	c := connect(t, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute})
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			c.s.Close()
+		}
+	})
+	if got := c.s.InitializeResult().ServerInfo; got.Name != "t3code-mcp" || got.Version != testVersion {
+		t.Fatalf("server info = %+v", got)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sc, _ := c.ok("t3_machines", nil)
+		if ms, _ := sc["machines"].([]any); len(ms) == 1 && ms[0].(map[string]any)["online"] == true {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("machine never online: %v\nstderr:\n%s", sc, stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sc, _ := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "write the changelog " + marker})
+	tid := str(sc, "thread_id")
+	if sc, _ = c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 60}); sc["reason"] != "completed" {
+		t.Fatalf("wait = %v", sc)
+	}
+	sc, _ = c.ok("t3_watch", nil)
+	ths, _ := sc["threads"].([]any)
+	if len(ths) != 1 {
+		t.Fatalf("tracked = %v", sc)
+	}
+	th := ths[0].(map[string]any)
+	if th["thread_id"] != tid || th["origin"] != origin {
+		t.Fatalf("tracked thread = %v, want origin %q", th, origin)
+	}
+
+	// Closing stdin ends the server; it exits 0.
+	closed = true
+	if err := c.s.Close(); err != nil {
+		t.Fatalf("stdio server did not exit cleanly: %v\nstderr:\n%s", err, stderr)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	logs := stderr.String()
+	if !strings.Contains(logs, `msg="tool call" tool=t3_dispatch ok=true`) {
+		t.Errorf("no text log line for the dispatch:\n%s", logs)
+	}
+	if strings.Contains(logs, marker) || strings.Contains(logs, fk.Token()) {
+		t.Errorf("prompt or token in the logs:\n%s", logs)
+	}
+}
+
+func TestVersionAndUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "t3code-mcp ") {
+		t.Fatalf("version: %d %q", code, out.String())
+	}
+	// The stamped binary reports the -X version (the Dockerfile's ldflags path).
+	v, err := exec.Command(binary(t), "version").Output()
+	if err != nil || strings.TrimSpace(string(v)) != "t3code-mcp "+testVersion {
+		t.Fatalf("binary version = %q, %v", v, err)
+	}
+	out.Reset()
+	if code := run([]string{"help"}, &out, &errb); code != 0 {
+		t.Fatalf("help exit %d", code)
+	}
+	for _, sub := range []string{"serve", "stdio", "doctor", "dead-letters", "healthcheck", "version", "--log-json", "--log-level"} {
+		if !strings.Contains(out.String(), sub) {
+			t.Errorf("usage does not mention %s:\n%s", sub, out.String())
+		}
+	}
+	errb.Reset()
+	if code := run([]string{"bogus"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `unknown command "bogus"`) {
+		t.Fatalf("bogus: %d %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"--log-level", "loud", "version"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--log-level") {
+		t.Fatalf("bad level: %d %q", code, errb.String())
+	}
+}
+
+func TestHealthcheck(t *testing.T) {
+	clearEnv(t)
+	status := http.StatusOK
+	var mu sync.Mutex
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(status)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+
+	check := func(host string) (int, string) {
+		t.Setenv("T3CODE_MCP_PORT", port)
+		t.Setenv("T3CODE_MCP_HOST", host)
+		var out, errb bytes.Buffer
+		code := run([]string{"healthcheck"}, &out, &errb)
+		return code, out.String() + errb.String()
+	}
+	for _, host := range []string{"", "0.0.0.0", "127.0.0.1"} {
+		if code, msg := check(host); code != 0 || !strings.Contains(msg, "healthy: http://127.0.0.1:"+port+"/healthz answered HTTP 200") {
+			t.Fatalf("host %q: %d %q", host, code, msg)
+		}
+	}
+	mu.Lock()
+	status = http.StatusServiceUnavailable
+	mu.Unlock()
+	if code, msg := check("0.0.0.0"); code != 1 || !strings.Contains(msg, "unhealthy") || !strings.Contains(msg, "503") {
+		t.Fatalf("503: %d %q", code, msg)
+	}
+	_ = srv.Close()
+	if code, msg := check("0.0.0.0"); code != 1 || !strings.Contains(msg, "does not answer") {
+		t.Fatalf("closed: %d %q", code, msg)
+	}
+	t.Setenv("T3CODE_MCP_PORT", "nope")
+	var out, errb bytes.Buffer
+	if code := run([]string{"healthcheck"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "T3CODE_MCP_PORT") {
+		t.Fatalf("bad port: %d %q", code, errb.String())
+	}
+}
+
+// serve as the container runs it: every interface, a bearer on /mcp, a real
+// config. The banner shows the loopback URL a local client uses and that a
+// token is required; /mcp refuses a client without the bearer and serves one
+// with it.
+func TestServeOnEveryInterfaceWithAToken(t *testing.T) {
+	fk := startFake(t)
+	const tokenEnv, bearer = "T3_SERVE_TEST_TOKEN", "mcp-bearer-for-the-test-0123"
+	port := freePort(t)
+	env := baseEnv(t,
+		"T3CODE_MCP_HOST=0.0.0.0",
+		"T3CODE_MCP_PORT="+strconv.Itoa(port),
+		"T3CODE_MCP_TOKEN="+bearer,
+		"T3CODE_MCP_CONFIG="+writeConfig(t, fk.URL(), tokenEnv, ""),
+		"T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"),
+		tokenEnv+"="+fk.Token(),
+	)
+	s := startServe(t, t.TempDir(), env)
+	want := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	if s.mcpURL != want {
+		t.Fatalf("banner MCP URL %q, want %q", s.mcpURL, want)
+	}
+
+	resp, err := http.Post(s.mcpURL, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("/mcp without the bearer: HTTP %d, want 401", resp.StatusCode)
+	}
+
+	hc := &http.Client{Transport: bearerRT{"Bearer " + bearer}}
+	c := connect(t, &mcp.StreamableClientTransport{Endpoint: s.mcpURL, HTTPClient: hc})
+	sc, _ := c.ok("t3_machines", nil)
+	if ms, _ := sc["machines"].([]any); len(ms) != 1 || ms[0].(map[string]any)["name"] != "mac" || ms[0].(map[string]any)["demo"] != false {
+		t.Fatalf("machines = %v", sc)
+	}
+	c.s.Close()
+
+	banner := s.stdout.String()
+	for _, w := range []string{
+		fmt.Sprintf("  listen:  every interface, port %d (T3CODE_MCP_HOST=0.0.0.0)", port),
+		"  auth:    /mcp requires Authorization: Bearer <T3CODE_MCP_TOKEN>",
+		"  config:  ",
+	} {
+		if !strings.Contains(banner, w) {
+			t.Errorf("banner lacks %q:\n%s", w, banner)
+		}
+	}
+	if strings.Contains(banner, "DEMO") {
+		t.Errorf("a configured connector announces the demo:\n%s", banner)
+	}
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, s.stderr)
+	}
+	if out := s.stdout.String() + s.stderr.String(); strings.Contains(out, bearer) || strings.Contains(out, fk.Token()) {
+		t.Errorf("a token appears in the output:\n%s", out)
+	}
+}
+
+type bearerRT struct{ auth string }
+
+func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", b.auth)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// A config path that does not exist (a container without its mount) stops
+// serve with a message saying what to do.
+func TestServeWithAMissingConfigFile(t *testing.T) {
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = baseEnv(t, "T3CODE_MCP_CONFIG=/nonexistent/t3code.toml", "T3CODE_MCP_STATE_DIR="+t.TempDir(), "T3CODE_MCP_PORT="+strconv.Itoa(freePort(t)))
+	out, err := cmd.CombinedOutput()
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 {
+		t.Fatalf("exit: %v\n%s", err, out)
+	}
+	for _, w := range []string{"/nonexistent/t3code.toml", "create it from t3code.example.toml", "unset T3CODE_MCP_CONFIG to try the built-in demo machine"} {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}
