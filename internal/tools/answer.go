@@ -33,19 +33,11 @@ func answerTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
-		c.Audit.Thread = in.ThreadID
-		f, err := d.Fleet.Thread(in.ThreadID)
+		f, err := d.actOn(tool, c, in.ThreadID, "answer questions")
 		if err != nil {
 			return Result{}, err
 		}
 		m := f.Machine
-		c.Audit.Machine, c.Audit.Project, c.Audit.Thread = m.Name, f.Project.Title, f.Shell.ID
-		if m.Config.ReadOnly() {
-			return Result{}, refuseReadOnly(tool, m, "answer questions")
-		}
-		if err := m.Ready(); err != nil {
-			return Result{}, err
-		}
 		pending, ok := threadstate.PendingRequest(&f.Shell)
 		if !ok || d.answered.snapshot()[pending.ID] {
 			return Result{}, fmt.Errorf("%s: thread %q has no pending question (status %s); t3_wait returns reason question when it asks one", tool, f.Shell.ID, f.Shell.Status)
@@ -259,19 +251,11 @@ func interruptTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
-		c.Audit.Thread = in.ThreadID
-		f, err := d.Fleet.Thread(in.ThreadID)
+		f, err := d.actOn(tool, c, in.ThreadID, "interrupt runs")
 		if err != nil {
 			return Result{}, err
 		}
 		m := f.Machine
-		c.Audit.Machine, c.Audit.Project, c.Audit.Thread = m.Name, f.Project.Title, f.Shell.ID
-		if m.Config.ReadOnly() {
-			return Result{}, refuseReadOnly(tool, m, "interrupt runs")
-		}
-		if err := m.Ready(); err != nil {
-			return Result{}, err
-		}
 		run := threadstate.ActiveRun(&f.Shell)
 		if run == "" {
 			return Result{}, fmt.Errorf("%s: thread %q has no active run to interrupt (status %s)", tool, f.Shell.ID, f.Shell.Status)
@@ -307,4 +291,24 @@ func interruptTool(d *Deps) Handler {
 		out := mcptools.InterruptOutput{ThreadID: f.Shell.ID, RunID: run, Status: shell.Status, State: st}
 		return Result{Structured: &out, Text: fmt.Sprintf("interrupt sent to run %s of thread %s (now %s); t3_wait reports when it has stopped", run, f.Shell.ID, shell.Status)}, nil
 	}
+}
+
+// actOn finds the thread a mutating tool acts on — allowlisted, on a machine
+// whose policy permits changes and which is online — and notes it for the
+// audit line.
+func (d *Deps) actOn(tool string, c *Call, threadID, verb string) (fleet.Found, error) {
+	c.Audit.Thread = threadID
+	f, err := d.Fleet.Thread(threadID)
+	if err != nil {
+		return fleet.Found{}, err
+	}
+	m := f.Machine
+	c.Audit.Machine, c.Audit.Project, c.Audit.Thread = m.Name, f.Project.Title, f.Shell.ID
+	if m.Config.ReadOnly() {
+		return fleet.Found{}, refuseReadOnly(tool, m, verb)
+	}
+	if err := m.Ready(); err != nil {
+		return fleet.Found{}, err
+	}
+	return f, nil
 }
