@@ -6,7 +6,7 @@ PKGS := ./...
 FUZZTIME ?= 10s
 SHARED_FIXTURES ?= ../shared/fixtures
 
-.PHONY: help sync generate gencheck fmtcheck vet staticcheck test check run build bench fuzz fixtures clean
+.PHONY: help sync generate gencheck fmtcheck vet staticcheck test check run build bench fuzz fuzz-short fixtures clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,7 +34,10 @@ staticcheck: ## staticcheck (pinned in go.mod)
 test: ## all tests with the race detector
 	$(GO) test -race -count=1 $(PKGS)
 
-check: fmtcheck vet staticcheck gencheck test ## everything CI runs
+check: fmtcheck vet staticcheck gencheck test fuzz-short ## everything CI runs
+
+fuzz-short: ## every fuzz target for 3s (part of check)
+	@./scripts/fuzz 3s
 
 build: ## build bin/t3code-mcp
 	$(GO) build -o bin/t3code-mcp ./cmd/t3code-mcp
