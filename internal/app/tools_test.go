@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -364,6 +365,36 @@ func TestProtocolVersions(t *testing.T) {
 		}
 		if !found {
 			t.Fatalf("%s: origin not recorded", v)
+		}
+	}
+}
+
+// tools/list shows every tool with true annotations and an output schema.
+func TestToolsListAnnotations(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	c := h.client("")
+	res, err := c.session.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readOnly := map[string]bool{"t3_machines": true, "t3_projects": true, "t3_thread": true, "t3_wait": true}
+	if len(res.Tools) != 8 {
+		t.Fatalf("%d tools", len(res.Tools))
+	}
+	for _, tl := range res.Tools {
+		a := tl.Annotations
+		if a == nil || a.OpenWorldHint == nil || !*a.OpenWorldHint {
+			t.Errorf("%s: openWorldHint missing", tl.Name)
+			continue
+		}
+		if a.ReadOnlyHint != readOnly[tl.Name] {
+			t.Errorf("%s: readOnlyHint = %v", tl.Name, a.ReadOnlyHint)
+		}
+		if d := a.DestructiveHint != nil && *a.DestructiveHint; d != (tl.Name == "t3_interrupt") {
+			t.Errorf("%s: destructiveHint = %v", tl.Name, d)
+		}
+		if tl.OutputSchema == nil || tl.Description == "" {
+			t.Errorf("%s: no output schema or description", tl.Name)
 		}
 	}
 }
