@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -151,7 +152,9 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "t3code-mcp: cannot listen on %s (T3CODE_MCP_HOST/T3CODE_MCP_PORT): %v\n", addr, err)
 		return 1
 	}
-	srv := &http.Server{Handler: a.Handler, ReadHeaderTimeout: 10 * time.Second}
+	posts := &inflight{}
+	srv := &http.Server{Handler: posts.track(a.Handler), ReadHeaderTimeout: 10 * time.Second}
+	stopCalls := cancelOnStop(a.MCP)
 	banner(stdout, a, ln.Addr().(*net.TCPAddr))
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -159,25 +162,80 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 	go func() { defer close(done); a.Run(runCtx) }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	code := 0
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server stopped", "err", err)
-		}
+		log.Error("http server stopped", "err", err)
+		code = 1
 	}
 	log.Info("shutting down")
-	// Open sessions hold streams (a t3_wait, the SSE GET) that Shutdown would
-	// wait for; closing them first lets it return at once. Clients reconnect.
+	shutdown(srv, a, posts, stopCalls)
+	cancel()
+	<-done
+	return code
+}
+
+// shutdown stops serve without waiting on callers: in-flight calls (a
+// t3_wait may block for an hour) end at once with an error result, which
+// reaches the client before its session is closed (closing it ends the
+// streams that Shutdown would otherwise wait for). Clients reconnect to the
+// next instance; their threads go on in T3.
+func shutdown(srv *http.Server, a *app.App, posts *inflight, stopCalls func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stopCalls()
+	shut := make(chan struct{})
+	go func() { defer close(shut); _ = srv.Shutdown(ctx) }() // no new requests from here on
+	posts.wait(ctx)                                          // the answers of the ended calls are written
 	for ss := range a.MCP.Sessions() {
 		_ = ss.Close()
 	}
-	shut, c2 := context.WithTimeout(context.Background(), 5*time.Second)
-	defer c2()
-	_ = srv.Shutdown(shut)
-	cancel()
-	<-done
-	return 0
+	<-shut
+}
+
+// inflight counts POST requests being served (the MCP calls; a GET is a
+// session's event stream, which lasts as long as the session).
+type inflight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0
+}
+
+func (f *inflight) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			f.mu.Lock()
+			if f.n == 0 {
+				f.idle = make(chan struct{})
+			}
+			f.n++
+			f.mu.Unlock()
+			defer func() {
+				f.mu.Lock()
+				if f.n--; f.n == 0 {
+					close(f.idle)
+				}
+				f.mu.Unlock()
+			}()
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// wait returns when no POST is being served, or when ctx ends.
+func (f *inflight) wait(ctx context.Context) {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return
+	}
+	idle := f.idle
+	f.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
 }
 
 // banner tells where the connector listens and, for the demo, how to add a
@@ -228,6 +286,7 @@ func stdio(ctx context.Context, log *slog.Logger, stderr io.Writer) int {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); a.Run(runCtx) }()
+	defer context.AfterFunc(ctx, cancelOnStop(a.MCP))()
 	err = a.MCP.Run(ctx, &mcp.StdioTransport{})
 	cancel()
 	<-done
@@ -237,6 +296,26 @@ func stdio(ctx context.Context, log *slog.Logger, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// cancelOnStop makes the context of every MCP request end when the returned
+// stop is called. The SDK never cancels a running handler when a session
+// closes, it waits for it: without this a t3_wait in flight would hold a
+// SIGTERM for up to T3CODE_MCP_MAX_WAIT.
+func cancelOnStop(srv *mcp.Server) (stop func()) {
+	stopped, stop := context.WithCancel(context.Background())
+	srv.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			ctx, cancel := context.WithCancelCause(ctx)
+			defer cancel(nil)
+			defer context.AfterFunc(stopped, func() { cancel(errShuttingDown) })()
+			return next(ctx, method, req)
+		}
+	})
+	return stop
+}
+
+// errShuttingDown is the cause of calls ended by a shutdown.
+var errShuttingDown = errors.New("t3code-mcp is shutting down; the thread goes on in T3: call again once the connector is back")
 
 // startupError prints why the connector could not start, with a hint for a
 // config file that is not there (a container without its mount).

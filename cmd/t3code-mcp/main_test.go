@@ -64,6 +64,9 @@ func binary(t *testing.T) string {
 	return binPath
 }
 
+// childAttr sets up the servers the tests start (see procattr_linux_test.go).
+var childAttr = func() *syscall.SysProcAttr { return nil }
+
 // baseEnv is a clean environment for the subprocess: nothing of the
 // developer's T3CODE_MCP_* settings leaks in.
 func baseEnv(t *testing.T, kv ...string) []string {
@@ -113,7 +116,7 @@ type served struct {
 func startServe(t *testing.T, dir string, env []string, args ...string) *served {
 	t.Helper()
 	s := &served{cmd: exec.Command(binary(t), args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	s.cmd.Dir, s.cmd.Env, s.cmd.Stderr = dir, env, s.stderr
+	s.cmd.Dir, s.cmd.Env, s.cmd.Stderr, s.cmd.SysProcAttr = dir, env, s.stderr, childAttr()
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -412,7 +415,7 @@ func TestStdioRecordsTheOriginFromTheEnvironment(t *testing.T) {
 	const tokenEnv, origin, marker = "T3_STDIO_TEST_TOKEN", "slack:C0123ABCD/1764406363.000100", "quokka-prompt-marker-99"
 	cfg := writeConfig(t, fk.URL(), tokenEnv, `projects = ["api"]`+"\n")
 	cmd := exec.Command(binary(t), "stdio")
-	cmd.Dir = t.TempDir()
+	cmd.Dir, cmd.SysProcAttr = t.TempDir(), childAttr()
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	cmd.Env = baseEnv(t,
@@ -584,7 +587,7 @@ func TestServeOnEveryInterfaceWithAToken(t *testing.T) {
 		t.Fatalf("/mcp without the bearer: HTTP %d, want 401", resp.StatusCode)
 	}
 
-	hc := &http.Client{Transport: bearerRT{"Bearer " + bearer}}
+	hc := &http.Client{Transport: headerRT{http.Header{"Authorization": {"Bearer " + bearer}}}}
 	c := connect(t, &mcp.StreamableClientTransport{Endpoint: s.mcpURL, HTTPClient: hc})
 	sc, _ := c.ok("t3_machines", nil)
 	if ms, _ := sc["machines"].([]any); len(ms) != 1 || ms[0].(map[string]any)["name"] != "mac" || ms[0].(map[string]any)["demo"] != false {
@@ -613,14 +616,6 @@ func TestServeOnEveryInterfaceWithAToken(t *testing.T) {
 	}
 }
 
-type bearerRT struct{ auth string }
-
-func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", b.auth)
-	return http.DefaultTransport.RoundTrip(r)
-}
-
 // A config path that does not exist (a container without its mount) stops
 // serve with a message saying what to do.
 func TestServeWithAMissingConfigFile(t *testing.T) {
@@ -635,4 +630,197 @@ func TestServeWithAMissingConfigFile(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", w, out)
 		}
 	}
+}
+
+// SIGTERM while a t3_wait blocks (its timeout is ten minutes): the call ends
+// at once with an error result the client receives, and serve exits 0. The
+// SDK waits for running handlers when a session closes, so without
+// cancelOnStop the process would hang until the wait timed out.
+func TestSIGTERMEndsAWaitInFlight(t *testing.T) {
+	fk := startFake(t)
+	const tokenEnv = "T3_SIGTERM_TEST_TOKEN"
+	port := freePort(t)
+	env := baseEnv(t,
+		"T3CODE_MCP_PORT="+strconv.Itoa(port),
+		"T3CODE_MCP_CONFIG="+writeConfig(t, fk.URL(), tokenEnv, ""),
+		"T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"),
+		tokenEnv+"="+fk.Token(),
+	)
+	s := startServe(t, t.TempDir(), env, "serve")
+	c := connect(t, &mcp.StreamableClientTransport{Endpoint: s.mcpURL})
+	// A client session closes only after its own calls ended: should serve
+	// hang, end the call and the process first, then close.
+	waitCtx, cancelWait := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancelWait()
+		_ = s.cmd.Process.Kill()
+		c.s.Close()
+	})
+	waitOnline(t, c)
+	sc, _ := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "hang on"})
+	tid := str(sc, "thread_id")
+
+	type result struct {
+		text  string
+		isErr bool
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		res, err := c.s.CallTool(waitCtx, &mcp.CallToolParams{Name: "t3_wait", Arguments: map[string]any{"thread_id": tid, "timeout": 600}})
+		r := result{err: err}
+		if err == nil {
+			r.isErr = res.IsError
+			for _, ct := range res.Content {
+				if tc, ok := ct.(*mcp.TextContent); ok {
+					r.text += tc.Text
+				}
+			}
+		}
+		got <- r
+	}()
+	// The wait is running once the metrics say so.
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(get(t, metrics), "\nt3code_mcp_active_waits 1\n") {
+		if time.Now().After(deadline) {
+			t.Fatal("the wait never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, s.stderr)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil || !r.isErr || !strings.Contains(r.text, "t3_wait") {
+			t.Fatalf("the ended wait returned %+v, want an error result", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client never heard back from its wait")
+	}
+}
+
+func waitOnline(t *testing.T, c *client) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sc, _ := c.ok("t3_machines", nil)
+		if ms, _ := sc["machines"].([]any); len(ms) == 1 && ms[0].(map[string]any)["online"] == true {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("machine never online: %v", sc)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := bufio.NewReader(resp.Body).WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// Events through the real binary, logging at debug (the most it ever says):
+// the hook receives the completed run with the client's origin, the bearer
+// and a signature; the logs show the event recorded and delivered, and hold
+// no token, no secret and no prompt.
+func TestServeDeliversEventsAndKeepsSecretsOutOfLogs(t *testing.T) {
+	fk := startFake(t)
+	const (
+		tokenEnv   = "T3_EVENTS_TEST_TOKEN"
+		hookToken  = "hook-bearer-0123456789"
+		hookSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		mcpToken   = "mcp-bearer-9876543210"
+		origin     = "slack:C0123ABCD/1764406363.000100"
+		marker     = "wombat-prompt-marker-31337"
+	)
+	type delivery struct {
+		header http.Header
+		event  map[string]any
+	}
+	got := make(chan delivery, 10)
+	hook := http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var ev map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&ev)
+		got <- delivery{r.Header.Clone(), ev}
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = hook.Serve(ln) }()
+	t.Cleanup(func() { _ = hook.Close() })
+
+	env := baseEnv(t,
+		"T3CODE_MCP_PORT="+strconv.Itoa(freePort(t)),
+		"T3CODE_MCP_CONFIG="+writeConfig(t, fk.URL(), tokenEnv, ""),
+		"T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"),
+		"T3CODE_MCP_TOKEN="+mcpToken,
+		"T3CODE_MCP_HOOK_URL=http://"+ln.Addr().String()+"/hook",
+		"T3CODE_MCP_HOOK_TOKEN="+hookToken,
+		"T3CODE_MCP_HOOK_SECRET="+hookSecret,
+		tokenEnv+"="+fk.Token(),
+	)
+	s := startServe(t, t.TempDir(), env, "--log-level", "debug")
+	hc := &http.Client{Transport: headerRT{http.Header{
+		"Authorization":         {"Bearer " + mcpToken},
+		"X-Conversation-Origin": {origin},
+	}}}
+	c := connect(t, &mcp.StreamableClientTransport{Endpoint: s.mcpURL, HTTPClient: hc})
+	defer c.s.Close()
+	waitOnline(t, c)
+	sc, _ := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "write the changelog " + marker})
+	tid := str(sc, "thread_id")
+
+	select {
+	case d := <-got:
+		if d.event["type"] != "thread.completed" || d.event["thread_id"] != tid || d.event["origin"] != origin {
+			t.Fatalf("event = %v", d.event)
+		}
+		if d.header.Get("Authorization") != "Bearer "+hookToken || !strings.HasPrefix(d.header.Get("webhook-signature"), "v1,") {
+			t.Fatalf("headers = %v", d.header)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no event delivered\nstderr:\n%s", s.stderr)
+	}
+	c.s.Close()
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	logs := s.stderr.String()
+	for _, want := range []string{`msg="event recorded"`, `msg="outbox: delivered"`, `msg="tool call" tool=t3_dispatch ok=true`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs lack %s", want)
+		}
+	}
+	for _, secret := range []string{fk.Token(), hookToken, hookSecret, strings.TrimPrefix(hookSecret, "whsec_"), mcpToken, marker} {
+		if strings.Contains(logs+s.stdout.String(), secret) {
+			t.Errorf("%q appears in the output", secret)
+		}
+	}
+	if t.Failed() {
+		t.Logf("logs:\n%s", logs)
+	}
+}
+
+// headerRT adds fixed headers to every request.
+type headerRT struct{ h http.Header }
+
+func (r headerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	for k, v := range r.h {
+		req.Header[k] = v
+	}
+	return http.DefaultTransport.RoundTrip(req)
 }
