@@ -290,7 +290,7 @@ func TestServeDemoThroughTheBinary(t *testing.T) {
 	if m["name"] != "demo" || m["demo"] != true || m["online"] != true {
 		t.Fatalf("machine = %v", m)
 	}
-	if !strings.Contains(text, "demo [demo]: online") {
+	if !strings.Contains(text, "demo (built-in demo machine: a fake T3 server with scripted runs, not a real machine): online") {
 		t.Errorf("t3_machines text %q does not label the demo", text)
 	}
 

@@ -38,7 +38,7 @@ func machinesTool(d *Deps) Handler {
 			out.Machines = append(out.Machines, mm)
 			demo := ""
 			if in.Demo {
-				demo = " [demo]"
+				demo = " (built-in demo machine: a fake T3 server with scripted runs, not a real machine)"
 			}
 			fmt.Fprintf(&b, "%s%s: %s (%s)", in.Name, demo, in.Status, in.URL)
 			if mm.Problem.Set {
