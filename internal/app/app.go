@@ -208,6 +208,17 @@ func New(s Settings, log *slog.Logger) (*App, error) {
 				r, ok := threadview.New(p).Run(runID)
 				return r.Status, ok, nil
 			},
+			Runs: func(ctx context.Context, machine, threadID string) ([]events.RunInfo, error) {
+				p, err := read(ctx, machine, threadID)
+				if err != nil {
+					return nil, err
+				}
+				var out []events.RunInfo
+				for _, r := range threadview.New(p).Runs() {
+					out = append(out, events.RunInfo{ID: r.ID, Ordinal: r.Ordinal, Status: r.Status})
+				}
+				return out, nil
+			},
 		})
 	}
 	fo := fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout}

@@ -13,6 +13,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +57,19 @@ type Builder func(ctx context.Context, tr Transition) ([]byte, error)
 // moved past before its settling was seen (a reconnect, a snapshot, a restart).
 type RunStatus func(ctx context.Context, machine, threadID, runID string) (status string, found bool, err error)
 
+// RunInfo is one run of a thread as T3 lists it.
+type RunInfo struct {
+	ID      string
+	Ordinal int64
+	Status  string
+}
+
+// Runs lists a thread's runs, oldest first. The detector reads them when runs
+// may have started and settled between two observations of the thread: a
+// chunk or a snapshot carries each thread's last state only, so a run that
+// came and went inside one (a queued follow-up, a reconnect) is not in it.
+type Runs func(ctx context.Context, machine, threadID string) ([]RunInfo, error)
+
 // Tracked tells which threads are watched.
 type Tracked interface {
 	GetThread(id string) (store.Thread, bool, error)
@@ -79,6 +94,7 @@ type Detector struct {
 	tracked Tracked
 	build   Builder
 	run     RunStatus
+	runs    Runs
 	notify  func()
 	log     *slog.Logger
 	now     func() time.Time
@@ -93,6 +109,8 @@ type Options struct {
 	Tracked   Tracked
 	Build     Builder
 	RunStatus RunStatus
+	// Runs, when set, finds runs that settled between two observations.
+	Runs Runs
 	// Notify is called after events were committed (wakes the outbox).
 	Notify func()
 	Logger *slog.Logger
@@ -110,7 +128,7 @@ func New(o Options) *Detector {
 	if o.Notify == nil {
 		o.Notify = func() {}
 	}
-	return &Detector{store: o.Store, tracked: o.Tracked, build: o.Build, run: o.RunStatus, notify: o.Notify, log: o.Logger, now: o.Now, cache: map[string]seen{}}
+	return &Detector{store: o.Store, tracked: o.Tracked, build: o.Build, run: o.RunStatus, runs: o.Runs, notify: o.Notify, log: o.Logger, now: o.Now, cache: map[string]seen{}}
 }
 
 func key(machine, thread string) string { return machine + "\x00" + thread }
@@ -254,6 +272,17 @@ func (d *Detector) detect(ctx context.Context, machine string, shell *t3rpc.Thre
 			out = append(out, d.transition(machine, shell, tr, prev.RunID, typeOf(o), "", ""))
 		}
 	}
+	if latest != "" && latest != prev.RunID && d.runs != nil && mayHaveSkipped(prev.RunID, latest) {
+		between, err := d.between(ctx, machine, shell.ID, prev.RunID, latest)
+		if err != nil {
+			return prev, nil, err
+		}
+		for _, r := range between {
+			if o, ok := threadstate.Settled(r.Status); ok {
+				out = append(out, d.transition(machine, shell, tr, r.ID, typeOf(o), "", ""))
+			}
+		}
+	}
 	if settled && !(prev.RunID == latest && prev.Settled) {
 		out = append(out, d.transition(machine, shell, tr, latest, typeOf(outcome), "", ""))
 	}
@@ -262,6 +291,61 @@ func (d *Detector) detect(ctx context.Context, machine string, shell *t3rpc.Thre
 		out = append(out, d.transition(machine, shell, tr, latest, Question, p.ID, p.Kind))
 	}
 	return cur, out, nil
+}
+
+// runOrdinal reads n from T3's run ids, "run:thread:<threadId>:ordinal:<n>".
+func runOrdinal(id string) (int64, bool) {
+	i := strings.LastIndex(id, ":ordinal:")
+	if i < 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(id[i+len(":ordinal:"):], 10, 64)
+	return n, err == nil
+}
+
+// mayHaveSkipped reports whether runs may lie between the run seen last and
+// the latest one. T3 numbers a thread's runs, so the usual next run (or a
+// thread's first) needs no read; ids of another shape always get one.
+func mayHaveSkipped(prev, latest string) bool {
+	l, ok := runOrdinal(latest)
+	if !ok {
+		return true
+	}
+	if prev == "" {
+		return l > 1
+	}
+	p, ok := runOrdinal(prev)
+	return !ok || l-p > 1
+}
+
+// between lists the runs after prev ("" for none) and before latest.
+func (d *Detector) between(ctx context.Context, machine, threadID, prev, latest string) ([]RunInfo, error) {
+	runs, err := d.runs(ctx, machine, threadID)
+	if err != nil {
+		return nil, fmt.Errorf("read the runs of thread %q: %w", threadID, err)
+	}
+	lo, loOK := int64(0), prev == ""
+	hi, hiOK := int64(0), false
+	for _, r := range runs {
+		if r.ID == prev {
+			lo, loOK = r.Ordinal, true
+		}
+		if r.ID == latest {
+			hi, hiOK = r.Ordinal, true
+		}
+	}
+	if !loOK {
+		if lo, loOK = runOrdinal(prev); !loOK {
+			return nil, nil // the run seen last is unknown to T3 now: no way to tell what is newer
+		}
+	}
+	var out []RunInfo
+	for _, r := range runs {
+		if r.Ordinal > lo && r.ID != prev && r.ID != latest && (!hiOK || r.Ordinal < hi) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 func typeOf(o threadstate.Outcome) Type {

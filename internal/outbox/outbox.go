@@ -238,8 +238,13 @@ func (o *Outbox) Run(ctx context.Context) {
 
 	// Buffered to the worker bound: a worker's final send never blocks, even after Run stopped
 	// receiving, so wg.Wait cannot deadlock.
-	done := make(chan string, o.cfg.Workers)
+	done := make(chan retried, o.cfg.Workers)
 	inflight := make(map[string]bool, o.cfg.Workers)
+	// Retry times are stored as wall-clock times. When the wall clock steps back (NTP, a VM
+	// restored), a retry scheduled before the step would lie that much further in the future and
+	// stall its stream; for the retries this loop scheduled, the real time elapsed since then
+	// (monotonic) decides instead.
+	scheduled := map[string]retried{}
 	var lastStarted string // round-robin over streams, so none starves when workers are scarce
 	var lastPrune time.Time
 	timer := time.NewTimer(time.Hour)
@@ -272,19 +277,27 @@ func (o *Outbox) Run(ctx context.Context) {
 				continue
 			}
 			if e.NextAttempt.After(now) {
-				wait = minWait(wait, e.NextAttempt.Sub(now))
-				continue
+				left := e.NextAttempt.Sub(now)
+				if r, ok := scheduled[e.Stream]; ok && r.next.Equal(e.NextAttempt) && now.Round(0).Before(r.at.Round(0)) {
+					left = r.next.Sub(r.at) - time.Since(r.mono) // the clock went back since
+				}
+				if left > 0 {
+					wait = minWait(wait, left)
+					continue
+				}
 			}
 			if len(inflight) >= o.cfg.Workers {
 				continue // a worker's done wakes the loop
 			}
 			inflight[e.Stream] = true
+			delete(scheduled, e.Stream)
 			lastStarted = e.Stream
 			wg.Add(1)
 			go func(e store.Event) {
 				defer wg.Done()
-				o.deliver(ctx, e)
-				done <- e.Stream
+				r := o.deliver(ctx, e)
+				r.stream = e.Stream
+				done <- r
 			}(e)
 		}
 		o.updateGauges()
@@ -293,8 +306,11 @@ func (o *Outbox) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case s := <-done:
-			delete(inflight, s)
+		case r := <-done:
+			delete(inflight, r.stream)
+			if !r.next.IsZero() {
+				scheduled[r.stream] = r
+			}
 		case <-o.wake:
 		case <-timer.C:
 		}
@@ -330,10 +346,16 @@ type result struct {
 	status     int
 }
 
-func (o *Outbox) deliver(ctx context.Context, e store.Event) {
+// retried is a retry deliver scheduled: for next, decided at wall time at (monotonic mono).
+type retried struct {
+	stream         string
+	at, next, mono time.Time
+}
+
+func (o *Outbox) deliver(ctx context.Context, e store.Event) (sched retried) {
 	r := o.attempt(ctx, e)
 	if !r.ok && r.network && ctx.Err() != nil {
-		return // shutting down: not the receiver's fault, not an attempt
+		return sched // shutting down: not the receiver's fault, not an attempt
 	}
 	now := o.cfg.Clock()
 	attempt := e.Attempts + 1
@@ -379,12 +401,24 @@ func (o *Outbox) deliver(ctx context.Context, e store.Event) {
 		}
 		o.m.retries.WithLabelValues(cause).Inc()
 		err = o.st.MarkRetry(e.ID, next, r.msg)
+		if err == nil {
+			sched = retried{at: now, next: next, mono: time.Now()}
+		}
 		log.Warn("outbox: delivery failed; will retry", "error", r.msg, "retry_in", next.Sub(now).String())
 	}
 	if err != nil {
 		// The event stays pending as it was and is attempted again: at least once, never lost.
+		// Not at once, though: a store that cannot record the outcome (a full disk) would have
+		// the loop send the same event to the receiver again and again without a pause.
 		log.Error("outbox: recording the attempt", "err", err)
+		t := time.NewTimer(storePause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
+	return sched
 }
 
 func outcomeLabel(r result) string {

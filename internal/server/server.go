@@ -97,8 +97,9 @@ func requireBearer(token string, next http.Handler) http.Handler {
 	}
 	want := []byte(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), want) != 1 {
+		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer x" is the same credential.
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="t3code-mcp"`)
 			http.Error(w, `{"error":"unauthorized","message":"send Authorization: Bearer <T3CODE_MCP_TOKEN>"}`, http.StatusUnauthorized)
 			return
