@@ -45,11 +45,26 @@ build: ## build bin/t3code-mcp
 run: build ## run the connector (T3CODE_MCP_CONFIG, ./t3code.toml, or the built-in demo machine)
 	./bin/t3code-mcp serve
 
-bench: ## Go benchmarks of the hot paths
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+bench: ## Go benchmarks of the hot paths (BENCHTIME, default 200ms) and a short load run (docs/benchmarks.md)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),200ms) $(PKGS)
+	$(GO) run ./cmd/t3code-load -short
+
+.PHONY: load
+load: ## the full load run: 100 machines × 1,000 threads, 1,000 waits, 5,000 runs/s offered (minutes)
+	$(GO) run ./cmd/t3code-load
 
 fuzz: ## every fuzz target for FUZZTIME each (default 10s)
 	@./scripts/fuzz "$(FUZZTIME)"
+
+.PHONY: soak fuzz-long
+SOAK ?= 3m
+FUZZLONG ?= 30s
+
+soak: ## soak: dispatch/wait/interrupt cycles with socket drops for SOAK (default 3m), RSS sampled (docs/reliability.md)
+	T3CODE_MCP_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -run '^TestSoak$$' -v -timeout 2h ./internal/app/
+
+fuzz-long: ## every fuzz target for FUZZLONG each (default 30s; the figures in docs/reliability.md)
+	@./scripts/fuzz "$(FUZZLONG)"
 
 fixtures: ## refresh testdata/t3 from ../shared/fixtures (new recordings)
 	rm -rf testdata/t3 && mkdir -p testdata/t3
