@@ -188,16 +188,9 @@ func (c *client) in(t *testing.T) *client {
 	return &cc
 }
 
-// bugModelEcho: internal/tools/dispatch.go (modelSelection) quotes the whole
-// model argument in its errors ("model argument %q is not instanceId/model",
-// "… %q is not available …"): a megabyte in, a megabyte of error back into
-// the agent's context. Reported to the tools owner; fleet's errors cut such
-// names (fleet.quoted).
-const bugModelEcho = "internal/tools echoes the whole model argument"
-
 // knownBugs are hostile cases that expose a bug this test cannot fix: they
-// are skipped, with the bug named, until it is fixed.
-var knownBugs = map[string]string{"huge model": bugModelEcho, "huge model with slash": bugModelEcho}
+// are skipped, with the bug named, until it is fixed. None are open.
+var knownBugs = map[string]string{}
 
 func nest(open, close string, depth int, inner string) string {
 	return strings.Repeat(open, depth) + inner + strings.Repeat(close, depth)

@@ -163,9 +163,9 @@ func (f *Fleet) Machine(name string) (*Machine, error) {
 		names = append(names, m.Name)
 	}
 	if len(names) == 0 {
-		return nil, fmt.Errorf("unknown machine %s: no machines are configured (add one to t3code.toml)", quoted(name))
+		return nil, fmt.Errorf("unknown machine %s: no machines are configured (add one to t3code.toml)", Quoted(name))
 	}
-	return nil, fmt.Errorf("unknown machine %s; configured machines: %s (see t3_machines)", quoted(name), strings.Join(names, ", "))
+	return nil, fmt.Errorf("unknown machine %s; configured machines: %s (see t3_machines)", Quoted(name), strings.Join(names, ", "))
 }
 
 // Info is a machine's status for t3_machines and /healthz.
@@ -265,9 +265,9 @@ func (m *Machine) Project(ref string) (t3rpc.Project, error) {
 			names = append(names, fmt.Sprintf("%q", p.Title))
 		}
 		if len(names) == 0 {
-			return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", quoted(ref), m.Name)
+			return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", Quoted(ref), m.Name)
 		}
-		return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q; available: %s (see t3_projects)", quoted(ref), m.Name, strings.Join(names, ", "))
+		return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q; available: %s (see t3_projects)", Quoted(ref), m.Name, strings.Join(names, ", "))
 	}
 	cands := make([]string, 0, len(byTitle))
 	for _, p := range byTitle {
@@ -332,7 +332,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 	if id == "" {
 		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
 	}
-	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", quoted(id), ErrThreadNotFound)
+	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", Quoted(id), ErrThreadNotFound)
 	tr, tracked, err := f.store.GetThread(id)
 	if err != nil {
 		return Found{}, err
@@ -366,7 +366,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 		if tracked {
 			return Found{}, fmt.Errorf("thread %q is on machine %q, which is not reachable now: %v", id, tr.Machine, f.byName[tr.Machine].Ready())
 		}
-		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not checked, because offline: %s", quoted(id), strings.Join(offline, ", "))
+		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not checked, because offline: %s", Quoted(id), strings.Join(offline, ", "))
 	}
 	return Found{}, notFound
 }
@@ -421,10 +421,10 @@ func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {
 // Store is the fleet's state file.
 func (f *Fleet) Store() *store.Store { return f.store }
 
-// quoted quotes a caller-supplied name for an error message, cut to a readable
+// Quoted quotes a caller-supplied name for an error message, cut to a readable
 // length: an agent that sent a megabyte as a machine name or thread id gets a
 // message that names it, not the megabyte back into its context.
-func quoted(s string) string {
+func Quoted(s string) string {
 	const limit = 128
 	if len(s) <= limit {
 		return fmt.Sprintf("%q", s)

@@ -302,7 +302,7 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 	}
 	inst, slug, ok := strings.Cut(model, "/")
 	if !ok || inst == "" || slug == "" {
-		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %q is not instanceId/model (for example codex/gpt-5.6-sol)", tool, source, model)
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not instanceId/model (for example codex/gpt-5.6-sol)", tool, source, fleet.Quoted(model))
 	}
 	cfg, err := m.Providers(ctx)
 	if err != nil {
@@ -328,9 +328,9 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 	}
 	sort.Strings(avail)
 	if len(avail) == 0 {
-		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %q is not available on machine %q: it has no usable provider", tool, source, model, m.Name)
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q: it has no usable provider", tool, source, fleet.Quoted(model), m.Name)
 	}
-	return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %q is not available on machine %q; available: %s", tool, source, model, m.Name, strings.Join(avail, ", "))
+	return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q; available: %s", tool, source, fleet.Quoted(model), m.Name, strings.Join(avail, ", "))
 }
 
 func usable(p t3rpc.Provider) bool {
