@@ -367,7 +367,7 @@ func (o *Outbox) deliver(ctx context.Context, e store.Event) (sched retried) {
 		o.m.deliveries.WithLabelValues(outcomeDelivered).Inc()
 		o.m.lag.Observe(max(0, now.Sub(e.CreatedAt).Seconds()))
 		err = o.st.MarkDelivered(e.ID, now)
-		log.Debug("outbox: delivered", "status", r.status)
+		log.Info("event delivered", "status", r.status, "lag_ms", max(0, now.Sub(e.CreatedAt).Milliseconds()))
 
 	case !r.retryable:
 		o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
