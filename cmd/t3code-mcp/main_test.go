@@ -799,7 +799,7 @@ func TestServeDeliversEventsAndKeepsSecretsOutOfLogs(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	logs := s.stderr.String()
-	for _, want := range []string{`msg="event recorded"`, `msg="outbox: delivered"`, `msg="tool call" tool=t3_dispatch ok=true`} {
+	for _, want := range []string{`msg="event recorded"`, `msg="event delivered"`, `msg="tool call" tool=t3_dispatch ok=true`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s", want)
 		}
