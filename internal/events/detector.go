@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,6 +87,14 @@ type seen struct {
 	RunID    string `json:"run,omitempty"`
 	Settled  bool   `json:"settled,omitempty"`
 	Question string `json:"question,omitempty"`
+	// Open lists earlier runs the thread moved past before they settled (a
+	// run still checkpointing while a queued one starts): each is looked up
+	// until it settles, so its event comes however late.
+	Open []string `json:"open,omitempty"`
+}
+
+func (s seen) equal(o seen) bool {
+	return s.RunID == o.RunID && s.Settled == o.Settled && s.Question == o.Question && slices.Equal(s.Open, o.Open)
 }
 
 // Detector is a watch.Sink.
@@ -210,7 +219,7 @@ func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
 		if err != nil {
 			return err
 		}
-		if cur != prev || !known {
+		if !cur.equal(prev) || !known {
 			next[k] = cur
 			b, _ := json.Marshal(cur)
 			states[k] = b
@@ -260,17 +269,13 @@ func (d *Detector) detect(ctx context.Context, machine string, shell *t3rpc.Thre
 		return cur, nil, nil
 	}
 	var out []Transition
-	// A run we saw start but never saw settle, that the thread has moved past
-	// (dispatched into right after settling, or missed while disconnected):
-	// read how it ended, so its event is not lost.
-	if prev.RunID != "" && prev.RunID != latest && !prev.Settled && d.run != nil {
-		status, found, err := d.run(ctx, machine, shell.ID, prev.RunID)
-		if err != nil {
-			return prev, nil, fmt.Errorf("read run %q of thread %q: %w", prev.RunID, shell.ID, err)
-		}
-		if o, ok := threadstate.Settled(status); ok && found {
-			out = append(out, d.transition(machine, shell, tr, prev.RunID, typeOf(o), "", ""))
-		}
+	// Runs we saw start but never saw settle, that the thread has moved past
+	// (dispatched into right after settling, queued behind a checkpoint, or
+	// missed while disconnected): read how each ended, so no event is lost;
+	// one still running stays open and is read again next time.
+	open := append([]string(nil), prev.Open...)
+	if prev.RunID != "" && prev.RunID != latest && !prev.Settled {
+		open = append(open, prev.RunID)
 	}
 	if latest != "" && latest != prev.RunID && d.runs != nil && mayHaveSkipped(prev.RunID, latest) {
 		between, err := d.between(ctx, machine, shell.ID, prev.RunID, latest)
@@ -280,7 +285,23 @@ func (d *Detector) detect(ctx context.Context, machine string, shell *t3rpc.Thre
 		for _, r := range between {
 			if o, ok := threadstate.Settled(r.Status); ok {
 				out = append(out, d.transition(machine, shell, tr, r.ID, typeOf(o), "", ""))
+			} else if !slices.Contains(open, r.ID) {
+				open = append(open, r.ID)
 			}
+		}
+	}
+	for _, runID := range open {
+		if runID == latest || d.run == nil {
+			continue // the latest run is judged from the row itself, below
+		}
+		status, found, err := d.run(ctx, machine, shell.ID, runID)
+		if err != nil {
+			return prev, nil, fmt.Errorf("read run %q of thread %q: %w", runID, shell.ID, err)
+		}
+		if o, ok := threadstate.Settled(status); ok && found {
+			out = append(out, d.transition(machine, shell, tr, runID, typeOf(o), "", ""))
+		} else if found {
+			cur.Open = append(cur.Open, runID)
 		}
 	}
 	if settled && !(prev.RunID == latest && prev.Settled) {

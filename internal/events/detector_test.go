@@ -214,3 +214,30 @@ func TestTransitionWhileDownEmittedOnceAfterRestart(t *testing.T) {
 		t.Fatalf("events = %+v", evs)
 	}
 }
+
+// A run the thread moved past while it was still checkpointing (T3 started a
+// queued run): its event comes when it settles, however many observations later.
+func TestRunPassedOverBeforeSettlingIsReportedWhenItSettles(t *testing.T) {
+	e := newEnv(t, "")
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(shell("t1", "running", "r1", ""))
+	e.runs["r1"] = "waiting"
+	e.runs["r2"] = "running"
+	e.apply(shell("t1", "running", "r2", ""))
+	if evs := e.events(); len(evs) != 0 {
+		t.Fatalf("r1 is still checkpointing, got %+v", evs)
+	}
+	e.apply(shell("t1", "running", "r2", ""))
+	e.runs["r1"] = "completed"
+	e.apply(shell("t1", "running", "r2", ""))
+	e.apply(shell("t1", "running", "r2", ""))
+	evs := e.events()
+	if len(evs) != 1 || evs[0].Type != "thread.completed" || evs[0].Run != "r1" {
+		t.Fatalf("events = %+v", evs)
+	}
+	e.runs["r2"] = "completed"
+	e.apply(shell("t1", "completed", "r2", ""))
+	if evs := e.events(); len(evs) != 2 || evs[1].Run != "r2" {
+		t.Fatalf("events = %+v", evs)
+	}
+}

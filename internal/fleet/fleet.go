@@ -349,6 +349,11 @@ func (f *Fleet) Thread(id string) (Found, error) {
 			continue
 		}
 		shell, ok := m.watcher.Thread(id)
+		if !ok && tracked {
+			// Dispatched a moment ago: T3 has the thread, but its row may not
+			// have reached the watcher yet.
+			shell, ok = m.awaitRow(id, trackedRowGrace)
+		}
 		if !ok {
 			if !m.watcher.Status().Synced {
 				offline = append(offline, m.Name)
@@ -369,6 +374,30 @@ func (f *Fleet) Thread(id string) (Found, error) {
 		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not checked, because offline: %s", Quoted(id), strings.Join(offline, ", "))
 	}
 	return Found{}, notFound
+}
+
+// trackedRowGrace is how long a lookup waits for the row of a thread the state
+// file knows but the watcher has not seen yet.
+const trackedRowGrace = 3 * time.Second
+
+// awaitRow waits up to d for a thread's row to appear, woken by the watcher.
+func (m *Machine) awaitRow(id string, d time.Duration) (t3rpc.ThreadShell, bool) {
+	if !m.watcher.Status().Online {
+		return t3rpc.ThreadShell{}, false
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		shell, ok, changed := m.watcher.ThreadAndWait(id)
+		if ok {
+			return shell, true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return t3rpc.ThreadShell{}, false
+		}
+	}
 }
 
 // Projection reads a thread's full projection over HTTP.

@@ -1,0 +1,152 @@
+package events_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/events"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/watch"
+)
+
+// Detector.Apply with a real store in b.TempDir(): every commit is an fsynced bbolt
+// transaction. The builder reads a small in-memory projection (the connector reads it over
+// HTTP; that read is measured end to end by the load harness, not here).
+
+const benchThreads = 1000
+
+type detectorBench struct {
+	d       *events.Detector
+	st      *store.Store
+	threads []string
+}
+
+func newDetectorBench(b *testing.B) *detectorBench {
+	b.Helper()
+	st, err := store.Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	now := time.Now()
+	db := &detectorBench{st: st}
+	var tracked []store.Thread
+	for i := 0; i < benchThreads; i++ {
+		id := fmt.Sprintf("thread-%04d", i)
+		db.threads = append(db.threads, id)
+		tracked = append(tracked, store.Thread{ID: id, Machine: "load", ProjectID: "project-1", ProjectTitle: "payments", Watch: true, CreatedAt: now, UpdatedAt: now})
+	}
+	if err := st.Commit(store.Batch{Threads: tracked}); err != nil {
+		b.Fatal(err)
+	}
+	read := func(_ context.Context, _, threadID string) (*t3api.ThreadProjection, error) {
+		return &t3api.ThreadProjection{
+			Thread: t3api.AppThread{ID: threadID, Title: "Fix the flaky payment test"},
+			TurnItems: []t3api.TurnItem{{
+				ID: "item-1", Type: "assistant_message", Ordinal: 1, RunId: t3api.NewOptNilString("run-x"),
+				Text: t3api.NewOptString("Done: fixed the retry loop and ran the whole suite."),
+			}},
+		}, nil
+	}
+	db.d = events.New(events.Options{Store: st, Tracked: st, Build: events.NewBuilder(read, nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	// Every thread's baseline: idle, no run.
+	var base []t3rpc.ThreadShell
+	for _, id := range db.threads {
+		base = append(base, benchShell(id, "idle", ""))
+	}
+	if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Snapshot: true, Threads: base}); err != nil {
+		b.Fatal(err)
+	}
+	return db
+}
+
+func benchShell(id, status, run string) t3rpc.ThreadShell {
+	s := t3rpc.ThreadShell{ID: id, ProjectId: "project-1", Title: "Fix the flaky payment test", Status: status}
+	if run != "" {
+		s.LatestRunId = t3rpc.NewOptNilString(run)
+		if status == "completed" {
+			s.LatestRunCompletedAt = t3rpc.NewOptNilString("2026-11-29T10:00:00.000Z")
+		}
+	}
+	return s
+}
+
+// benchRuns applies, per op, perChunk threads starting a run and then the same threads
+// finishing it, each as one chunk: two commits (the new run, then the events) per chunk. ns/op is
+// one run (one event).
+func benchRuns(b *testing.B, perChunk int) {
+	db := newDetectorBench(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n, round := 0, 0; n < b.N; round++ {
+		var start, done []t3rpc.ThreadShell
+		for j := 0; j < perChunk && n < b.N; j++ {
+			id := db.threads[n%benchThreads]
+			run := fmt.Sprintf("run:%s:%d", id, round)
+			start = append(start, benchShell(id, "running", run))
+			done = append(done, benchShell(id, "completed", run))
+			n++
+		}
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: start}); err != nil {
+			b.Fatal(err)
+		}
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: done}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	if p, _, _, err := db.st.Counts(); err != nil || p != b.N {
+		b.Fatalf("%d events for %d runs (%v)", p, b.N, err)
+	}
+}
+
+// BenchmarkDetectorRun: one thread per chunk (a quiet machine).
+func BenchmarkDetectorRun(b *testing.B) { benchRuns(b, 1) }
+
+// BenchmarkDetectorRuns64: 64 threads per chunk (a busy machine: T3 batches while the previous
+// chunk waits for its Ack), so one commit carries 64 events.
+func BenchmarkDetectorRuns64(b *testing.B) { benchRuns(b, 64) }
+
+// BenchmarkDetectorNoTransition is the commonest chunk: a watched thread's row changed within a
+// run (a new turn item), nothing to record. ns/op is one chunk of one thread.
+func BenchmarkDetectorNoTransition(b *testing.B) {
+	db := newDetectorBench(b)
+	ctx := context.Background()
+	running := benchShell(db.threads[0], "running", "run-1")
+	if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: []t3rpc.ThreadShell{running}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: []t3rpc.ThreadShell{running}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDetectorUnwatched64 is a chunk of 64 rows of threads nobody watches (most of a
+// machine's threads): one tracked-thread lookup each, no commit.
+func BenchmarkDetectorUnwatched64(b *testing.B) {
+	db := newDetectorBench(b)
+	ctx := context.Background()
+	var rows []t3rpc.ThreadShell
+	for i := 0; i < 64; i++ {
+		rows = append(rows, benchShell(fmt.Sprintf("other-%d", i), "running", "run-1"))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: rows}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
