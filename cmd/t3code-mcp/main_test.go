@@ -794,6 +794,11 @@ func TestServeDeliversEventsAndKeepsSecretsOutOfLogs(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("no event delivered\nstderr:\n%s", s.stderr)
 	}
+	// The receiver has the event; the connector logs the delivery once the
+	// receiver's answer is in and recorded, a moment later.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.stderr.String(), `msg="event delivered"`) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	c.s.Close()
 	if code := s.stop(t); code != 0 {
 		t.Fatalf("exit %d", code)

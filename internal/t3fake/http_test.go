@@ -145,7 +145,15 @@ func TestUpgradeGateAndAuth(t *testing.T) {
 	if err := dialURL(short.WebSocketURL()+"?orchestrationProtocol=2&wsTicket="+mintTicket(t, short, short.Token()), nil); err == nil {
 		t.Error("an expired ticket was accepted")
 	}
-	if got := s.Stats(); got.TicketsIssued != 1 || got.WSConnections != 2 || got.HTTPRequests["GET /ws"] != 7 {
+	// The server counts an upgrade on its own goroutine, which may finish
+	// after the client's dial returned.
+	deadline := time.Now().Add(5 * time.Second)
+	got := s.Stats()
+	for (got.WSConnections != 2 || got.HTTPRequests["GET /ws"] != 7) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+		got = s.Stats()
+	}
+	if got.TicketsIssued != 1 || got.WSConnections != 2 || got.HTTPRequests["GET /ws"] != 7 {
 		t.Errorf("stats %+v", got)
 	}
 }
