@@ -1,0 +1,212 @@
+// Command t3code-load is the connector's load harness: it builds (or takes) the t3code-mcp
+// binary, runs it as `serve` against fake T3 machines on 127.0.0.1, drives runs, t3_wait calls
+// and webhook deliveries, and prints what it measured. Every phase is bounded; the run stops by
+// itself. See docs/benchmarks.md.
+//
+//	t3code-load            the full profile (100 machines × 1,000 threads, 1,000 waits, …)
+//	t3code-load -short     the CI profile (a few seconds per phase)
+//	t3code-load -m 10 -t 500 -k 200 -e 500 -duration 10s -json out.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/loadtest"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("t3code-load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	short := fs.Bool("short", false, "the CI profile: every phase, scaled down to seconds")
+	bin := fs.String("bin", "", "t3code-mcp binary to run; default: go build ./cmd/t3code-mcp into the work directory")
+	dir := fs.String("dir", "", "work directory (state, t3code.toml, connector.log), kept afterwards; default: a temporary one")
+	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
+	quiet := fs.Bool("q", false, "no progress lines")
+	inProcess := fs.Bool("inprocess", false, "run the connector inside this process (for profiles; its CPU and RSS then include the harness)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (implies -inprocess)")
+	blockProfile := fs.String("blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
+	memProfile := fs.String("memprofile", "", "write a heap profile once the connector is synced and idle (implies -inprocess)")
+	threadCalls := fs.Int("thread-calls", 0, "t3_thread calls on the big thread (full 50, short 20)")
+
+	// Zero means the profile's value.
+	m := fs.Int("m", 0, "M: fake T3 machines (full 100, short 4)")
+	t := fs.Int("t", 0, "T: threads per machine (full 1000, short 250)")
+	k := fs.Int("k", 0, "K: concurrent t3_wait calls (full 1000, short 100)")
+	e := fs.Float64("e", 0, "E: settled runs (transitions) per second in the latency phase (full 1000, short 200)")
+	peak := fs.Float64("peak", 0, "runs per second offered in the throughput phase (full 5000, short 1000)")
+	duration := fs.Duration("duration", 0, "length of the latency and of the throughput phase (full 20s, short 5s)")
+	script := fs.String("script", "", "fake script of rate-driven runs: default (7 steps, completed) or fail (2 steps, failed)")
+	pollers := fs.String("poll", "", "comparison pollers interval:runs,… (full 1s:200,30s:50; short 1s:20,5s:10)")
+	push := fs.Int("push", 0, "comparison runs noticed through the connector (full 200, short 20)")
+	runLength := fs.Duration("run-length", 0, "comparison runs settle uniformly within this (full 60s, short 5s)")
+	big := fs.Int("thread-items", 0, "turn items of the t3_thread thread, -1 for none (5000)")
+	drain := fs.Duration("drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
+	logLevel := fs.String("log-level", "", "the connector's log level (info)")
+	seedRuns := fs.Int("seed-runs", 0, "finished runs every thread has before the connector starts, -1 for none (1)")
+	phases := fs.String("phases", "", "comma-separated phases to run of thread,latency,compare,throughput (default all)")
+	noHook := fs.Bool("no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
+	timeout := fs.Duration("timeout", 0, "bound on the whole run (default: from the phases)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg := loadtest.Full()
+	if *short {
+		cfg = loadtest.Short()
+	}
+	setI := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setI(&cfg.Machines, *m)
+	setI(&cfg.Threads, *t)
+	setI(&cfg.Waits, *k)
+	setI(&cfg.PushRuns, *push)
+	setI(&cfg.BigThreadItems, *big)
+	setI(&cfg.ThreadCalls, *threadCalls)
+	setI(&cfg.SeedRuns, *seedRuns)
+	cfg.NoHook = *noHook
+	if *phases != "" {
+		cfg.Phases = strings.Split(*phases, ",")
+	}
+	if *e != 0 {
+		cfg.Rate = *e
+	}
+	if *peak != 0 {
+		cfg.PeakRate = *peak
+	}
+	if *duration != 0 {
+		cfg.Duration = *duration
+	}
+	if *runLength != 0 {
+		cfg.RunLength = *runLength
+	}
+	if *drain != 0 {
+		cfg.Drain = *drain
+	}
+	if *script != "" {
+		cfg.Script = *script
+	}
+	if *logLevel != "" {
+		cfg.LogLevel = *logLevel
+	}
+	if *pollers != "" {
+		p, err := loadtest.ParsePollers(*pollers)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		cfg.Pollers = p
+	}
+	cfg.Timeout = *timeout
+	cfg.WorkDir = *dir
+	if !*quiet {
+		cfg.Progress = stderr
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// The harness holds every fake machine's state: collect its garbage less often, so that its
+	// own GC disturbs the timings less (memory here is not what is measured).
+	debug.SetGCPercent(400)
+
+	cfg.InProcess = *inProcess || *cpuProfile != "" || *blockProfile != "" || *memProfile != ""
+	if *memProfile != "" {
+		cfg.AfterStartup = func() {
+			runtime.GC()
+			if err := writeProfile(*memProfile, "heap"); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		}
+	}
+	if *blockProfile != "" {
+		runtime.SetBlockProfileRate(int(100 * time.Microsecond))
+		defer func() {
+			if err := writeProfile(*blockProfile, "block"); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		}()
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	cfg.Binary = *bin
+	if cfg.Binary == "" && !cfg.InProcess {
+		tmp, err := os.MkdirTemp("", "t3code-load-bin-")
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(tmp)
+		cfg.Binary = filepath.Join(tmp, "t3code-mcp")
+		fmt.Fprintln(stderr, "building ./cmd/t3code-mcp")
+		bctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		cmd := exec.CommandContext(bctx, "go", "build", "-o", cfg.Binary, "./cmd/t3code-mcp")
+		cmd.Stdout, cmd.Stderr = stderr, stderr
+		err = cmd.Run()
+		cancel()
+		if err != nil {
+			fmt.Fprintln(stderr, "go build ./cmd/t3code-mcp:", err)
+			return 1
+		}
+	}
+
+	rep, err := loadtest.Run(ctx, cfg)
+	if rep != nil {
+		fmt.Fprint(stdout, rep.Text())
+		if *jsonOut != "" {
+			b, jerr := json.MarshalIndent(rep, "", "  ")
+			if jerr == nil {
+				jerr = os.WriteFile(*jsonOut, b, 0o644)
+			}
+			if jerr != nil {
+				fmt.Fprintln(stderr, "writing", *jsonOut+":", jerr)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "t3code-load:", err)
+		return 1
+	}
+	return 0
+}
+
+func writeProfile(path, name string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

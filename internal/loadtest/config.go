@@ -1,0 +1,236 @@
+// Package loadtest is the load harness behind cmd/t3code-load: it runs the real connector binary
+// (`t3code-mcp serve` as a child process, with a generated t3code.toml) against fake T3 machines
+// (internal/t3fake) in its own process, with MCP clients (the go-sdk, streamable HTTP) and a local
+// webhook receiver, and reports what it measured: start-up time, memory and CPU of the connector,
+// end-to-end event latency, t3_wait wake-up latency, sustained transitions per second with the
+// durable outbox, t3_thread on a large thread, and the push path against HTTP pollers.
+//
+// Everything listens on 127.0.0.1, every phase is bounded in time and count, and Run returns
+// once it has stopped everything it started. docs/benchmarks.md has the figures and commands.
+package loadtest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Poller is one HTTP poller of the comparison: it reads each of its Runs' thread every Interval
+// until the run has settled, as T3 MCP servers without a push path do.
+type Poller struct {
+	Interval time.Duration
+	Runs     int
+}
+
+func (p Poller) String() string { return fmt.Sprintf("%s:%d", p.Interval, p.Runs) }
+
+// ParsePollers reads "1s:200,30s:50".
+func ParsePollers(s string) ([]Poller, error) {
+	var out []Poller
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		iv, n, ok := strings.Cut(part, ":")
+		d, err := time.ParseDuration(iv)
+		var runs int
+		if ok {
+			_, err2 := fmt.Sscanf(n, "%d", &runs)
+			err = errors.Join(err, err2)
+		}
+		if !ok || err != nil || d <= 0 || runs <= 0 {
+			return nil, fmt.Errorf("poller %q: want interval:runs, e.g. 1s:200", part)
+		}
+		out = append(out, Poller{Interval: d, Runs: runs})
+	}
+	return out, nil
+}
+
+// Config is one load run. Zero values take the Full profile's value, except Binary.
+type Config struct {
+	// Binary is the t3code-mcp binary to run (go build ./cmd/t3code-mcp).
+	Binary string
+	// WorkDir holds the state directory, t3code.toml and connector.log; empty: a temporary
+	// directory removed afterwards.
+	WorkDir string
+
+	Machines int // M: fake T3 machines under load
+	Threads  int // T: threads per machine, all tracked and watched except the pollers'
+	Waits    int // K: concurrent t3_wait calls in the latency phase
+
+	Rate     float64       // E: settled runs per second in the latency phase
+	PeakRate float64       // settled runs per second offered in the throughput phase
+	Duration time.Duration // length of the latency and of the throughput phase
+	// Script is the fake's script for rate-driven runs: "default" (seven steps, completed) or
+	// "fail" (two steps, failed).
+	Script string
+
+	WaitsPerSession int // t3_wait calls per MCP session (the connector's default limit is 50)
+
+	BigThreadItems int // turn items of the t3_thread thread (on one extra machine); <0: none
+	ThreadCalls    int // t3_thread calls on it
+
+	PushRuns  int           // comparison runs noticed through the connector (t3_wait + webhook)
+	Pollers   []Poller      // comparison pollers
+	RunLength time.Duration // comparison runs settle at uniformly random times within this
+
+	// SeedRuns is how many finished runs every thread has before the connector starts (its
+	// shell row then carries a latest run and a last visible message, as a used thread's does);
+	// negative: none.
+	SeedRuns int
+	// NoHook runs without T3CODE_MCP_HOOK_URL: no events, so the wait path is measured alone.
+	NoHook bool
+
+	Drain    time.Duration // the longest wait for deliveries after a phase
+	KeepRuns int           // the fakes' KeepRuns (older runs leave a thread's projection)
+	LogLevel string        // the connector's T3CODE_MCP_LOG_LEVEL
+	Timeout  time.Duration // the whole run; default: computed from the phases
+
+	// Progress receives one line per step; nil discards.
+	Progress io.Writer
+
+	// Phases to run, of thread, latency, compare, throughput (in that order); empty: all.
+	Phases []string
+
+	// InProcess runs the connector inside this process instead of the binary, for profiling
+	// (its CPU and memory figures then include the harness). Binary is not needed.
+	InProcess bool
+	// AfterStartup, when set, is called once the connector is synced and idle (a heap profile
+	// of an in-process connector is taken here).
+	AfterStartup func()
+}
+
+// Full is the profile of `make load`: the targets' scale.
+func Full() Config {
+	return Config{
+		Machines: 100, Threads: 1000, Waits: 1000,
+		Rate: 1000, PeakRate: 5000, Duration: 20 * time.Second, Script: "default",
+		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 50,
+		PushRuns: 200, Pollers: []Poller{{time.Second, 200}, {30 * time.Second, 50}}, RunLength: 60 * time.Second,
+		Drain: 60 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
+	}
+}
+
+// Short is the CI profile (`make bench`, -short): the same phases, scaled down; the 30 s
+// poller becomes a 5 s one so that the comparison fits in seconds.
+func Short() Config {
+	return Config{
+		Machines: 4, Threads: 250, Waits: 100,
+		Rate: 200, PeakRate: 1000, Duration: 5 * time.Second, Script: "default",
+		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 20,
+		PushRuns: 20, Pollers: []Poller{{time.Second, 20}, {5 * time.Second, 10}}, RunLength: 5 * time.Second,
+		Drain: 30 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
+	}
+}
+
+// Tiny is the unit test's scenario: every phase, a few seconds in all.
+func Tiny() Config {
+	return Config{
+		Machines: 2, Threads: 10, Waits: 4,
+		Rate: 20, PeakRate: 50, Duration: time.Second, Script: "default",
+		WaitsPerSession: 50, BigThreadItems: 50, ThreadCalls: 2,
+		PushRuns: 2, Pollers: []Poller{{200 * time.Millisecond, 2}}, RunLength: 500 * time.Millisecond,
+		Drain: 10 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	f := Full()
+	setI := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	setF := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	setD := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	setI(&c.Machines, f.Machines)
+	setI(&c.Threads, f.Threads)
+	setI(&c.Waits, f.Waits)
+	setF(&c.Rate, f.Rate)
+	setF(&c.PeakRate, f.PeakRate)
+	setD(&c.Duration, f.Duration)
+	if c.Script == "" {
+		c.Script = f.Script
+	}
+	setI(&c.WaitsPerSession, f.WaitsPerSession)
+	setI(&c.BigThreadItems, f.BigThreadItems)
+	setI(&c.ThreadCalls, f.ThreadCalls)
+	setI(&c.PushRuns, f.PushRuns)
+	if c.Pollers == nil {
+		c.Pollers = f.Pollers
+	}
+	setD(&c.RunLength, f.RunLength)
+	setD(&c.Drain, f.Drain)
+	setI(&c.SeedRuns, f.SeedRuns)
+	if c.SeedRuns < 0 {
+		c.SeedRuns = 0 // explicitly none
+	}
+	setI(&c.KeepRuns, f.KeepRuns)
+	if c.LogLevel == "" {
+		c.LogLevel = f.LogLevel
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.Timeout == 0 {
+		maxPoll := time.Duration(0)
+		for _, p := range c.Pollers {
+			maxPoll = max(maxPoll, p.Interval)
+		}
+		// Seeding and start-up scale with the thread count; each phase is bounded by its own
+		// length plus a drain.
+		setup := 2*time.Minute + time.Duration(c.Machines*c.Threads)*time.Millisecond
+		c.Timeout = setup + 2*(c.Duration+c.Drain) + c.RunLength + maxPoll + c.Drain + 2*time.Minute
+	}
+	return c
+}
+
+var allPhases = []string{"thread", "latency", "compare", "throughput"}
+
+func (c Config) runs(phase string) bool {
+	return len(c.Phases) == 0 || slices.Contains(c.Phases, phase)
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Binary == "" && !c.InProcess {
+		errs = append(errs, errors.New("no connector binary (go build ./cmd/t3code-mcp)"))
+	}
+	if c.Machines < 1 || c.Threads < 1 || c.Waits < 0 || c.Rate < 0 || c.PeakRate < 0 || c.Duration < 0 {
+		errs = append(errs, errors.New("machines and threads must be positive; waits, rates and duration not negative"))
+	}
+	for _, p := range c.Phases {
+		if !slices.Contains(allPhases, p) {
+			errs = append(errs, fmt.Errorf("phase %q: want one of %v", p, allPhases))
+		}
+	}
+	if _, ok := scriptSteps[c.Script]; !ok {
+		errs = append(errs, fmt.Errorf("script %q: want default or fail", c.Script))
+	}
+	polled := 0
+	for _, p := range c.Pollers {
+		polled += p.Runs
+	}
+	reserved := c.Waits + c.PushRuns + polled
+	if pipe := c.Machines*c.Threads - reserved; pipe < c.Machines {
+		errs = append(errs, fmt.Errorf("%d machines × %d threads leave %d threads for rate-driven runs after %d waits, %d push and %d polled runs: want at least one per machine",
+			c.Machines, c.Threads, pipe, c.Waits, c.PushRuns, polled))
+	}
+	sessions := (c.Waits + c.WaitsPerSession - 1) / c.WaitsPerSession
+	if c.PushRuns > max(1, sessions)*c.WaitsPerSession {
+		errs = append(errs, fmt.Errorf("%d push runs need more than the %d MCP sessions the waits open", c.PushRuns, sessions))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,287 @@
+package loadtest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// connector is the real t3code-mcp binary running `serve` as a child process.
+type connector struct {
+	cmd  *exec.Cmd
+	pid  int
+	base string // http://127.0.0.1:<port>
+	log  *os.File
+	http *http.Client
+	exit chan error
+
+	rssMaxKB   atomic.Int64
+	stopSample chan struct{}
+	sampleDone chan struct{}
+
+	stopInProcess func() error // set when the connector runs inside the harness
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100 on Linux.
+const clockTicks = 100
+
+// TokenEnv is the variable holding the fakes' shared bearer token in the connector's environment.
+const TokenEnv = "T3_LOAD_TOKEN"
+
+// writeConfig writes t3code.toml with one table per machine.
+func writeConfig(path string, machines []*machine) error {
+	var b strings.Builder
+	for _, m := range machines {
+		fmt.Fprintf(&b, "[machines.%s]\nurl = %q\ntoken_env = %q\nprojects = [\"*\"]\n\n", m.name, m.fk.URL(), TokenEnv)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startConnector runs `bin serve` with env added to a minimal environment.
+func startConnector(bin, dir string, env []string) (*connector, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, "connector.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "serve")
+	cmd.Dir = dir
+	cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + dir,
+		"T3CODE_MCP_HOST=127.0.0.1",
+		"T3CODE_MCP_PORT=" + strconv.Itoa(port),
+	}, env...)
+	cmd.Stdout = io.Discard
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	c := &connector{
+		cmd: cmd, pid: cmd.Process.Pid, base: fmt.Sprintf("http://127.0.0.1:%d", port), log: logf,
+		http:       &http.Client{Timeout: 30 * time.Second},
+		exit:       make(chan error, 1),
+		stopSample: make(chan struct{}), sampleDone: make(chan struct{}),
+	}
+	go func() { c.exit <- cmd.Wait() }()
+	go c.sample()
+	return c, nil
+}
+
+// sample keeps the highest VmRSS seen, every 100 ms (VmHWM is the kernel's own peak).
+func (c *connector) sample() {
+	defer close(c.sampleDone)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if rss, _, err := c.memory(); err == nil && rss > c.rssMaxKB.Load() {
+			c.rssMaxKB.Store(rss)
+		}
+		select {
+		case <-c.stopSample:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// resetRSSMax starts a new peak window for the sampler and returns the old peak.
+func (c *connector) resetRSSMax() int64 {
+	rss, _, _ := c.memory()
+	return c.rssMaxKB.Swap(rss)
+}
+
+// memory reads VmRSS and VmHWM (kB) from /proc/<pid>/status.
+func (c *connector) memory() (rss, hwm int64, err error) {
+	st, err := c.status()
+	return st["VmRSS"], st["VmHWM"], err
+}
+
+// status reads the kB lines of /proc/<pid>/status (VmRSS, VmHWM, RssAnon, RssFile, …).
+func (c *connector) status() (map[string]int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", c.pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		v = strings.TrimSpace(v)
+		if !ok || !strings.HasSuffix(v, " kB") {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out, sc.Err()
+}
+
+// cpu reads the connector's utime+stime.
+func (c *connector) cpu() (time.Duration, error) { return procCPU(c.pid) }
+
+// procCPU reads utime+stime from /proc/<pid>/stat.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces: split after it.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("malformed /proc/pid/stat")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, errors.New("short /proc/pid/stat")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+type healthBody struct {
+	OK       bool `json:"ok"`
+	Machines []struct {
+		Name   string `json:"name"`
+		Online bool   `json:"online"`
+	} `json:"machines"`
+	Events struct {
+		Enabled bool `json:"enabled"`
+		Pending int  `json:"pending"`
+		Dead    int  `json:"dead_letters"`
+	} `json:"events"`
+}
+
+func (c *connector) health(ctx context.Context) (healthBody, error) {
+	var h healthBody
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/healthz", nil)
+	if err != nil {
+		return h, err
+	}
+	res, err := c.http.Do(req)
+	if err != nil {
+		return h, err
+	}
+	defer res.Body.Close()
+	return h, json.NewDecoder(res.Body).Decode(&h)
+}
+
+// waitReady polls /healthz until every machine is online; it fails early when the process exits.
+func (c *connector) waitReady(ctx context.Context, machines int) error {
+	for {
+		h, err := c.health(ctx)
+		if err == nil && h.OK && len(h.Machines) == machines {
+			return nil
+		}
+		select {
+		case err := <-c.exit:
+			c.exit <- err
+			return fmt.Errorf("the connector exited during start-up (%v); see %s", err, c.log.Name())
+		case <-ctx.Done():
+			return fmt.Errorf("the connector was not ready: %w (last /healthz: %+v, %v)", ctx.Err(), h, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// metric scrapes one unlabelled series from /metrics.
+func (c *connector) metric(ctx context.Context, name string) (float64, error) {
+	m, err := c.metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v, ok := m[name]
+	if !ok {
+		return 0, fmt.Errorf("/metrics has no %s", name)
+	}
+	return v, nil
+}
+
+// metrics scrapes every unlabelled series from /metrics.
+func (c *connector) metrics(ctx context.Context) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			out[name] = f
+		}
+	}
+	return out, sc.Err()
+}
+
+// stop sends SIGTERM and waits (SIGKILL after 10 s).
+func (c *connector) stop() error {
+	var once sync.Once
+	stopSampler := func() { once.Do(func() { close(c.stopSample); <-c.sampleDone }) }
+	stopSampler()
+	defer c.log.Close()
+	if c.stopInProcess != nil {
+		return c.stopInProcess()
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-c.exit:
+		return exitErr(err)
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exit
+		return errors.New("the connector did not stop within 10s of SIGTERM; killed")
+	}
+}
+
+func exitErr(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.Exited() && ee.ExitCode() == 0 {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,141 @@
+package loadtest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// buildConnector builds the real binary once for the package's tests.
+func buildConnector(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "t3code-mcp")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/t3code-mcp/t3code-mcp/cmd/t3code-mcp").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ./cmd/t3code-mcp: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestTinyRun runs every phase of the harness against the real binary at a tiny scale: 2
+// machines × 10 threads, 4 waits, a few seconds. It checks that each phase produced its figures
+// and that every transition is accounted for; it asserts nothing about how fast anything was.
+func TestTinyRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the connector binary")
+	}
+	cfg := Tiny()
+	cfg.Binary = buildConnector(t)
+	cfg.WorkDir = t.TempDir()
+	cfg.Timeout = 2 * time.Minute
+	var progress strings.Builder
+	cfg.Progress = &progress
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	text := rep.Text()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		log, _ := os.ReadFile(filepath.Join(cfg.WorkDir, "connector.log"))
+		t.Fatalf(format+"\nreport:\n%s\nprogress:\n%s\nconnector log (tail):\n%s", append(args, text, progress.String(), tail(string(log), 3000))...)
+	}
+	if rep.Startup.Threads != cfg.Machines*cfg.Threads+1 || rep.Startup.Ready <= 0 || rep.Startup.IdleRSS <= 0 {
+		fail("start-up: %+v", rep.Startup)
+	}
+	if rep.ThreadTool == nil || rep.ThreadTool.Latency.N != cfg.ThreadCalls || rep.ThreadTool.Items != cfg.BigThreadItems {
+		fail("t3_thread: %+v", rep.ThreadTool)
+	}
+	l := rep.Latency
+	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 {
+		fail("latency phase: %+v", l)
+	}
+	if len(rep.Compare) != 2+len(cfg.Pollers) {
+		fail("comparison: %+v", rep.Compare)
+	}
+	for _, a := range rep.Compare {
+		if a.Noticed != a.Runs || a.Notice.N != a.Runs {
+			fail("comparison %s: noticed %d of %d", a.Name, a.Noticed, a.Runs)
+		}
+	}
+	if poll := rep.Compare[2]; poll.Requests < int64(poll.Runs) {
+		fail("poller made %d requests for %d runs", poll.Requests, poll.Runs)
+	}
+	if tp := rep.Throughput; tp == nil || tp.Settled <= 0 || tp.Delivered <= 0 {
+		fail("throughput phase: %+v", tp)
+	}
+	if len(rep.Accounting) != 3 {
+		fail("accounting: %+v", rep.Accounting)
+	}
+	for _, a := range rep.Accounting {
+		if a.Settled == 0 || a.Delivered+a.Pending+a.Lost != a.Settled {
+			fail("accounting %s: %+v", a.Phase, a)
+		}
+	}
+	if rep.PeakRSSKB <= 0 || rep.TotalCPU <= 0 {
+		fail("connector usage: peak RSS %d kB, CPU %s", rep.PeakRSSKB, rep.TotalCPU)
+	}
+	for _, want := range []string{"start-up", "t3_thread", "latency", "compare", "throughput", "peak RSS"} {
+		if !strings.Contains(text, want) {
+			fail("report lacks %q", want)
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func TestParsePollers(t *testing.T) {
+	p, err := ParsePollers("1s:200, 30s:50")
+	if err != nil || len(p) != 2 || p[0] != (Poller{time.Second, 200}) || p[1] != (Poller{30 * time.Second, 50}) {
+		t.Fatalf("ParsePollers = %v, %v", p, err)
+	}
+	for _, bad := range []string{"1s", "x:1", "1s:0", "-1s:3", "1s:x"} {
+		if _, err := ParsePollers(bad); err == nil {
+			t.Errorf("ParsePollers(%q) accepted", bad)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	c := Tiny().withDefaults()
+	if err := c.validate(); err == nil || !strings.Contains(err.Error(), "binary") {
+		t.Fatalf("no binary: %v", err)
+	}
+	c.Binary = "x"
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Waits = 100
+	if err := c.validate(); err == nil || !strings.Contains(err.Error(), "leave") {
+		t.Fatalf("too few threads: %v", err)
+	}
+}
+
+func TestDist(t *testing.T) {
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	d := dist(ds)
+	if d.N != 100 || d.P50 != 50*time.Millisecond || d.P99 != 99*time.Millisecond || d.Max != 100*time.Millisecond || d.Mean != 50500*time.Microsecond {
+		t.Fatalf("dist = %+v", d)
+	}
+	if z := dist(nil); z.N != 0 || z.String() != "no samples" {
+		t.Fatalf("empty dist = %+v", z)
+	}
+}

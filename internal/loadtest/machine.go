@@ -1,0 +1,449 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+)
+
+// A machine is one fake T3 server in the harness process, plus the driver that moves its runs.
+//
+// Every fake runs with ManualSteps: nothing moves unless the machine's driver goroutine calls
+// Step. The fake steps runs in FIFO order (a run that takes a step goes to the back of the queue,
+// a run that parks leaves it, run.interrupt puts a parked run back), and the driver is the only
+// goroutine that starts, interrupts or steps runs, so it keeps an exact mirror of that queue: it
+// knows which run each Step moved, and right after a run's settling step the fake's head is the
+// sequence of the shell row that says so. The OnItemSent hook records when the frame holding
+// each shell row left for the connector; the two together give the send time of the frame that
+// settled each run, which is where every latency below starts.
+
+// role says what a thread is used for during the run.
+type role int
+
+const (
+	rolePipeline role = iota // rate-driven scripted runs (events)
+	roleWait                 // one long run awaited by a t3_wait call
+	rolePush                 // comparison: one long run, noticed through the connector
+	rolePoll                 // comparison: one long run, noticed by an HTTP poller
+)
+
+// Step counts of the fake's scripts (see t3fake.Scripts): how many Steps a run takes from
+// StartRun until it settles (scripted) or parks (hang), and one more after run.interrupt.
+var scriptSteps = map[string]int{"default": 7, "fail": 2}
+
+const hangSteps = 2
+
+// Prompts that pick each script; checked against t3fake.ScriptFor in newMachine.
+var scriptPrompts = map[string]string{
+	"default": Prompt,
+	"fail":    "Please fail: " + Prompt,
+	"hang":    "Hang on: " + Prompt,
+}
+
+// run is one run the harness started. Fields after the first block are written by the driver
+// (until settled is closed) and read by others after.
+type run struct {
+	m      *machine
+	thread string
+	id     string
+	role   role
+
+	stepsLeft int
+	settles   bool // the last step of stepsLeft settles the run (false: it parks)
+	parked    bool
+	release   time.Time // hang runs: when to interrupt
+
+	stagedAt  time.Time // when the run was started (its "dispatch" time)
+	settleSeq int64
+	settleAt  time.Time     // when the settling Step returned
+	settled   chan struct{} // closed once settleSeq and settleAt are set
+	parkedCh  chan struct{} // hang runs: closed when parked
+}
+
+type sentItem struct {
+	seq int64
+	at  time.Time
+}
+
+type machine struct {
+	idx   int
+	name  string
+	fk    *t3fake.Server
+	pid   string
+	token string
+
+	threads []string // ids, creation order
+
+	mu   sync.Mutex
+	sent []sentItem // shell:thread.updated items as their frames left, in send order
+	// maxSent is the highest sequence the connector has been sent.
+	maxSent atomic.Int64
+
+	client *t3.Client
+	connMu sync.Mutex
+	conn   *effectrpc.Conn
+
+	cmds chan func()
+	done chan struct{}
+	err  atomic.Pointer[error]
+
+	// Driver state: only the driver goroutine touches these.
+	queue    []*run
+	releases []*run // parked or parking hang runs with a release time, in no particular order
+	pipe     pipeline
+	onSettle func(*run)
+	driving  bool // drive was started (set before it starts)
+}
+
+// pipeline starts scripted runs at a rate on a ring of threads.
+type pipeline struct {
+	rate    float64 // runs per second; 0 stops starting new runs
+	start   time.Time
+	started int
+	script  string
+	threads []string
+	next    int
+	busy    map[string]bool
+	maxLag  int64 // start nothing while the connector is this many sequences behind the head
+	skipped int   // runs not started: every pipeline thread busy
+	dropped int   // runs not started: the connector lagged by more than maxLag
+	behind  int   // runs not started: the driver itself fell behind (the fake's CPU)
+}
+
+func newMachine(idx int, name string, opts t3fake.Options) (*machine, error) {
+	for script, p := range scriptPrompts {
+		if got := t3fake.ScriptFor(p); got != script {
+			return nil, fmt.Errorf("loadtest: prompt for %s picks the fake's %s script", script, got)
+		}
+	}
+	opts.Label = name
+	opts.ManualSteps = true
+	fk, err := t3fake.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	m := &machine{idx: idx, name: name, fk: fk, token: fk.Token(), cmds: make(chan func(), 64), done: make(chan struct{})}
+	m.pipe.busy = map[string]bool{}
+	m.pid = fk.AddProject("load", fmt.Sprintf("/srv/load/%s", name))
+	fk.OnItemSent(m.itemSent)
+	c, err := t3.NewClient(name, fk.URL(), fk.Token(), t3.Options{Timeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		fk.Close()
+		return nil, err
+	}
+	m.client = c
+	return m, nil
+}
+
+func (m *machine) itemSent(kind string, seq int64, at time.Time) {
+	if kind == "shell:thread.updated" {
+		m.mu.Lock()
+		m.sent = append(m.sent, sentItem{seq, at})
+		m.mu.Unlock()
+	}
+	if kind == "shell:thread.updated" || kind == "shell:snapshot" {
+		for {
+			cur := m.maxSent.Load()
+			if seq <= cur || m.maxSent.CompareAndSwap(cur, seq) {
+				break
+			}
+		}
+	}
+}
+
+// rpc is the harness's own socket to the fake, for commands (thread.create, run.interrupt).
+func (m *machine) rpc(ctx context.Context) (*effectrpc.Conn, error) {
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	if m.conn != nil {
+		select {
+		case <-m.conn.Done():
+			m.conn = nil
+		default:
+			return m.conn, nil
+		}
+	}
+	conn, err := m.client.DialRPC(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.conn = conn
+	return conn, nil
+}
+
+var model = t3rpc.ModelSelection{InstanceId: t3fake.ProviderInstance, Model: t3fake.ProviderModel}
+
+// seed creates n threads through thread.create on the harness's socket, with ids of the
+// connector's own form (thread-<uuid>): ids are unique across machines, as T3's are.
+func (m *machine) seed(ctx context.Context, n, workers int) error {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = t3.NewID("thread")
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	next := atomic.Int64{}
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				cmd := t3.ThreadCreate(ids[i], m.pid, fmt.Sprintf("Load thread %d on %s", i, m.name), model)
+				if _, err := t3.Dispatch(ctx, m.rpc, cmd); err != nil {
+					errs <- fmt.Errorf("%s: thread.create: %w", m.name, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	m.threads = append(m.threads, ids...)
+	return ctx.Err()
+}
+
+// finishRuns gives every thread runs finished default-script runs, so that its shell row and
+// projection look like those of a thread that has been used (latest run, timestamps, last
+// visible message). It runs before the connector connects.
+func (m *machine) finishRuns(runs int) error {
+	for i := 0; i < runs; i++ {
+		for _, tid := range m.threads {
+			if _, err := m.fk.StartRun(tid, Prompt); err != nil {
+				return err
+			}
+		}
+		m.fk.StepAll()
+	}
+	return nil
+}
+
+// bigThread gives the machine's first thread runs default-script runs (five turn items each).
+func (m *machine) bigThread(runs int) error {
+	tid := m.threads[0]
+	for i := 0; i < runs; i++ {
+		if _, err := m.fk.StartRun(tid, fmt.Sprintf("%s (attempt %d)", Prompt, i+1)); err != nil {
+			return err
+		}
+		m.fk.StepAll()
+	}
+	return nil
+}
+
+// getThread reads GET /api/orchestration/threads/{id} and returns the body's size: the fake's
+// side of a thread read, without any decoding.
+func (m *machine) getThread(ctx context.Context, tid string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.fk.URL()+"/api/orchestration/threads/"+tid, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+m.token)
+	req.Header.Set("x-t3-orchestration-protocol", "2")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	n, err := io.Copy(io.Discard, res.Body)
+	if err == nil && res.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET thread %s: %s", tid, res.Status)
+	}
+	return int(n), err
+}
+
+// ---- the driver ----
+
+const tick = 5 * time.Millisecond
+
+// drive runs the driver until ctx ends or it fails.
+func (m *machine) drive(ctx context.Context) {
+	defer close(m.done)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case f := <-m.cmds:
+			f()
+		case now := <-t.C:
+			if err := m.tick(ctx, now); err != nil {
+				m.err.Store(&err)
+				return
+			}
+		}
+	}
+}
+
+// do runs f on the driver goroutine and waits for it.
+func (m *machine) do(ctx context.Context, f func()) error {
+	ran := make(chan struct{})
+	select {
+	case m.cmds <- func() { f(); close(ran) }:
+	case <-m.done:
+		return m.failure()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-ran:
+		return nil
+	case <-m.done:
+		return m.failure()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (m *machine) failure() error {
+	if e := m.err.Load(); e != nil {
+		return *e
+	}
+	return fmt.Errorf("%s: driver stopped", m.name)
+}
+
+// startHang starts a hang run on each thread (driver goroutine): it parks after hangSteps steps
+// and settles (interrupted) one step after its release time.
+func (m *machine) startHang(threads []string, rl role, release func(i int) time.Time) ([]*run, error) {
+	out := make([]*run, 0, len(threads))
+	for i, tid := range threads {
+		id, err := m.fk.StartRun(tid, scriptPrompts["hang"])
+		if err != nil {
+			return out, err
+		}
+		r := &run{m: m, thread: tid, id: id, role: rl, stepsLeft: hangSteps, release: release(i), stagedAt: time.Now(),
+			settled: make(chan struct{}), parkedCh: make(chan struct{})}
+		m.queue = append(m.queue, r)
+		m.releases = append(m.releases, r)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (m *machine) tick(ctx context.Context, now time.Time) error {
+	// Releases: interrupt parked runs that are due.
+	keep := m.releases[:0]
+	for _, r := range m.releases {
+		if !r.parked || now.Before(r.release) {
+			keep = append(keep, r)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := t3.Dispatch(cctx, m.rpc, t3.RunInterrupt(r.thread, r.id, "load test release"))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: interrupt %s: %w", m.name, r.id, err)
+		}
+		r.parked, r.stepsLeft, r.settles = false, 1, true
+		m.queue = append(m.queue, r)
+	}
+	clear(m.releases[len(keep):])
+	m.releases = keep
+
+	// The pipeline: start what the rate asks for, unless the connector lags.
+	p := &m.pipe
+	if p.rate > 0 {
+		due := int(now.Sub(p.start).Seconds()*p.rate) - p.started
+		// A driver that fell behind (its fake could not keep up) does not burst to catch up:
+		// more than ten ticks' worth is counted, not started.
+		if burst := max(1, int(p.rate*10*tick.Seconds())); due > burst {
+			p.behind += due - burst
+			p.started += due - burst
+			due = burst
+		}
+		if due > 0 && p.maxLag > 0 && m.fk.Head()-m.maxSent.Load() > p.maxLag {
+			p.dropped += due
+			p.started += due // offered load that was not started is not made up later
+			due = 0
+		}
+		for ; due > 0; due-- {
+			p.started++
+			tid := m.nextIdle()
+			if tid == "" {
+				p.skipped++
+				continue
+			}
+			id, err := m.fk.StartRun(tid, scriptPrompts[p.script])
+			if err != nil {
+				return fmt.Errorf("%s: start run: %w", m.name, err)
+			}
+			p.busy[tid] = true
+			m.queue = append(m.queue, &run{m: m, thread: tid, id: id, role: rolePipeline, stepsLeft: scriptSteps[p.script],
+				settles: true, stagedAt: now, settled: make(chan struct{})})
+		}
+	}
+
+	// One step for every queued run.
+	n := len(m.queue)
+	if pend := m.fk.Pending(); pend != n {
+		return fmt.Errorf("%s: driver lost track of the fake's queue (%d queued, mirror has %d)", m.name, pend, n)
+	}
+	for i := 0; i < n; i++ {
+		if !m.fk.Step() {
+			return fmt.Errorf("%s: Step found nothing to do", m.name)
+		}
+		r := m.queue[0]
+		m.queue[0] = nil
+		m.queue = m.queue[1:]
+		r.stepsLeft--
+		if r.stepsLeft > 0 {
+			m.queue = append(m.queue, r)
+			continue
+		}
+		if !r.settles {
+			r.parked = true
+			close(r.parkedCh)
+			continue
+		}
+		r.settleSeq, r.settleAt = m.fk.Head(), time.Now()
+		if st, _ := m.fk.ThreadStatus(r.thread); st != "completed" && st != "failed" && st != "interrupted" {
+			return fmt.Errorf("%s: run %s should have settled, thread is %q (driver out of step)", m.name, r.id, st)
+		}
+		delete(p.busy, r.thread)
+		close(r.settled)
+		if m.onSettle != nil {
+			m.onSettle(r)
+		}
+	}
+	if len(m.queue) == 0 {
+		m.queue = nil // drop the consumed prefix
+	}
+	return nil
+}
+
+func (m *machine) nextIdle() string {
+	p := &m.pipe
+	for range p.threads {
+		tid := p.threads[p.next]
+		p.next = (p.next + 1) % len(p.threads)
+		if !p.busy[tid] {
+			return tid
+		}
+	}
+	return ""
+}
+
+func (m *machine) close() {
+	m.connMu.Lock()
+	if m.conn != nil {
+		_ = m.conn.Close()
+	}
+	m.connMu.Unlock()
+	m.fk.Close()
+}

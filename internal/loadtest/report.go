@@ -1,0 +1,260 @@
+package loadtest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Dist summarizes a set of durations.
+type Dist struct {
+	N    int           `json:"n"`
+	P50  time.Duration `json:"p50_ns"`
+	P99  time.Duration `json:"p99_ns"`
+	Max  time.Duration `json:"max_ns"`
+	Mean time.Duration `json:"mean_ns"`
+}
+
+func dist(ds []time.Duration) Dist {
+	if len(ds) == 0 {
+		return Dist{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	// Nearest rank.
+	rank := func(p float64) time.Duration {
+		i := int(float64(len(s))*p+0.999999) - 1
+		return s[min(max(i, 0), len(s)-1)]
+	}
+	return Dist{N: len(s), P50: rank(0.50), P99: rank(0.99), Max: s[len(s)-1], Mean: sum / time.Duration(len(s))}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+func (d Dist) String() string {
+	if d.N == 0 {
+		return "no samples"
+	}
+	return fmt.Sprintf("p50 %s  p99 %s  max %s  mean %s  (n=%d)", ms(d.P50), ms(d.P99), ms(d.Max), ms(d.Mean), d.N)
+}
+
+// Host describes the machine the run happened on.
+type Host struct {
+	CPUs     int    `json:"cpus"`
+	Model    string `json:"model"`
+	MemTotal string `json:"mem_total"`
+	Go       string `json:"go"`
+}
+
+func host() Host {
+	h := Host{CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	scan := func(path string, f func(k, v string)) {
+		fh, err := os.Open(path)
+		if err != nil {
+			return
+		}
+		defer fh.Close()
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if ok {
+				f(strings.TrimSpace(k), strings.TrimSpace(v))
+			}
+		}
+	}
+	scan("/proc/cpuinfo", func(k, v string) {
+		if k == "model name" && h.Model == "" {
+			h.Model = v
+		}
+	})
+	scan("/proc/meminfo", func(k, v string) {
+		if k == "MemTotal" {
+			h.MemTotal = v
+		}
+	})
+	return h
+}
+
+// Usage is the connector's resources over a window.
+type Usage struct {
+	Wall     time.Duration `json:"wall_ns"`
+	CPU      time.Duration `json:"cpu_ns"` // utime+stime
+	Cores    float64       `json:"cores"`  // CPU / Wall
+	MaxRSSKB int64         `json:"max_rss_kb"`
+	// HarnessCores is the harness process (fake T3 machines, MCP clients, receiver, pollers)
+	// over the same window: it shares the machine's cores with the connector.
+	HarnessCores float64 `json:"harness_cores"`
+	LoadAvg      string  `json:"loadavg"` // 1-minute load average at the end (other work on the machine counts)
+}
+
+func (u Usage) String() string {
+	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile; load average %s",
+		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.LoadAvg)
+}
+
+// Startup is the connector's start.
+type Startup struct {
+	SeedTime time.Duration `json:"seed_ns"`  // creating every thread in the fakes
+	Ready    time.Duration `json:"ready_ns"` // exec → /healthz ok with every machine online
+	Synced   time.Duration `json:"synced_ns"`
+	IdleRSS  int64         `json:"idle_rss_kb"` // after sync and a pause
+	// Where the idle RSS is: anonymous memory (Go heap and runtime) and file pages (the bbolt
+	// mmap, the binary); and the Go heap from the connector's /metrics.
+	RssAnonKB    int64 `json:"rss_anon_kb"`
+	RssFileKB    int64 `json:"rss_file_kb"`
+	HeapInuseKB  int64 `json:"heap_inuse_kb"`
+	HeapRetainKB int64 `json:"heap_retained_kb"` // idle heap not yet returned to the OS
+	NextGCKB     int64 `json:"next_gc_kb"`
+	StateFileKB  int64 `json:"state_file_kb"`
+	Threads      int   `json:"threads"` // threads tracked by the connector's watchers
+	Watched      int   `json:"watched"` // of which tracked and watched in its state file
+}
+
+// ThreadTool is t3_thread on the big thread.
+type ThreadTool struct {
+	Items   int   `json:"items"`
+	Bytes   int   `json:"bytes"`   // the thread's GET body
+	Latency Dist  `json:"latency"` // t3_thread through MCP
+	Direct  Dist  `json:"direct"`  // the same GET straight from the fake T3, body read, not decoded
+	Usage   Usage `json:"usage"`   // the connector during the t3_thread calls
+	// CPUPerCall is the connector's CPU (utime+stime) per t3_thread call.
+	CPUPerCall time.Duration `json:"cpu_per_call_ns"`
+}
+
+// Latency is the latency phase.
+type Latency struct {
+	Offered      float64 `json:"offered_per_s"`
+	Settled      float64 `json:"settled_per_s"` // runs that settled in T3 per second, pipeline and waits
+	Events       Dist    `json:"event_latency"` // T3 frame sent → webhook received
+	Wake         Dist    `json:"wake_latency"`  // T3 frame sent → t3_wait result received
+	MissingEvent int     `json:"missing_events"`
+	MissingWake  int     `json:"missing_wakes"`
+	EarlyWakes   int     `json:"early_wakes"` // waits re-issued: they returned before their run settled
+	ActiveWaits  int     `json:"active_waits"`
+	Usage        Usage   `json:"usage"`
+	Skipped      int     `json:"skipped"`
+	Behind       int     `json:"behind"` // offered runs the harness's fakes could not start in time
+}
+
+// Throughput is the throughput phase.
+type Throughput struct {
+	Offered   float64       `json:"offered_per_s"`
+	Settled   float64       `json:"settled_per_s"`   // runs settled in T3
+	Committed float64       `json:"committed_per_s"` // events made durable in the outbox
+	Delivered float64       `json:"delivered_per_s"` // events received by the webhook
+	Backlog   int           `json:"backlog"`         // pending in the outbox at the end of the window
+	Drained   time.Duration `json:"drained_ns"`      // time to deliver the backlog (0: not within Drain)
+	Left      int           `json:"left"`            // still pending after Drain
+	Events    Dist          `json:"event_latency"`
+	Dropped   int           `json:"dropped"` // offered runs not started because the connector lagged
+	Skipped   int           `json:"skipped"`
+	Behind    int           `json:"behind"` // offered runs the harness's fakes could not start in time
+	Usage     Usage         `json:"usage"`
+}
+
+// Approach is one way of noticing that runs settled.
+type Approach struct {
+	Name        string           `json:"name"`
+	Runs        int              `json:"runs"`
+	Noticed     int              `json:"noticed"`
+	Notice      Dist             `json:"time_to_notice"` // settling step in T3 → noticed
+	Requests    int64            `json:"http_requests"`  // HTTP requests to the T3 machines
+	PerRun      float64          `json:"http_requests_per_run"`
+	ByRoute     map[string]int64 `json:"by_route,omitempty"`
+	NoticeRatio float64          `json:"notice_ratio"`   // mean time-to-notice / the push path's
+	RequestX    float64          `json:"requests_ratio"` // requests per run / the push path's
+}
+
+// Accounting is what became of the transitions of one phase, read from the state file after the
+// connector stopped.
+type Accounting struct {
+	Phase     string `json:"phase"`
+	Settled   int    `json:"settled"`   // watched runs that settled in T3
+	Delivered int    `json:"delivered"` // their webhook arrived
+	Pending   int    `json:"pending"`   // recorded in the outbox, not delivered at the end
+	Lost      int    `json:"lost"`      // never recorded by the connector
+}
+
+// Report is everything one run measured.
+type Report struct {
+	Date       time.Time     `json:"date"`
+	Host       Host          `json:"host"`
+	Config     string        `json:"config"`
+	Startup    Startup       `json:"startup"`
+	ThreadTool *ThreadTool   `json:"thread_tool,omitempty"`
+	Latency    *Latency      `json:"latency,omitempty"`
+	Compare    []Approach    `json:"compare,omitempty"`
+	Throughput *Throughput   `json:"throughput,omitempty"`
+	Accounting []Accounting  `json:"accounting,omitempty"`
+	PeakRSSKB  int64         `json:"peak_rss_kb"` // VmHWM at the end
+	TotalCPU   time.Duration `json:"total_cpu_ns"`
+	Elapsed    time.Duration `json:"elapsed_ns"`
+	Warnings   []string      `json:"warnings,omitempty"`
+}
+
+func mb(kb int64) string { return fmt.Sprintf("%.1f MB", float64(kb)/1024) }
+
+// Text renders the report for people.
+func (r *Report) Text() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	p("t3code-load  %s", r.Date.UTC().Format(time.RFC3339))
+	p("host: %d CPUs, %s, %s memory, %s", r.Host.CPUs, r.Host.Model, r.Host.MemTotal, r.Host.Go)
+	p("config: %s", r.Config)
+	p("")
+	s := r.Startup
+	p("start-up   %d threads tracked by the watchers (%d watched), seeded in %.1f s", s.Threads, s.Watched, s.SeedTime.Seconds())
+	p("           /healthz ready (all machines online) after %s; snapshots acknowledged after %s", ms(s.Ready), ms(s.Synced))
+	p("           RSS once synced and idle: %s (anonymous %s, file-backed %s; Go heap in use %s, idle not returned %s, next GC at %s; state file %s)",
+		mb(s.IdleRSS), mb(s.RssAnonKB), mb(s.RssFileKB), mb(s.HeapInuseKB), mb(s.HeapRetainKB), mb(s.NextGCKB), mb(s.StateFileKB))
+	if t := r.ThreadTool; t != nil {
+		p("t3_thread  %d-item thread (%.1f MiB): %s", t.Items, float64(t.Bytes)/(1<<20), t.Latency)
+		p("           the fake T3's GET of it alone:  %s", t.Direct)
+		p("           connector: %s; %s CPU per call", t.Usage, ms(t.CPUPerCall))
+	}
+	if l := r.Latency; l != nil {
+		p("latency    offered %.0f runs/s, settled %.0f/s; %d t3_wait blocked at once", l.Offered, l.Settled, l.ActiveWaits)
+		p("           event (T3 frame sent → webhook received): %s", l.Events)
+		p("           wake  (T3 frame sent → t3_wait result):   %s", l.Wake)
+		if l.MissingEvent+l.MissingWake+l.EarlyWakes+l.Skipped+l.Behind > 0 {
+			p("           events not delivered within the phase and its drain %d, missing wakes %d, waits re-issued %d, runs not started: no idle thread %d, harness behind %d",
+				l.MissingEvent, l.MissingWake, l.EarlyWakes, l.Skipped, l.Behind)
+		}
+		p("           connector: %s", l.Usage)
+	}
+	if len(r.Compare) > 0 {
+		p("compare    time to notice a settled run (from T3's settling step) and HTTP requests to T3 per run:")
+		for _, a := range r.Compare {
+			p("           %-26s runs %4d noticed %4d  %s", a.Name, a.Runs, a.Noticed, a.Notice)
+			p("           %-26s %.2f requests/run (%d)  ×%.1f time to notice, ×%.1f requests of the push path", "", a.PerRun, a.Requests, a.NoticeRatio, a.RequestX)
+		}
+	}
+	if t := r.Throughput; t != nil {
+		p("throughput offered %.0f runs/s: settled %.0f/s, committed (fsynced outbox) %.0f/s, delivered %.0f/s", t.Offered, t.Settled, t.Committed, t.Delivered)
+		drained := "not within the drain limit"
+		if t.Drained > 0 {
+			drained = fmt.Sprintf("drained in %.1f s", t.Drained.Seconds())
+		}
+		p("           backlog %d at the end (%s, %d left); runs not started: connector lagging %d, no idle thread %d, harness behind %d",
+			t.Backlog, drained, t.Left, t.Dropped, t.Skipped, t.Behind)
+		p("           event latency: %s", t.Events)
+		p("           connector: %s", t.Usage)
+	}
+	for _, a := range r.Accounting {
+		p("events     %-15s %6d watched runs settled: %6d delivered, %6d still in the outbox at the end, %6d never recorded",
+			a.Phase, a.Settled, a.Delivered, a.Pending, a.Lost)
+	}
+	p("connector  peak RSS (VmHWM) %s, CPU %.1f s in %.1f s", mb(r.PeakRSSKB), r.TotalCPU.Seconds(), r.Elapsed.Seconds())
+	for _, w := range r.Warnings {
+		p("warning    %s", w)
+	}
+	return b.String()
+}

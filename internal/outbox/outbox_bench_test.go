@@ -1,0 +1,88 @@
+package outbox_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+)
+
+// benchDeliver measures draining a backlog of events pending events spread over streams streams
+// into a local receiver that answers 204 at once: the outbox's own cost per delivered event (its
+// loop, the signed request, and the fsynced record of each delivery) with a receiver that is never
+// the bottleneck. One op is one whole backlog; the store lives in b.TempDir().
+func benchDeliver(b *testing.B, events, streams int) {
+	var got atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	body := []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1","summary":"Done: fix the flaky test"}`)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var busy time.Duration
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		st, err := store.Open(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		var batch []store.Event
+		for j := 0; j < events; j++ {
+			batch = append(batch, store.Event{ID: "evt_" + strconv.Itoa(j), Stream: "load-007/thread-" + strconv.Itoa(j%streams), Body: body, CreatedAt: time.Now()})
+		}
+		if err := st.Commit(store.Batch{Events: batch}); err != nil {
+			b.Fatal(err)
+		}
+		ob, err := outbox.New(st, outbox.Config{URL: srv.URL, Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		start := time.Now()
+		b.StartTimer()
+		go func() { defer close(done); ob.Run(ctx) }()
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			p, _, _, err := st.Counts()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if p == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%d events still pending after 5 minutes", p)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		busy += time.Since(start)
+		b.StopTimer()
+		cancel()
+		<-done
+		st.Close()
+	}
+	b.ReportMetric(float64(events*b.N)/busy.Seconds(), "events/s")
+	if got.Load() < int64(events*b.N) {
+		b.Fatalf("receiver got %d of %d", got.Load(), events*b.N)
+	}
+}
+
+// BenchmarkDeliver200in1Stream: a backlog of 200 events of one thread (strictly one after
+// another).
+func BenchmarkDeliver200in1Stream(b *testing.B) { benchDeliver(b, 200, 1) }
+
+// BenchmarkDeliver1000in1000Streams: one event each of 1,000 threads, delivered by the default
+// 4 workers; every turn of the delivery loop reads every pending stream's head.
+func BenchmarkDeliver1000in1000Streams(b *testing.B) { benchDeliver(b, 1000, 1000) }
