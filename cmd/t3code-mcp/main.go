@@ -135,15 +135,25 @@ func settings(stderr io.Writer) (app.Settings, bool) {
 	return s, true
 }
 
-func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int {
+// startApp reads the settings and builds the connector; a non-zero code means
+// it could not (the reason is on stderr).
+func startApp(log *slog.Logger, stderr io.Writer) (*app.App, app.Settings, int) {
 	s, ok := settings(stderr)
 	if !ok {
-		return 2
+		return nil, s, 2
 	}
 	a, err := app.New(s, log)
 	if err != nil {
 		startupError(stderr, s, err)
-		return 1
+		return nil, s, 1
+	}
+	return a, s, 0
+}
+
+func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int {
+	a, s, code := startApp(log, stderr)
+	if code != 0 {
+		return code
 	}
 	defer a.Close()
 	addr := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
@@ -162,7 +172,7 @@ func serve(ctx context.Context, log *slog.Logger, stdout, stderr io.Writer) int 
 	go func() { defer close(done); a.Run(runCtx) }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	code := 0
+	code = 0
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -273,21 +283,16 @@ func banner(w io.Writer, a *app.App, addr *net.TCPAddr) {
 }
 
 func stdio(ctx context.Context, log *slog.Logger, stderr io.Writer) int {
-	s, ok := settings(stderr)
-	if !ok {
-		return 2
-	}
-	a, err := app.New(s, log)
-	if err != nil {
-		startupError(stderr, s, err)
-		return 1
+	a, _, code := startApp(log, stderr)
+	if code != 0 {
+		return code
 	}
 	defer a.Close()
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); a.Run(runCtx) }()
 	defer context.AfterFunc(ctx, cancelOnStop(a.MCP))()
-	err = a.MCP.Run(ctx, &mcp.StdioTransport{})
+	err := a.MCP.Run(ctx, &mcp.StdioTransport{})
 	cancel()
 	<-done
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
