@@ -190,13 +190,13 @@ func New(s Settings, log *slog.Logger) (*App, error) {
 			return nil, err
 		}
 		a.Outbox = ob
-		read := func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
+		read := events.CachedRead(func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
 			m, err := fl.Machine(machine)
 			if err != nil {
 				return nil, err
 			}
 			return m.Projection(ctx, threadID)
-		}
+		})
 		a.Detector = events.New(events.Options{
 			Store: st, Tracked: st, Logger: log, Notify: ob.Notify,
 			Build: events.NewBuilder(read, func(msg string, args ...any) { log.Warn(msg, args...) }),

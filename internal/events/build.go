@@ -14,6 +14,32 @@ const SummaryLimit = 2000
 // ReadThread reads a thread's projection from its machine.
 type ReadThread func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error)
 
+type readCacheKey struct{}
+
+type readResult struct {
+	p   *t3api.ThreadProjection
+	err error
+}
+
+// CachedRead wraps read so that, within one Detector.Apply, each thread is
+// read from its machine at most once; outside Apply it reads every time. The
+// projection is shared: callers must not modify it.
+func CachedRead(read ReadThread) ReadThread {
+	return func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
+		cache, ok := ctx.Value(readCacheKey{}).(map[string]readResult)
+		if !ok {
+			return read(ctx, machine, threadID)
+		}
+		k := machine + "\x00" + threadID
+		if r, ok := cache[k]; ok {
+			return r.p, r.err
+		}
+		p, err := read(ctx, machine, threadID)
+		cache[k] = readResult{p, err}
+		return p, err
+	}
+}
+
 // NewBuilder renders events from the thread's projection: the run's final
 // reply as summary, its error, or the pending question with its choices. When
 // the machine cannot be read, the event goes out without those details rather

@@ -195,6 +195,9 @@ func (d *Detector) load(k string) (seen, bool, error) {
 
 // Apply implements watch.Sink.
 func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
+	// One chunk may need a thread's projection several times (runs between
+	// observations, each event's details): read it once per chunk.
+	ctx = context.WithValue(ctx, readCacheKey{}, map[string]readResult{})
 	states := map[string][]byte{}
 	next := map[string]seen{}
 	var evs []store.Event

@@ -241,3 +241,56 @@ func TestRunPassedOverBeforeSettlingIsReportedWhenItSettles(t *testing.T) {
 		t.Fatalf("events = %+v", evs)
 	}
 }
+
+// A chunk that needs a thread's projection several times (a run passed over
+// plus the new run's end and a question) reads it from the machine once.
+func TestOneReadPerThreadPerChunk(t *testing.T) {
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	reads := 0
+	read := CachedRead(func(_ context.Context, _, threadID string) (*t3api.ThreadProjection, error) {
+		reads++
+		return &t3api.ThreadProjection{
+			Thread: t3api.AppThread{ID: threadID},
+			Runs: []t3api.Run{
+				{ID: "r1", ThreadId: threadID, Ordinal: 1, Status: "completed"},
+				{ID: "r2", ThreadId: threadID, Ordinal: 2, Status: "completed"},
+			},
+		}, nil
+	})
+	d := New(Options{Store: st, Tracked: st, Build: NewBuilder(read, nil),
+		RunStatus: func(ctx context.Context, m, tid, run string) (string, bool, error) {
+			p, err := read(ctx, m, tid)
+			if err != nil {
+				return "", false, err
+			}
+			for _, r := range p.Runs {
+				if r.ID == run {
+					return r.Status, true, nil
+				}
+			}
+			return "", false, nil
+		}})
+	if err := st.PutThread(store.Thread{ID: "t1", Machine: "m", Watch: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Baseline("m", &t3rpc.ThreadShell{ID: "t1", Status: "idle"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(context.Background(), watch.Change{Machine: "m", Threads: []t3rpc.ThreadShell{shell("t1", "running", "r1", "")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Apply(context.Background(), watch.Change{Machine: "m", Threads: []t3rpc.ThreadShell{shell("t1", "completed", "r2", "q1")}}); err != nil {
+		t.Fatal(err)
+	}
+	evs, _ := st.Pending(10)
+	if len(evs) != 3 {
+		t.Fatalf("%d events, want r1 completed, r2 completed, q1", len(evs))
+	}
+	if reads != 1 {
+		t.Fatalf("thread read %d times in one chunk, want 1", reads)
+	}
+}
