@@ -276,20 +276,6 @@ func (m *Machine) Project(ref string) (t3rpc.Project, error) {
 	return t3rpc.Project{}, fmt.Errorf("project title %q is ambiguous on machine %q: %s; pass the id or the path instead", ref, m.Name, strings.Join(cands, "; "))
 }
 
-// ThreadCount counts a project's active threads.
-func (m *Machine) ThreadCount(projectID string) int {
-	if m.watcher == nil {
-		return 0
-	}
-	n := 0
-	for _, t := range m.watcher.Threads() {
-		if t.ProjectId == projectID {
-			n++
-		}
-	}
-	return n
-}
-
 // ThreadCounts counts every project's active threads in one pass.
 func (m *Machine) ThreadCounts() map[string]int {
 	out := map[string]int{}
@@ -447,8 +433,6 @@ func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {
 	return cfg, nil
 }
 
-// Store is the fleet's state file.
-func (f *Fleet) Store() *store.Store { return f.store }
 
 // Quoted quotes a caller-supplied name for an error message, cut to a readable
 // length: an agent that sent a megabyte as a machine name or thread id gets a
