@@ -433,7 +433,6 @@ func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {
 	return cfg, nil
 }
 
-
 // Quoted quotes a caller-supplied name for an error message, cut to a readable
 // length: an agent that sent a megabyte as a machine name or thread id gets a
 // message that names it, not the megabyte back into its context.
