@@ -191,9 +191,14 @@ func (m *Machine) Info() Info {
 		// Online once the first snapshot is in: before that, tools would see
 		// a machine with no projects and no threads.
 		in.Online = ws.Online && ws.Synced
-		if ws.Online {
+		switch {
+		case in.Online:
 			in.Status = Online
-		} else if in.Status == Online {
+		case ws.Online:
+			// Socket up, first snapshot not applied yet.
+			in.Status = Offline
+			in.Problem = fmt.Sprintf("machine %q at %s is connecting: its threads are loading", m.Name, m.Config.URL)
+		case in.Status == Online:
 			in.Status = Offline
 		}
 		if !ws.Online && m.problem == nil && ws.LastError != nil {

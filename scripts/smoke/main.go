@@ -139,31 +139,49 @@ func (s *smoke) run(ctx context.Context, token, origin string) error {
 
 	// t3_machines: the machine is there and online.
 	s.step("t3_machines")
-	out, err := s.call(ctx, "t3_machines", nil)
-	if err != nil {
-		return err
-	}
-	var machines struct {
-		Machines []struct {
-			Name    string `json:"name"`
-			Online  bool   `json:"online"`
-			Status  string `json:"status"`
-			Problem string `json:"problem"`
-		} `json:"machines"`
-	}
-	if err := json.Unmarshal(out, &machines); err != nil {
-		return fmt.Errorf("t3_machines: %w", err)
-	}
+	var out json.RawMessage
 	found := false
 	var names []string
-	for _, m := range machines.Machines {
-		names = append(names, m.Name)
-		if m.Name != s.machine {
-			continue
+	// A connector that just started may still be connecting to the machine:
+	// an offline machine gets a few more looks before it counts as a failure.
+	for try := 0; ; try++ {
+		if out, err = s.call(ctx, "t3_machines", nil); err != nil {
+			return err
 		}
-		found = true
-		if !m.Online {
-			return fmt.Errorf("machine %q is %s: %s (see docs/troubleshooting.md)", m.Name, m.Status, m.Problem)
+		var machines struct {
+			Machines []struct {
+				Name    string `json:"name"`
+				Online  bool   `json:"online"`
+				Status  string `json:"status"`
+				Problem string `json:"problem"`
+			} `json:"machines"`
+		}
+		if err := json.Unmarshal(out, &machines); err != nil {
+			return fmt.Errorf("t3_machines: %w", err)
+		}
+		found, names = false, nil
+		connecting := false
+		for _, m := range machines.Machines {
+			names = append(names, m.Name)
+			if m.Name != s.machine {
+				continue
+			}
+			found = true
+			if !m.Online {
+				if m.Status == "offline" && try < 20 {
+					connecting = true
+					continue
+				}
+				return fmt.Errorf("machine %q is %s: %s (see docs/troubleshooting.md)", m.Name, m.Status, m.Problem)
+			}
+		}
+		if !connecting {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	if !found {
