@@ -87,7 +87,7 @@ func safeCall(s *mcp.ClientSession, name string, args map[string]any, timeout ti
 func TestSoak(t *testing.T) {
 	leakCheck(t)
 	dur, long := soakDuration(t)
-	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", StepDelay: 5 * time.Millisecond})
+	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", StepDelay: 5 * time.Millisecond, KeepRuns: -1})
 	fk.AddProject("api", "/srv/api")
 	hl := newHookLog(t, nil)
 	hl.mu.Lock()
@@ -231,6 +231,10 @@ func TestSoak(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	h.waitOnline("mac")
+	// A cycle whose dispatch failed mid-flight cannot tell whether T3 made a
+	// run, so the count above is a guess; what T3 holds is the truth: one
+	// event per settled run and one per question asked.
+	w = wantFromT3(t, h, w)
 	repeats := hl.settle(t, h, w)
 	end := takeSample(start)
 	t.Logf("SOAK %v: %d cycles, %d socket drops, %d events, %d redeliveries, %d tool errors retried; rss %d→%d kB, heap %d→%d kB, goroutines %d→%d",
@@ -246,4 +250,34 @@ func TestSoak(t *testing.T) {
 	if long && end.heapKB > 3*base.heapKB+64<<10 {
 		t.Errorf("live heap grew from %d kB to %d kB", base.heapKB, end.heapKB)
 	}
+}
+
+// wantFromT3 lists the events each thread's runs and questions call for, read
+// from the machine itself.
+func wantFromT3(t *testing.T, h *harness, guess want) want {
+	t.Helper()
+	m := h.app.Fleet.Machines()[0]
+	out := want{}
+	for thread := range guess {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		p, err := m.Projection(ctx, thread)
+		cancel()
+		if err != nil {
+			t.Fatalf("read thread %s: %v", thread, err)
+		}
+		for _, r := range p.Runs {
+			switch r.Status {
+			case "completed", "failed", "interrupted":
+				out.add(thread, "thread."+r.Status)
+			default:
+				t.Errorf("thread %s run %s still %s after the soak", thread, r.ID, r.Status)
+			}
+		}
+		for _, rr := range p.RuntimeRequests {
+			if rr.Kind == "user_input" {
+				out.add(thread, "thread.question")
+			}
+		}
+	}
+	return out
 }
