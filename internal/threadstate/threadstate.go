@@ -30,8 +30,9 @@ func Settled(status string) (Outcome, bool) {
 	return "", false
 }
 
-// Busy reports a status in which a run is underway (including "waiting").
-func Busy(status string) bool {
+// busyStatus reports a run status in which a run is underway or queued
+// (including "waiting": the turn is over, the checkpoint not yet captured).
+func busyStatus(status string) bool {
 	switch status {
 	case "preparing", "queued", "starting", "running", "waiting":
 		return true

@@ -115,7 +115,7 @@ func evaluate(ctx context.Context, t *Target, shell t3rpc.ThreadShell, lookup Ru
 	latest := threadstate.LatestRun(&shell)
 	if t.MessageID == "" {
 		if latest == "" {
-			if threadstate.Busy(shell.Status) {
+			if threadstate.Busy(&shell) {
 				return Result{}, false, nil
 			}
 			return Result{Reason: Idle, Shell: shell}, true, nil
