@@ -43,7 +43,25 @@ const (
 	DefaultTimeout   = 10 * time.Second
 	DefaultWorkers   = 4
 	DefaultRetention = 24 * time.Hour
+	// DefaultEnrichTimeout is how long, from an event's EnqueuedAt, the outbox keeps retrying
+	// Enricher.Enrich before it delivers Enricher.Partial instead.
+	DefaultEnrichTimeout = 2 * time.Minute
 )
+
+// Enricher completes an event's body before delivery. Events committed in the watcher's Ack path
+// carry only the facts known without reading T3 (store.Event.Enrich); the outbox asks the
+// Enricher for the rest before the event's first attempt, off the Ack path. The completed body is
+// persisted before or together with the first attempt's record, so every retry sends the same
+// bytes.
+type Enricher interface {
+	// Enrich returns the complete body for e (e.Body holds the committed facts). An error means
+	// "T3 could not be read; try again later": the outbox retries with backoff (these are not
+	// delivery attempts) while the event's stream waits and other streams go on.
+	Enrich(ctx context.Context, e store.Event) ([]byte, error)
+	// Partial returns a body clearly marked partial (which fields are missing and why), used when
+	// Enrich kept failing for EnrichTimeout.
+	Partial(e store.Event, cause error) []byte
+}
 
 const (
 	pruneEvery   = 10 * time.Minute // how often delivered events past Retention are deleted
@@ -95,6 +113,13 @@ type Config struct {
 	Workers   int           // streams delivered concurrently (default 4)
 	Retention time.Duration // keep delivered events this long, then prune them (default 24h)
 
+	// Enricher completes events stored with Enrich set before their first attempt; nil: events
+	// are delivered as stored.
+	Enricher Enricher
+	// EnrichTimeout bounds, from the event's EnqueuedAt, how long Enrich is retried before the
+	// Partial body is delivered (default DefaultEnrichTimeout).
+	EnrichTimeout time.Duration
+
 	Backoff    Backoff          // default DefaultBackoff
 	Clock      func() time.Time // default time.Now
 	HTTPClient *http.Client     // default a client of its own; redirects are never followed
@@ -141,6 +166,9 @@ func New(st *store.Store, cfg Config) (*Outbox, error) {
 	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
+	}
+	if cfg.EnrichTimeout <= 0 {
+		cfg.EnrichTimeout = DefaultEnrichTimeout
 	}
 	if cfg.Backoff == nil {
 		cfg.Backoff = DefaultBackoff

@@ -90,6 +90,10 @@ type Event struct {
 	ID     string `json:"id"`     // unique; the webhook-id; a repeated insert is ignored
 	Stream string `json:"stream"` // ordering key (machine/thread): delivered in insertion order
 	Body   []byte `json:"body"`   // the JSON webhook body, sent as is
+	// Enrich is true when Body holds only the facts known at commit time (committed in the
+	// watcher's Ack path without reading T3): the outbox completes it (outbox.Enricher) before
+	// the first delivery attempt, persists the completed body and clears Enrich.
+	Enrich bool `json:"enrich,omitempty"`
 
 	CreatedAt time.Time `json:"createdAt"` // when the event happened (lag is measured from here)
 	// EnqueuedAt is when the event last entered the queue: CreatedAt on insert, the requeue time
