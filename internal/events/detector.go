@@ -110,6 +110,7 @@ type Detector struct {
 
 	mu    sync.Mutex
 	cache map[string]seen
+	locks map[string]*sync.Mutex // per machine: Apply and Track
 }
 
 // Options for a Detector.
@@ -137,14 +138,61 @@ func New(o Options) *Detector {
 	if o.Notify == nil {
 		o.Notify = func() {}
 	}
-	return &Detector{store: o.Store, tracked: o.Tracked, build: o.Build, run: o.RunStatus, runs: o.Runs, notify: o.Notify, log: o.Logger, now: o.Now, cache: map[string]seen{}}
+	return &Detector{store: o.Store, tracked: o.Tracked, build: o.Build, run: o.RunStatus, runs: o.Runs, notify: o.Notify, log: o.Logger, now: o.Now, cache: map[string]seen{}, locks: map[string]*sync.Mutex{}}
 }
 
 func key(machine, thread string) string { return machine + "\x00" + thread }
 
-// Baseline records a thread's current state as seen, without events: called
-// when a thread starts being watched, so only later transitions are reported.
-func (d *Detector) Baseline(machine string, shell *t3rpc.ThreadShell) error {
+// Track records a tracked thread (store.PutThread's job) and, when the thread
+// starts being watched, its detector baseline, in one transaction: only
+// transitions after this moment are reported, never the thread's past. A
+// thread whose watch is turned off loses its detector state in the same
+// transaction. Track is serialised with the chunks the machine's watcher
+// applies, so a chunk in flight can neither miss the new watch nor overwrite
+// the fresh baseline with state derived before it. shell is the thread's row
+// as the caller saw it (nil for a thread T3 has not created yet).
+func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShell) error {
+	if t.Machine == "" {
+		t.Machine = machine
+	}
+	if t.Machine != machine {
+		return fmt.Errorf("track thread %q: it is on machine %q, not %q", t.ID, t.Machine, machine)
+	}
+	mu := d.machineLock(machine)
+	mu.Lock()
+	defer mu.Unlock()
+	prev, had, err := d.tracked.GetThread(t.ID)
+	if err != nil {
+		return err
+	}
+	wasWatched := had && prev.Watch && prev.Machine == machine
+	k := key(machine, t.ID)
+	b := store.Batch{Threads: []store.Thread{t}}
+	var s seen
+	switch {
+	case t.Watch && !wasWatched:
+		s = baselineOf(shell)
+		raw, _ := json.Marshal(s)
+		b.Detector = map[string][]byte{k: raw}
+	case !t.Watch && wasWatched:
+		b.Detector = map[string][]byte{k: nil}
+	}
+	if err := d.store.Commit(b); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	switch {
+	case t.Watch && !wasWatched:
+		d.cache[k] = s
+	case !t.Watch:
+		delete(d.cache, k)
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// baselineOf is the seen state of a thread as its row shows it now.
+func baselineOf(shell *t3rpc.ThreadShell) seen {
 	s := seen{}
 	if shell != nil {
 		s.RunID = threadstate.LatestRun(shell)
@@ -155,22 +203,19 @@ func (d *Detector) Baseline(machine string, shell *t3rpc.ThreadShell) error {
 			s.Question = p.ID
 		}
 	}
-	k := key(machine, shellID(shell))
-	b, _ := json.Marshal(s)
-	if err := d.store.Commit(store.Batch{Detector: map[string][]byte{k: b}}); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	d.cache[k] = s
-	d.mu.Unlock()
-	return nil
+	return s
 }
 
-func shellID(s *t3rpc.ThreadShell) string {
-	if s == nil {
-		return ""
+// machineLock serialises one machine's chunk application with Track.
+func (d *Detector) machineLock(machine string) *sync.Mutex {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	mu, ok := d.locks[machine]
+	if !ok {
+		mu = &sync.Mutex{}
+		d.locks[machine] = mu
 	}
-	return s.ID
+	return mu
 }
 
 func (d *Detector) load(k string) (seen, bool, error) {
@@ -195,6 +240,9 @@ func (d *Detector) load(k string) (seen, bool, error) {
 
 // Apply implements watch.Sink.
 func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
+	mu := d.machineLock(c.Machine)
+	mu.Lock()
+	defer mu.Unlock()
 	// One chunk may need a thread's projection several times (runs between
 	// observations, each event's details): read it once per chunk.
 	ctx = context.WithValue(ctx, readCacheKey{}, map[string]readResult{})

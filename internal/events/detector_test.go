@@ -69,10 +69,7 @@ func shell(id, status, run string, pending string) t3rpc.ThreadShell {
 
 func (e *env) watchThread(id, origin string, base *t3rpc.ThreadShell) {
 	e.t.Helper()
-	if err := e.st.PutThread(store.Thread{ID: id, Machine: "m", ProjectID: "p1", ProjectTitle: "proj", Origin: origin, Watch: true}); err != nil {
-		e.t.Fatal(err)
-	}
-	if err := e.d.Baseline("m", base); err != nil {
+	if err := e.d.Track("m", store.Thread{ID: id, Machine: "m", ProjectID: "p1", ProjectTitle: "proj", Origin: origin, Watch: true}, base); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -274,10 +271,7 @@ func TestOneReadPerThreadPerChunk(t *testing.T) {
 			}
 			return "", false, nil
 		}})
-	if err := st.PutThread(store.Thread{ID: "t1", Machine: "m", Watch: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Baseline("m", &t3rpc.ThreadShell{ID: "t1", Status: "idle"}); err != nil {
+	if err := d.Track("m", store.Thread{ID: "t1", Machine: "m", Watch: true}, &t3rpc.ThreadShell{ID: "t1", Status: "idle"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Apply(context.Background(), watch.Change{Machine: "m", Threads: []t3rpc.ThreadShell{shell("t1", "running", "r1", "")}}); err != nil {
@@ -292,5 +286,37 @@ func TestOneReadPerThreadPerChunk(t *testing.T) {
 	}
 	if reads != 1 {
 		t.Fatalf("thread read %d times in one chunk, want 1", reads)
+	}
+}
+
+// Track writes the tracked thread and its baseline together; tracking an
+// already watched thread again (a follow-up dispatch) keeps the detector's
+// state, so a run in progress still gets its event; turning the watch off
+// drops the state with it.
+func TestTrackBaselinesOnlyWhenWatchStarts(t *testing.T) {
+	e := newEnv(t, "")
+	e.watchThread("t1", "o", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(shell("t1", "running", "r1", ""))
+	// A follow-up dispatch records the thread again, with the row it saw (the
+	// run finished meanwhile): no new baseline, so r1's end is still reported.
+	done := shell("t1", "completed", "r1", "")
+	if err := e.d.Track("m", store.Thread{ID: "t1", Machine: "m", Watch: true, LastMessageID: "msg-2"}, &done); err != nil {
+		t.Fatal(err)
+	}
+	if tr, ok, _ := e.st.GetThread("t1"); !ok || tr.LastMessageID != "msg-2" {
+		t.Fatalf("thread record = %+v %v", tr, ok)
+	}
+	e.apply(done)
+	if evs := e.events(); len(evs) != 1 || evs[0].Run != "r1" {
+		t.Fatalf("events = %+v", evs)
+	}
+	if err := e.d.Track("m", store.Thread{ID: "t1", Machine: "m", Watch: false}, &done); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := e.st.Detector(key("m", "t1")); ok {
+		t.Fatal("detector state kept for an unwatched thread")
+	}
+	if err := e.d.Track("m", store.Thread{ID: "t1", Machine: "other", Watch: true}, &done); err == nil {
+		t.Fatal("a thread recorded on another machine than the one named")
 	}
 }

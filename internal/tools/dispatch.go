@@ -101,13 +101,8 @@ func dispatchTool(d *Deps) Handler {
 		}
 		// Recorded before T3 hears of it: a crash between the two commands
 		// still leaves a thread the connector knows and can report on.
-		if err := d.Store.PutThread(tr); err != nil {
+		if err := d.track(m.Name, tr, nil); err != nil {
 			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
-		}
-		if watch && d.Detector != nil {
-			if err := d.Detector.Baseline(m.Name, &t3rpc.ThreadShell{ID: threadID, Status: "idle"}); err != nil {
-				return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
-			}
 		}
 		if _, err := m.Dispatch(ctx, create); err != nil {
 			_ = d.Store.DeleteThread(threadID)
@@ -187,13 +182,8 @@ func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, thr
 	}
 	tr.ProjectID, tr.ProjectTitle, tr.Title = found.Project.ID, found.Project.Title, found.Shell.Title
 	tr.Origin, tr.Watch, tr.LastMessageID, tr.UpdatedAt = c.Origin, watch, msgID, time.Now().UTC()
-	if err := d.Store.PutThread(tr); err != nil {
+	if err := d.track(m.Name, tr, &found.Shell); err != nil {
 		return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
-	}
-	if watch && d.Detector != nil && (!found.IsTracked || !found.Tracked.Watch) {
-		if err := d.Detector.Baseline(m.Name, &found.Shell); err != nil {
-			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
-		}
 	}
 	if _, err := m.Dispatch(ctx, send); err != nil {
 		return Result{}, fmt.Errorf("%s: sending the prompt to thread %q on machine %q failed: %w", tool, threadID, m.Name, err)

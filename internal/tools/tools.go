@@ -23,6 +23,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
@@ -67,12 +68,23 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// track records a tracked thread. With events on, the detector writes it
+// together with the thread's baseline (when it starts being watched) in one
+// transaction, serialised with the chunks being applied; without events there
+// is no baseline to keep.
+func (d *Deps) track(machine string, tr store.Thread, shell *t3rpc.ThreadShell) error {
+	if d.Detector != nil {
+		return d.Detector.Track(machine, tr, shell)
+	}
+	return d.Store.PutThread(tr)
+}
+
 // Deps is what the handlers use.
 type Deps struct {
 	Fleet *fleet.Fleet
 	Store *store.Store
-	// Detector records a baseline when a thread starts being watched; nil
-	// when events are off.
+	// Detector records tracked threads with their baselines (Deps.track);
+	// nil when events are off.
 	Detector *events.Detector
 	Logger   *slog.Logger
 	Limits   Limits

@@ -38,15 +38,9 @@ func watchTool(d *Deps) Handler {
 			tr.Origin = c.Origin
 		}
 		tr.ProjectID, tr.ProjectTitle, tr.Title, tr.UpdatedAt = f.Project.ID, f.Project.Title, f.Shell.Title, now
-		was := f.IsTracked && f.Tracked.Watch
 		tr.Watch = enabled
-		if enabled && !was && d.Detector != nil {
-			// Only transitions from now on are reported, not the thread's past.
-			if err := d.Detector.Baseline(f.Machine.Name, &f.Shell); err != nil {
-				return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
-			}
-		}
-		if err := d.Store.PutThread(tr); err != nil {
+		// Only transitions from now on are reported, not the thread's past.
+		if err := d.track(f.Machine.Name, tr, &f.Shell); err != nil {
 			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 		}
 		entry := tracked(tr, f.Shell.Status)

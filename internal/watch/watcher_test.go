@@ -200,11 +200,8 @@ func TestDisconnectsMissNoTransitionAndDoubleNone(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		p := prompts[i%len(prompts)]
 		tid := t3.NewID("thread")
-		if err := st.PutThread(store.Thread{ID: tid, Machine: "mac", Watch: true}); err != nil {
-			t.Fatal(err)
-		}
 		// As t3_dispatch does: the thread is watched from before it exists.
-		if err := det.Baseline("mac", &t3rpc.ThreadShell{ID: tid, Status: "idle"}); err != nil {
+		if err := det.Track("mac", store.Thread{ID: tid, Machine: "mac", Watch: true}, nil); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
