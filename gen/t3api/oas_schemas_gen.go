@@ -1621,6 +1621,52 @@ func (o OptNilVisibleMessage) Or(d VisibleMessage) VisibleMessage {
 	return d
 }
 
+// NewOptResponseCapability returns new OptResponseCapability with value set to v.
+func NewOptResponseCapability(v ResponseCapability) OptResponseCapability {
+	return OptResponseCapability{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptResponseCapability is optional ResponseCapability.
+type OptResponseCapability struct {
+	Value ResponseCapability
+	Set   bool
+}
+
+// IsSet returns true if OptResponseCapability was set.
+func (o OptResponseCapability) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptResponseCapability) Reset() {
+	var v ResponseCapability
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptResponseCapability) SetTo(v ResponseCapability) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptResponseCapability) Get() (v ResponseCapability, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptResponseCapability) Or(d ResponseCapability) ResponseCapability {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptString returns new OptString with value set to v.
 func NewOptString(v string) OptString {
 	return OptString{
@@ -1971,6 +2017,46 @@ func (s *QuestionOption) SetValue(val OptString) {
 	s.Value = val
 }
 
+// Whether a runtime request can be answered: live {providerSessionId} (the provider session waits for
+// the answer) or not_resumable {reason} (the session that asked is gone: report it, never answer).
+// Open set.
+// Ref: #/$defs/ResponseCapability
+type ResponseCapability struct {
+	Type              string    `json:"type"`
+	ProviderSessionId OptString `json:"providerSessionId"`
+	Reason            OptString `json:"reason"`
+}
+
+// GetType returns the value of Type.
+func (s *ResponseCapability) GetType() string {
+	return s.Type
+}
+
+// GetProviderSessionId returns the value of ProviderSessionId.
+func (s *ResponseCapability) GetProviderSessionId() OptString {
+	return s.ProviderSessionId
+}
+
+// GetReason returns the value of Reason.
+func (s *ResponseCapability) GetReason() OptString {
+	return s.Reason
+}
+
+// SetType sets the value of Type.
+func (s *ResponseCapability) SetType(val string) {
+	s.Type = val
+}
+
+// SetProviderSessionId sets the value of ProviderSessionId.
+func (s *ResponseCapability) SetProviderSessionId(val OptString) {
+	s.ProviderSessionId = val
+}
+
+// SetReason sets the value of Reason.
+func (s *ResponseCapability) SetReason(val OptString) {
+	s.Reason = val
+}
+
 // One run: a user message and the agent's work on it.
 // Ref: #/$defs/Run
 type Run struct {
@@ -2095,10 +2181,12 @@ func (s *Run) SetCheckpointId(val OptNilString) {
 type RuntimeRequest struct {
 	ID     string       `json:"id"`
 	NodeId OptNilString `json:"nodeId"`
-	// User_input, command, file-read, file-change, … (open set).
+	// User_input (a question, answered with answers) or an approval: command, file-read, file-change,
+	// dynamic_tool_call, auth_refresh, … (open set; answered with a decision).
 	Kind string `json:"kind"`
 	// Pending, resolved, expired, cancelled (open set).
-	Status string `json:"status"`
+	Status             string                `json:"status"`
+	ResponseCapability OptResponseCapability `json:"responseCapability"`
 	// ISO 8601.
 	CreatedAt OptString `json:"createdAt"`
 	// ISO 8601, null until reached.
@@ -2123,6 +2211,11 @@ func (s *RuntimeRequest) GetKind() string {
 // GetStatus returns the value of Status.
 func (s *RuntimeRequest) GetStatus() string {
 	return s.Status
+}
+
+// GetResponseCapability returns the value of ResponseCapability.
+func (s *RuntimeRequest) GetResponseCapability() OptResponseCapability {
+	return s.ResponseCapability
 }
 
 // GetCreatedAt returns the value of CreatedAt.
@@ -2153,6 +2246,11 @@ func (s *RuntimeRequest) SetKind(val string) {
 // SetStatus sets the value of Status.
 func (s *RuntimeRequest) SetStatus(val string) {
 	s.Status = val
+}
+
+// SetResponseCapability sets the value of ResponseCapability.
+func (s *RuntimeRequest) SetResponseCapability(val OptResponseCapability) {
+	s.ResponseCapability = val
 }
 
 // SetCreatedAt sets the value of CreatedAt.

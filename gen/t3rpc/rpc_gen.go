@@ -247,6 +247,64 @@ func (s *AppThread) SetDeletedAt(val OptNilString) {
 	s.DeletedAt = val
 }
 
+// An approval's answer. Closed like T3's at the recorded build (acceptAlways is a Die, fixture 18):
+// cancel also ends the run cancelled.
+// Ref: #/$defs/ApprovalDecision
+type ApprovalDecision string
+
+const (
+	ApprovalDecisionAccept           ApprovalDecision = "accept"
+	ApprovalDecisionAcceptForSession ApprovalDecision = "acceptForSession"
+	ApprovalDecisionDecline          ApprovalDecision = "decline"
+	ApprovalDecisionCancel           ApprovalDecision = "cancel"
+)
+
+// AllValues returns all ApprovalDecision values.
+func (ApprovalDecision) AllValues() []ApprovalDecision {
+	return []ApprovalDecision{
+		ApprovalDecisionAccept,
+		ApprovalDecisionAcceptForSession,
+		ApprovalDecisionDecline,
+		ApprovalDecisionCancel,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ApprovalDecision) MarshalText() ([]byte, error) {
+	switch s {
+	case ApprovalDecisionAccept:
+		return []byte(s), nil
+	case ApprovalDecisionAcceptForSession:
+		return []byte(s), nil
+	case ApprovalDecisionDecline:
+		return []byte(s), nil
+	case ApprovalDecisionCancel:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ApprovalDecision) UnmarshalText(data []byte) error {
+	switch ApprovalDecision(data) {
+	case ApprovalDecisionAccept:
+		*s = ApprovalDecisionAccept
+		return nil
+	case ApprovalDecisionAcceptForSession:
+		*s = ApprovalDecisionAcceptForSession
+		return nil
+	case ApprovalDecisionDecline:
+		*s = ApprovalDecisionDecline
+		return nil
+	case ApprovalDecisionCancel:
+		*s = ApprovalDecisionCancel
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
+}
+
 // Image attachment (t3code-mcp sends none).
 // Ref: #/$defs/Attachment
 type Attachment map[string]jx.Raw
@@ -657,14 +715,16 @@ func (s *Defect) SetDefect(val jx.Raw) {
 }
 
 // Start_immediately, queue_after_active, steer_active {targetRunId}, restart_active {targetRunId}.
+// Closed like T3's: any other type (e.g. queue) is a Die. On a busy thread start_immediately and
+// queue_after_active both queue a new run (fixture 21).
 // Ref: #/$defs/DispatchMode
 type DispatchMode struct {
-	Type        string    `json:"type"`
-	TargetRunId OptString `json:"targetRunId"`
+	Type        DispatchModeType `json:"type"`
+	TargetRunId OptString        `json:"targetRunId"`
 }
 
 // GetType returns the value of Type.
-func (s *DispatchMode) GetType() string {
+func (s *DispatchMode) GetType() DispatchModeType {
 	return s.Type
 }
 
@@ -674,13 +734,68 @@ func (s *DispatchMode) GetTargetRunId() OptString {
 }
 
 // SetType sets the value of Type.
-func (s *DispatchMode) SetType(val string) {
+func (s *DispatchMode) SetType(val DispatchModeType) {
 	s.Type = val
 }
 
 // SetTargetRunId sets the value of TargetRunId.
 func (s *DispatchMode) SetTargetRunId(val OptString) {
 	s.TargetRunId = val
+}
+
+type DispatchModeType string
+
+const (
+	DispatchModeTypeStartImmediately DispatchModeType = "start_immediately"
+	DispatchModeTypeQueueAfterActive DispatchModeType = "queue_after_active"
+	DispatchModeTypeSteerActive      DispatchModeType = "steer_active"
+	DispatchModeTypeRestartActive    DispatchModeType = "restart_active"
+)
+
+// AllValues returns all DispatchModeType values.
+func (DispatchModeType) AllValues() []DispatchModeType {
+	return []DispatchModeType{
+		DispatchModeTypeStartImmediately,
+		DispatchModeTypeQueueAfterActive,
+		DispatchModeTypeSteerActive,
+		DispatchModeTypeRestartActive,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s DispatchModeType) MarshalText() ([]byte, error) {
+	switch s {
+	case DispatchModeTypeStartImmediately:
+		return []byte(s), nil
+	case DispatchModeTypeQueueAfterActive:
+		return []byte(s), nil
+	case DispatchModeTypeSteerActive:
+		return []byte(s), nil
+	case DispatchModeTypeRestartActive:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *DispatchModeType) UnmarshalText(data []byte) error {
+	switch DispatchModeType(data) {
+	case DispatchModeTypeStartImmediately:
+		*s = DispatchModeTypeStartImmediately
+		return nil
+	case DispatchModeTypeQueueAfterActive:
+		*s = DispatchModeTypeQueueAfterActive
+		return nil
+	case DispatchModeTypeSteerActive:
+		*s = DispatchModeTypeSteerActive
+		return nil
+	case DispatchModeTypeRestartActive:
+		*s = DispatchModeTypeRestartActive
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
 }
 
 // Success value of dispatchCommand: the sequence of the command's last event (not a run id).
@@ -1463,6 +1578,8 @@ type MessageDispatchCommand struct {
 	ModelSelection OptModelSelection          `json:"modelSelection"`
 	TitleSeed      OptString                  `json:"titleSeed"`
 	DispatchMode   DispatchMode               `json:"dispatchMode"`
+	// Not in the recorded build (ignored there); t3code-mcp never sends it.
+	DeliveryIntent OptString `json:"deliveryIntent"`
 }
 
 // GetType returns the value of Type.
@@ -1520,6 +1637,11 @@ func (s *MessageDispatchCommand) GetDispatchMode() DispatchMode {
 	return s.DispatchMode
 }
 
+// GetDeliveryIntent returns the value of DeliveryIntent.
+func (s *MessageDispatchCommand) GetDeliveryIntent() OptString {
+	return s.DeliveryIntent
+}
+
 // SetType sets the value of Type.
 func (s *MessageDispatchCommand) SetType(val MessageDispatchCommandType) {
 	s.Type = val
@@ -1573,6 +1695,11 @@ func (s *MessageDispatchCommand) SetTitleSeed(val OptString) {
 // SetDispatchMode sets the value of DispatchMode.
 func (s *MessageDispatchCommand) SetDispatchMode(val DispatchMode) {
 	s.DispatchMode = val
+}
+
+// SetDeliveryIntent sets the value of DeliveryIntent.
+func (s *MessageDispatchCommand) SetDeliveryIntent(val OptString) {
+	s.DeliveryIntent = val
 }
 
 type MessageDispatchCommandType string
@@ -1780,6 +1907,52 @@ func (o NilString) Get() (v string, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o NilString) Or(d string) string {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptApprovalDecision returns new OptApprovalDecision with value set to v.
+func NewOptApprovalDecision(v ApprovalDecision) OptApprovalDecision {
+	return OptApprovalDecision{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptApprovalDecision is optional ApprovalDecision.
+type OptApprovalDecision struct {
+	Value ApprovalDecision
+	Set   bool
+}
+
+// IsSet returns true if OptApprovalDecision was set.
+func (o OptApprovalDecision) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptApprovalDecision) Reset() {
+	var v ApprovalDecision
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptApprovalDecision) SetTo(v ApprovalDecision) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptApprovalDecision) Get() (v ApprovalDecision, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptApprovalDecision) Or(d ApprovalDecision) ApprovalDecision {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -3022,6 +3195,52 @@ func (o OptProviderModelCapabilities) Or(d ProviderModelCapabilities) ProviderMo
 	return d
 }
 
+// NewOptResponseCapability returns new OptResponseCapability with value set to v.
+func NewOptResponseCapability(v ResponseCapability) OptResponseCapability {
+	return OptResponseCapability{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptResponseCapability is optional ResponseCapability.
+type OptResponseCapability struct {
+	Value ResponseCapability
+	Set   bool
+}
+
+// IsSet returns true if OptResponseCapability was set.
+func (o OptResponseCapability) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptResponseCapability) Reset() {
+	var v ResponseCapability
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptResponseCapability) SetTo(v ResponseCapability) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptResponseCapability) Get() (v ResponseCapability, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptResponseCapability) Or(d ResponseCapability) ResponseCapability {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptRunInterruptCommand returns new OptRunInterruptCommand with value set to v.
 func NewOptRunInterruptCommand(v RunInterruptCommand) OptRunInterruptCommand {
 	return OptRunInterruptCommand{
@@ -3758,6 +3977,52 @@ func (o OptThreadStreamItem) Or(d ThreadStreamItem) ThreadStreamItem {
 	return d
 }
 
+// NewOptWorkspaceStrategy returns new OptWorkspaceStrategy with value set to v.
+func NewOptWorkspaceStrategy(v WorkspaceStrategy) OptWorkspaceStrategy {
+	return OptWorkspaceStrategy{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptWorkspaceStrategy is optional WorkspaceStrategy.
+type OptWorkspaceStrategy struct {
+	Value WorkspaceStrategy
+	Set   bool
+}
+
+// IsSet returns true if OptWorkspaceStrategy was set.
+func (o OptWorkspaceStrategy) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptWorkspaceStrategy) Reset() {
+	var v WorkspaceStrategy
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptWorkspaceStrategy) SetTo(v WorkspaceStrategy) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptWorkspaceStrategy) Get() (v WorkspaceStrategy, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptWorkspaceStrategy) Or(d WorkspaceStrategy) WorkspaceStrategy {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // Ref: #/$defs/OptionChoice
 type OptionChoice struct {
 	ID        string    `json:"id"`
@@ -4412,6 +4677,46 @@ func NewInt64RequestId(v int64) RequestId {
 	return s
 }
 
+// Whether a runtime request can be answered: live {providerSessionId} (the provider session waits for
+// the answer) or not_resumable {reason} (the session that asked is gone: report it, never answer).
+// Open set.
+// Ref: #/$defs/ResponseCapability
+type ResponseCapability struct {
+	Type              string    `json:"type"`
+	ProviderSessionId OptString `json:"providerSessionId"`
+	Reason            OptString `json:"reason"`
+}
+
+// GetType returns the value of Type.
+func (s *ResponseCapability) GetType() string {
+	return s.Type
+}
+
+// GetProviderSessionId returns the value of ProviderSessionId.
+func (s *ResponseCapability) GetProviderSessionId() OptString {
+	return s.ProviderSessionId
+}
+
+// GetReason returns the value of Reason.
+func (s *ResponseCapability) GetReason() OptString {
+	return s.Reason
+}
+
+// SetType sets the value of Type.
+func (s *ResponseCapability) SetType(val string) {
+	s.Type = val
+}
+
+// SetProviderSessionId sets the value of ProviderSessionId.
+func (s *ResponseCapability) SetProviderSessionId(val OptString) {
+	s.ProviderSessionId = val
+}
+
+// SetReason sets the value of Reason.
+func (s *ResponseCapability) SetReason(val OptString) {
+	s.Reason = val
+}
+
 // Effect RPC JSON framing (one WebSocket text frame = one message or an array of messages), the V2
 // subscription items, the commands t3code-mcp sends, and T3's typed failures. The root object only
 // lists every definition so the generator emits them all; nothing sends it.
@@ -4833,10 +5138,12 @@ func (s *RunInterruptCommandType) UnmarshalText(data []byte) error {
 type RuntimeRequest struct {
 	ID     string       `json:"id"`
 	NodeId OptNilString `json:"nodeId"`
-	// User_input, command, file-read, file-change, … (open set).
+	// User_input (a question, answered with answers) or an approval: command, file-read, file-change,
+	// dynamic_tool_call, auth_refresh, … (open set; answered with a decision).
 	Kind string `json:"kind"`
 	// Pending, resolved, expired, cancelled (open set).
-	Status string `json:"status"`
+	Status             string                `json:"status"`
+	ResponseCapability OptResponseCapability `json:"responseCapability"`
 	// ISO 8601.
 	CreatedAt OptString `json:"createdAt"`
 	// ISO 8601, null until reached.
@@ -4861,6 +5168,11 @@ func (s *RuntimeRequest) GetKind() string {
 // GetStatus returns the value of Status.
 func (s *RuntimeRequest) GetStatus() string {
 	return s.Status
+}
+
+// GetResponseCapability returns the value of ResponseCapability.
+func (s *RuntimeRequest) GetResponseCapability() OptResponseCapability {
+	return s.ResponseCapability
 }
 
 // GetCreatedAt returns the value of CreatedAt.
@@ -4893,6 +5205,11 @@ func (s *RuntimeRequest) SetStatus(val string) {
 	s.Status = val
 }
 
+// SetResponseCapability sets the value of ResponseCapability.
+func (s *RuntimeRequest) SetResponseCapability(val OptResponseCapability) {
+	s.ResponseCapability = val
+}
+
 // SetCreatedAt sets the value of CreatedAt.
 func (s *RuntimeRequest) SetCreatedAt(val OptString) {
 	s.CreatedAt = val
@@ -4904,7 +5221,8 @@ func (s *RuntimeRequest) SetResolvedAt(val OptNilString) {
 }
 
 // DispatchCommand runtime-request.respond: answers (question id -> label(s) or text) for a user_input
-// request, decision for an approval. T3 does not check answers; the connector must.
+// request, decision for an approval. T3 checks neither which one fits the request kind nor the answers
+// (answers sent to an approval resolve it and the run hangs, fixture 18); the connector must.
 // Ref: #/$defs/RuntimeRequestRespondCommand
 type RuntimeRequestRespondCommand struct {
 	Type      RuntimeRequestRespondCommandType       `json:"type"`
@@ -4912,7 +5230,7 @@ type RuntimeRequestRespondCommand struct {
 	ThreadId  string                                 `json:"threadId"`
 	RequestId string                                 `json:"requestId"`
 	Answers   OptRuntimeRequestRespondCommandAnswers `json:"answers"`
-	Decision  OptString                              `json:"decision"`
+	Decision  OptApprovalDecision                    `json:"decision"`
 }
 
 // GetType returns the value of Type.
@@ -4941,7 +5259,7 @@ func (s *RuntimeRequestRespondCommand) GetAnswers() OptRuntimeRequestRespondComm
 }
 
 // GetDecision returns the value of Decision.
-func (s *RuntimeRequestRespondCommand) GetDecision() OptString {
+func (s *RuntimeRequestRespondCommand) GetDecision() OptApprovalDecision {
 	return s.Decision
 }
 
@@ -4971,7 +5289,7 @@ func (s *RuntimeRequestRespondCommand) SetAnswers(val OptRuntimeRequestRespondCo
 }
 
 // SetDecision sets the value of Decision.
-func (s *RuntimeRequestRespondCommand) SetDecision(val OptString) {
+func (s *RuntimeRequestRespondCommand) SetDecision(val OptApprovalDecision) {
 	s.Decision = val
 }
 
@@ -5540,6 +5858,9 @@ type ThreadCreateCommand struct {
 	InteractionMode string                  `json:"interactionMode"`
 	Branch          NilString               `json:"branch"`
 	WorktreePath    NilString               `json:"worktreePath"`
+	// Ignored by thread.create at the recorded build (fixture 20): use launchThread for a worktree.
+	// t3code-mcp never sends it here.
+	WorkspaceStrategy OptWorkspaceStrategy `json:"workspaceStrategy"`
 }
 
 // GetType returns the value of Type.
@@ -5602,6 +5923,11 @@ func (s *ThreadCreateCommand) GetWorktreePath() NilString {
 	return s.WorktreePath
 }
 
+// GetWorkspaceStrategy returns the value of WorkspaceStrategy.
+func (s *ThreadCreateCommand) GetWorkspaceStrategy() OptWorkspaceStrategy {
+	return s.WorkspaceStrategy
+}
+
 // SetType sets the value of Type.
 func (s *ThreadCreateCommand) SetType(val ThreadCreateCommandType) {
 	s.Type = val
@@ -5660,6 +5986,11 @@ func (s *ThreadCreateCommand) SetBranch(val NilString) {
 // SetWorktreePath sets the value of WorktreePath.
 func (s *ThreadCreateCommand) SetWorktreePath(val NilString) {
 	s.WorktreePath = val
+}
+
+// SetWorkspaceStrategy sets the value of WorkspaceStrategy.
+func (s *ThreadCreateCommand) SetWorkspaceStrategy(val OptWorkspaceStrategy) {
+	s.WorkspaceStrategy = val
 }
 
 type ThreadCreateCommandType string
@@ -7043,6 +7374,50 @@ func (s *AppThread) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes ApprovalDecision as json.
+func (s ApprovalDecision) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes ApprovalDecision from json.
+func (s *ApprovalDecision) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ApprovalDecision to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch ApprovalDecision(v) {
+	case ApprovalDecisionAccept:
+		*s = ApprovalDecisionAccept
+	case ApprovalDecisionAcceptForSession:
+		*s = ApprovalDecisionAcceptForSession
+	case ApprovalDecisionDecline:
+		*s = ApprovalDecisionDecline
+	case ApprovalDecisionCancel:
+		*s = ApprovalDecisionCancel
+	default:
+		*s = ApprovalDecision(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s ApprovalDecision) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ApprovalDecision) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode implements json.Marshaler.
 func (s Attachment) Encode(e *jx.Encoder) {
 	e.ObjStart()
@@ -8122,7 +8497,7 @@ func (s *DispatchMode) Encode(e *jx.Encoder) {
 func (s *DispatchMode) encodeFields(e *jx.Encoder) {
 	{
 		e.FieldStart("type")
-		e.Str(s.Type)
+		s.Type.Encode(e)
 	}
 	{
 		if s.TargetRunId.Set {
@@ -8149,9 +8524,7 @@ func (s *DispatchMode) Decode(d *jx.Decoder) error {
 		case "type":
 			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
-				v, err := d.Str()
-				s.Type = string(v)
-				if err != nil {
+				if err := s.Type.Decode(d); err != nil {
 					return err
 				}
 				return nil
@@ -8220,6 +8593,50 @@ func (s *DispatchMode) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *DispatchMode) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes DispatchModeType as json.
+func (s DispatchModeType) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes DispatchModeType from json.
+func (s *DispatchModeType) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode DispatchModeType to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch DispatchModeType(v) {
+	case DispatchModeTypeStartImmediately:
+		*s = DispatchModeTypeStartImmediately
+	case DispatchModeTypeQueueAfterActive:
+		*s = DispatchModeTypeQueueAfterActive
+	case DispatchModeTypeSteerActive:
+		*s = DispatchModeTypeSteerActive
+	case DispatchModeTypeRestartActive:
+		*s = DispatchModeTypeRestartActive
+	default:
+		*s = DispatchModeType(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s DispatchModeType) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *DispatchModeType) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -10635,9 +11052,15 @@ func (s *MessageDispatchCommand) encodeFields(e *jx.Encoder) {
 		e.FieldStart("dispatchMode")
 		s.DispatchMode.Encode(e)
 	}
+	{
+		if s.DeliveryIntent.Set {
+			e.FieldStart("deliveryIntent")
+			s.DeliveryIntent.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfMessageDispatchCommand = [11]string{
+var jsonFieldsNameOfMessageDispatchCommand = [12]string{
 	0:  "type",
 	1:  "commandId",
 	2:  "threadId",
@@ -10649,6 +11072,7 @@ var jsonFieldsNameOfMessageDispatchCommand = [11]string{
 	8:  "modelSelection",
 	9:  "titleSeed",
 	10: "dispatchMode",
+	11: "deliveryIntent",
 }
 
 // Decode decodes MessageDispatchCommand from json.
@@ -10789,6 +11213,16 @@ func (s *MessageDispatchCommand) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"dispatchMode\"")
+			}
+		case "deliveryIntent":
+			if err := func() error {
+				s.DeliveryIntent.Reset()
+				if err := s.DeliveryIntent.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"deliveryIntent\"")
 			}
 		default:
 			return d.Skip()
@@ -11229,6 +11663,39 @@ func (s NilString) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *NilString) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes ApprovalDecision as json.
+func (o OptApprovalDecision) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	e.Str(string(o.Value))
+}
+
+// Decode decodes ApprovalDecision from json.
+func (o *OptApprovalDecision) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptApprovalDecision to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptApprovalDecision) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptApprovalDecision) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -12134,6 +12601,39 @@ func (s *OptProviderModelCapabilities) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes ResponseCapability as json.
+func (o OptResponseCapability) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes ResponseCapability from json.
+func (o *OptResponseCapability) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptResponseCapability to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptResponseCapability) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptResponseCapability) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes RunInterruptCommand as json.
 func (o OptRunInterruptCommand) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -12661,6 +13161,39 @@ func (s OptThreadStreamItem) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *OptThreadStreamItem) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes WorkspaceStrategy as json.
+func (o OptWorkspaceStrategy) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes WorkspaceStrategy from json.
+func (o *OptWorkspaceStrategy) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptWorkspaceStrategy to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptWorkspaceStrategy) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptWorkspaceStrategy) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -14502,6 +15035,136 @@ func (s *RequestId) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
+func (s *ResponseCapability) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *ResponseCapability) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("type")
+		e.Str(s.Type)
+	}
+	{
+		if s.ProviderSessionId.Set {
+			e.FieldStart("providerSessionId")
+			s.ProviderSessionId.Encode(e)
+		}
+	}
+	{
+		if s.Reason.Set {
+			e.FieldStart("reason")
+			s.Reason.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfResponseCapability = [3]string{
+	0: "type",
+	1: "providerSessionId",
+	2: "reason",
+}
+
+// Decode decodes ResponseCapability from json.
+func (s *ResponseCapability) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ResponseCapability to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "type":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.Type = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"type\"")
+			}
+		case "providerSessionId":
+			if err := func() error {
+				s.ProviderSessionId.Reset()
+				if err := s.ProviderSessionId.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"providerSessionId\"")
+			}
+		case "reason":
+			if err := func() error {
+				s.Reason.Reset()
+				if err := s.Reason.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"reason\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode ResponseCapability")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000001,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfResponseCapability) {
+					name = jsonFieldsNameOfResponseCapability[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *ResponseCapability) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ResponseCapability) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
 func (s *Root) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
@@ -15331,6 +15994,12 @@ func (s *RuntimeRequest) encodeFields(e *jx.Encoder) {
 		e.Str(s.Status)
 	}
 	{
+		if s.ResponseCapability.Set {
+			e.FieldStart("responseCapability")
+			s.ResponseCapability.Encode(e)
+		}
+	}
+	{
 		if s.CreatedAt.Set {
 			e.FieldStart("createdAt")
 			s.CreatedAt.Encode(e)
@@ -15344,13 +16013,14 @@ func (s *RuntimeRequest) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfRuntimeRequest = [6]string{
+var jsonFieldsNameOfRuntimeRequest = [7]string{
 	0: "id",
 	1: "nodeId",
 	2: "kind",
 	3: "status",
-	4: "createdAt",
-	5: "resolvedAt",
+	4: "responseCapability",
+	5: "createdAt",
+	6: "resolvedAt",
 }
 
 // Decode decodes RuntimeRequest from json.
@@ -15407,6 +16077,16 @@ func (s *RuntimeRequest) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"status\"")
+			}
+		case "responseCapability":
+			if err := func() error {
+				s.ResponseCapability.Reset()
+				if err := s.ResponseCapability.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"responseCapability\"")
 			}
 		case "createdAt":
 			if err := func() error {
@@ -16951,9 +17631,15 @@ func (s *ThreadCreateCommand) encodeFields(e *jx.Encoder) {
 		e.FieldStart("worktreePath")
 		s.WorktreePath.Encode(e)
 	}
+	{
+		if s.WorkspaceStrategy.Set {
+			e.FieldStart("workspaceStrategy")
+			s.WorkspaceStrategy.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfThreadCreateCommand = [12]string{
+var jsonFieldsNameOfThreadCreateCommand = [13]string{
 	0:  "type",
 	1:  "commandId",
 	2:  "threadId",
@@ -16966,6 +17652,7 @@ var jsonFieldsNameOfThreadCreateCommand = [12]string{
 	9:  "interactionMode",
 	10: "branch",
 	11: "worktreePath",
+	12: "workspaceStrategy",
 }
 
 // Decode decodes ThreadCreateCommand from json.
@@ -17112,6 +17799,16 @@ func (s *ThreadCreateCommand) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"worktreePath\"")
+			}
+		case "workspaceStrategy":
+			if err := func() error {
+				s.WorkspaceStrategy.Reset()
+				if err := s.WorkspaceStrategy.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"workspaceStrategy\"")
 			}
 		default:
 			return d.Skip()
@@ -19130,6 +19827,21 @@ func (s AnswerValue) Validate() error {
 	}
 }
 
+func (s ApprovalDecision) Validate() error {
+	switch s {
+	case "accept":
+		return nil
+	case "acceptForSession":
+		return nil
+	case "decline":
+		return nil
+	case "cancel":
+		return nil
+	default:
+		return errors.Errorf("invalid value: %v", s)
+	}
+}
+
 func (s *Chunk) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
@@ -19170,6 +19882,44 @@ func (s ClientMessage) Validate() error {
 		return nil // no validation needed
 	default:
 		return errors.Errorf("invalid type %q", s.Type)
+	}
+}
+
+func (s *DispatchMode) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if err := s.Type.Validate(); err != nil {
+			return err
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "type",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
+}
+
+func (s DispatchModeType) Validate() error {
+	switch s {
+	case "start_immediately":
+		return nil
+	case "queue_after_active":
+		return nil
+	case "steer_active":
+		return nil
+	case "restart_active":
+		return nil
+	default:
+		return errors.Errorf("invalid value: %v", s)
 	}
 }
 
@@ -19349,6 +20099,17 @@ func (s *MessageDispatchCommand) Validate() error {
 	}(); err != nil {
 		failures = append(failures, validate.FieldError{
 			Name:  "attachments",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if err := s.DispatchMode.Validate(); err != nil {
+			return err
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "dispatchMode",
 			Error: err,
 		})
 	}
@@ -19699,6 +20460,24 @@ func (s *RuntimeRequestRespondCommand) Validate() error {
 	}(); err != nil {
 		failures = append(failures, validate.FieldError{
 			Name:  "answers",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.Decision.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "decision",
 			Error: err,
 		})
 	}

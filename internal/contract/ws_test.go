@@ -33,13 +33,17 @@ type wsReplay struct {
 }
 
 const (
-	methodDispatch        = "orchestration.dispatchCommand"
-	methodLaunchThread    = "orchestration.launchThread"
-	methodSubscribeShell  = "orchestration.subscribeShell"
-	methodSubscribeThread = "orchestration.subscribeThread"
-	methodGetProjection   = "orchestration.getThreadProjection"
-	methodArchivedShell   = "orchestration.getArchivedShellSnapshot"
-	methodGetConfig       = "server.getConfig"
+	methodDispatch       = "orchestration.dispatchCommand"
+	methodLaunchThread   = "orchestration.launchThread"
+	methodSubscribeShell = "orchestration.subscribeShell"
+	// methodSubscribeArchived streams the archived threads' rows with the same items as
+	// subscribeShell (fixture 23); t3code-mcp does not subscribe to it, but its items must decode
+	// as ShellStreamItem all the same.
+	methodSubscribeArchived = "orchestration.subscribeArchivedShell"
+	methodSubscribeThread   = "orchestration.subscribeThread"
+	methodGetProjection     = "orchestration.getThreadProjection"
+	methodArchivedShell     = "orchestration.getArchivedShellSnapshot"
+	methodGetConfig         = "server.getConfig"
 )
 
 // payloadTarget returns the generated type of a Request payload, or "" for a method t3code-mcp
@@ -61,7 +65,7 @@ func payloadTarget(method, cmdType string) (string, decoder) {
 		}
 	case methodLaunchThread:
 		return "LaunchThreadInput", new(t3rpc.LaunchThreadInput)
-	case methodSubscribeShell:
+	case methodSubscribeShell, methodSubscribeArchived:
 		return "SubscribeShellInput", new(t3rpc.SubscribeShellInput)
 	case methodSubscribeThread:
 		return "SubscribeThreadInput", new(t3rpc.SubscribeThreadInput)
@@ -210,7 +214,7 @@ func replayRecv(t testing.TB, where string, m []byte, byID map[string]*request, 
 		for j, v := range ch.Values {
 			w := fmt.Sprintf("%s value %d", where, j)
 			switch r.method {
-			case methodSubscribeShell:
+			case methodSubscribeShell, methodSubscribeArchived:
 				out.shellItems = append(out.shellItems, []byte(v))
 				var it t3rpc.ShellStreamItem
 				if err := decode(&it, v); err != nil {

@@ -118,14 +118,14 @@ func RespondAnswers(threadID, requestID string, answers t3rpc.RuntimeRequestResp
 }
 
 // RespondDecision answers a pending approval: accept, acceptForSession,
-// decline or cancel.
-func RespondDecision(threadID, requestID, decision string) Command {
+// decline or cancel (which ends the run cancelled).
+func RespondDecision(threadID, requestID string, decision t3rpc.ApprovalDecision) Command {
 	p := &t3rpc.RuntimeRequestRespondCommand{
 		Type:      t3rpc.RuntimeRequestRespondCommandTypeRuntimeRequestRespond,
 		CommandId: NewID("cmd"),
 		ThreadId:  threadID,
 		RequestId: requestID,
-		Decision:  t3rpc.NewOptString(decision),
+		Decision:  t3rpc.NewOptApprovalDecision(decision),
 	}
 	return &command{id: p.CommandId, typ: string(p.Type), payload: p}
 }

@@ -252,7 +252,7 @@ func (s *Server) messageDispatch(c *t3rpc.MessageDispatchCommand) (int64, *t3rpc
 	switch c.DispatchMode.Type {
 	case "start_immediately", "queue_after_active":
 	default:
-		return 0, dispatchError(c.CommandId, "message.dispatch", "t3fake does not implement dispatch mode "+c.DispatchMode.Type+".")
+		return 0, dispatchError(c.CommandId, "message.dispatch", "t3fake does not implement dispatch mode "+string(c.DispatchMode.Type)+".")
 	}
 	if th.active != nil {
 		return 0, dispatchError(c.CommandId, "message.dispatch",
@@ -305,7 +305,7 @@ func (s *Server) respond(c *t3rpc.RuntimeRequestRespondCommand) (int64, *t3rpc.T
 		}
 	}
 	if d, set := c.Decision.Get(); set {
-		answers["decision"] = []string{d}
+		answers["decision"] = []string{string(d)}
 	}
 	s.answer(r, answers)
 	return s.head, nil

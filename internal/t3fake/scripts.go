@@ -544,10 +544,14 @@ func stepAsk(s *Server, r *run) stepResult {
 	ts := s.touch(r.th)
 	esc := pathEscapeColons(r.rec.ID)
 	rr := t3rpc.RuntimeRequest{
-		ID:         fmt.Sprintf("runtime-request:run:%s:question:1", esc),
-		NodeId:     optNilStr(fmt.Sprintf("node:run:%s:question:1", esc)),
-		Kind:       "user_input",
-		Status:     "pending",
+		ID:     fmt.Sprintf("runtime-request:run:%s:question:1", esc),
+		NodeId: optNilStr(fmt.Sprintf("node:run:%s:question:1", esc)),
+		Kind:   "user_input",
+		Status: "pending",
+		// The provider session waits for the answer, as in every recorded request (18, 19).
+		ResponseCapability: t3rpc.NewOptResponseCapability(t3rpc.ResponseCapability{
+			Type: "live", ProviderSessionId: optStr("provider-session:" + esc),
+		}),
 		CreatedAt:  optStr(ts),
 		ResolvedAt: null(),
 	}

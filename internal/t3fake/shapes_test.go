@@ -26,10 +26,10 @@ const fixtureDir = "../../testdata/t3"
 // generated types (what the connector decodes) do not declare. Each line says what they are.
 var omittedKeys = map[string][]string{
 	// Internals of T3's execution graph and provider plumbing.
-	"AppThread":      {"activeProviderThreadId", "branch", "forkedFrom", "lastVisitedAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "worktreePath"},
+	"AppThread":      {"activeProviderThreadId", "branch", "forkedFrom", "lastVisitedAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "worktreePath"},
 	"ThreadShell":    {"activeProviderThreadId", "branch", "createdBy", "creationSource", "forkedFrom", "hasActionableProposedPlan", "lastVisitedAt", "latestUserMessageAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "visibleItemCount", "worktreePath"},
 	"Run":            {"activeAttemptId", "contextHandoffId", "providerInstanceId", "providerThreadId", "queuePosition", "rootNodeId"},
-	"RuntimeRequest": {"nativeRequestRef", "providerTurnId", "responseCapability"},
+	"RuntimeRequest": {"nativeRequestRef", "providerTurnId"},
 	"Message":        {"attachments", "createdBy", "creationSource", "nodeId"},
 	"Checkpoint":     {"appRunOrdinal", "nodeId", "ordinalWithinScope", "parentCheckpointId", "ref", "scopeId", "threadId"},
 	"DomainEvent":    {"driver", "nodeId", "providerInstanceId"},
@@ -391,7 +391,7 @@ func (sh *shapes) classify(t *testing.T, d doc) {
 			switch tag {
 			case "Chunk":
 				for _, item := range list(m["values"]) {
-					if method == "orchestration.subscribeShell" {
+					if method == "orchestration.subscribeShell" || method == "orchestration.subscribeArchivedShell" {
 						sh.shellItem(item)
 					} else {
 						sh.threadItem(item)

@@ -91,7 +91,7 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 			if v.Type != mcptools.StringAnswerValue || !slices.Contains(approvalDecisions, v.String) {
 				return nil, fmt.Errorf("answer to %q must be one of: %s", k, strings.Join(approvalDecisions, ", "))
 			}
-			return t3.RespondDecision(threadID, pending.ID, v.String), nil
+			return t3.RespondDecision(threadID, pending.ID, t3rpc.ApprovalDecision(v.String)), nil
 		}
 	}
 	if item == nil {
