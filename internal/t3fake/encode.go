@@ -3,6 +3,7 @@ package t3fake
 import (
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-faster/jx"
@@ -33,20 +34,35 @@ func optI64(v int64) t3rpc.OptInt64 { return t3rpc.NewOptInt64(v) }
 // encoder is what every generated type has; Encode writes one JSON value.
 type encoder interface{ Encode(e *jx.Encoder) }
 
+// encoders reuses jx.Encoders and their buffers: an encoder that starts empty grows its buffer
+// several times per value, which was a quarter of the fake's CPU under load (docs/benchmarks.md).
+var encoders = sync.Pool{New: func() any { return &jx.Encoder{} }}
+
+// maxPooledEncoder keeps a thread projection's multi-megabyte buffer out of the pool.
+const maxPooledEncoder = 64 << 10
+
+// withEncoder runs f on a pooled, empty encoder and returns a copy of what it wrote, sized exactly.
+func withEncoder(f func(e *jx.Encoder)) jx.Raw {
+	e := encoders.Get().(*jx.Encoder)
+	e.Reset()
+	f(e)
+	out := jx.Raw(append(make([]byte, 0, len(e.Bytes())), e.Bytes()...))
+	if cap(e.Bytes()) <= maxPooledEncoder {
+		encoders.Put(e)
+	}
+	return out
+}
+
 // encode renders one generated value to its wire bytes. Stream items are encoded once here and the
 // bytes are shared by every subscriber, which keeps fan-out cheap under load.
 func encode(v encoder) jx.Raw {
-	var e jx.Encoder
-	v.Encode(&e)
-	return jx.Raw(e.Bytes())
+	return withEncoder(v.Encode)
 }
 
 // jsonString encodes s as a JSON string value, for the jx.Raw fields (defects, errors) that carry
 // free-form JSON.
 func jsonString(s string) jx.Raw {
-	var e jx.Encoder
-	e.Str(s)
-	return jx.Raw(e.Bytes())
+	return withEncoder(func(e *jx.Encoder) { e.Str(s) })
 }
 
 // isoMillis is T3's timestamp format: UTC, milliseconds, Z.
@@ -78,5 +94,12 @@ func excerpt(s string, n int) string {
 // pathEscapeColons mirrors how T3 nests one id inside another (run:thread:x:ordinal:1 becomes
 // run%3Athread%3Ax%3Aordinal%3A1 inside a node or item id), so nested ids stay unambiguous.
 func pathEscapeColons(s string) string {
-	return strings.NewReplacer("%", "%25", ":", "%3A").Replace(s)
+	if !strings.ContainsAny(s, "%:") {
+		return s
+	}
+	return colonEscaper.Replace(s)
 }
+
+// colonEscaper is built once: strings.NewReplacer compiles its table on first use, which per call
+// was a tenth of the fake's CPU under load.
+var colonEscaper = strings.NewReplacer("%", "%25", ":", "%3A")

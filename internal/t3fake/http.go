@@ -50,9 +50,20 @@ func (s *Server) routes() http.Handler {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v encoder) {
+	writeEncoded(w, status, v.Encode)
+}
+
+// writeEncoded writes what f encodes, from a pooled encoder's buffer (no copy of the body).
+func writeEncoded(w http.ResponseWriter, status int, f func(e *jx.Encoder)) {
+	e := encoders.Get().(*jx.Encoder)
+	e.Reset()
+	f(e)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(encode(v))
+	_, _ = w.Write(e.Bytes())
+	if cap(e.Bytes()) <= maxPooledEncoder {
+		encoders.Put(e)
+	}
 }
 
 // traceID imitates T3's per-response trace ids; nothing depends on their value.
@@ -230,12 +241,17 @@ func (s *Server) handleThread(w http.ResponseWriter, r *http.Request) {
 	}
 	p, seq := s.projection(th), s.head
 	s.mu.Unlock()
-	out := t3api.ThreadSnapshot{SnapshotSequence: seq}
-	if err := toAPI(&p, &out.Projection); err != nil {
-		internalError(w, "orchestration_thread_snapshot_failed")
-		return
-	}
-	writeJSON(w, http.StatusOK, &out)
+	// t3api.ThreadSnapshot's fields, in its order, with the t3rpc projection encoded in place:
+	// both packages are generated from the same model.json, so the bytes are the ones a
+	// t3rpc→t3api round trip would give (TestThreadBodyMatchesAPIRoundTrip), without it.
+	writeEncoded(w, http.StatusOK, func(e *jx.Encoder) {
+		e.ObjStart()
+		e.FieldStart("snapshotSequence")
+		e.Int64(seq)
+		e.FieldStart("projection")
+		p.Encode(e)
+		e.ObjEnd()
+	})
 }
 
 // History cursors are opaque to clients; inside they name the ordinal of the oldest item already
@@ -265,7 +281,8 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 		threadNotFound(w)
 		return
 	}
-	p, seq := s.projection(th), s.head
+	p, seq := s.projectionTail(th, s.historyPage), s.head
+	total := len(th.items)
 	s.mu.Unlock()
 	out := t3api.BoundedThreadSnapshot{
 		SnapshotSequence:       seq,
@@ -276,16 +293,26 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 	if n := len(p.Runs); n > 0 {
 		out.LatestLocalTurnOrdinal = t3api.NewOptNilInt64(p.Runs[n-1].Ordinal)
 	}
-	if n := len(p.TurnItems); n > s.historyPage {
-		p.TurnItems = p.TurnItems[n-s.historyPage:]
+	if total > len(p.TurnItems) {
 		out.HistoryCursor = t3api.NewOptNilString(historyCursor(p.TurnItems[0].Ordinal))
 		out.HasMoreHistory = t3api.NewOptBool(true)
 	}
-	if err := toAPI(&p, &out.Projection); err != nil {
-		internalError(w, "orchestration_thread_snapshot_failed")
-		return
-	}
-	writeJSON(w, http.StatusOK, &out)
+	// t3api.BoundedThreadSnapshot's fields in its order, the projection encoded from t3rpc in
+	// place (see handleThread).
+	writeEncoded(w, http.StatusOK, func(e *jx.Encoder) {
+		e.ObjStart()
+		e.FieldStart("snapshotSequence")
+		e.Int64(out.SnapshotSequence)
+		e.FieldStart("projection")
+		p.Encode(e)
+		e.FieldStart("historyCursor")
+		out.HistoryCursor.Encode(e)
+		e.FieldStart("hasMoreHistory")
+		out.HasMoreHistory.Encode(e)
+		e.FieldStart("latestLocalTurnOrdinal")
+		out.LatestLocalTurnOrdinal.Encode(e)
+		e.ObjEnd()
+	})
 }
 
 func (s *Server) handleHistory(w http.ResponseWriter, r *http.Request) {

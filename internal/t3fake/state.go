@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
+	"time"
 
 	"github.com/go-faster/jx"
 
@@ -35,13 +37,41 @@ type thread struct {
 // share a sequence, as in T3 (the shell item carries the sequence of its last event); project
 // items have a sequence of their own.
 type logEntry struct {
-	seq        int64
-	threadID   string
-	thread     jx.Raw // encoded ThreadStreamItem (kind event), or nil
-	threadKind string
-	shell      jx.Raw // encoded ShellStreamItem, or nil
-	shellKind  string
+	seq      int64
+	threadID string
+	// The thread event, if the entry has one. It is encoded into a ThreadStreamItem only when a
+	// thread subscriber needs it (threadItem): under load nobody subscribes to most threads, and
+	// building every event's envelope was much of the fake's cost per step.
+	evType    string // "" when the entry has no thread event
+	evRunID   string
+	evAt      time.Time
+	evPayload jx.Raw
+	thread    jx.Raw // the encoded ThreadStreamItem, once made
+	shell     jx.Raw // encoded ShellStreamItem, or nil
+	shellKind string
 }
+
+// threadItem returns the entry's encoded ThreadStreamItem (kind event), encoding it on first use.
+// Callers hold Server.mu.
+func (e *logEntry) threadItem() jx.Raw {
+	if e.thread == nil && e.evType != "" {
+		ev := t3rpc.DomainEvent{
+			ID:         "event:thread:" + e.threadID + ":sequence:" + strconv.FormatInt(e.seq, 10),
+			ThreadId:   e.threadID,
+			OccurredAt: iso(e.evAt),
+			Type:       e.evType,
+			Payload:    e.evPayload,
+		}
+		if e.evRunID != "" {
+			ev.RunId = optStr(e.evRunID)
+		}
+		item := t3rpc.ThreadStreamItem{Kind: "event", Sequence: optI64(e.seq), Event: t3rpc.NewOptDomainEvent(ev)}
+		e.thread = encode(&item)
+	}
+	return e.thread
+}
+
+func (e *logEntry) threadKind() string { return "thread:" + e.evType }
 
 // maxReceipts is how many commandIds the fake remembers. T3 keeps receipts forever; a bound keeps
 // a long load run's memory flat, and a retry comes long before 100,000 newer commands.
@@ -144,23 +174,15 @@ func (s *Server) logFrom(after int64) int {
 // emit appends one domain event of th to the log and queues it on th's subscriptions.
 func (s *Server) emit(th *thread, runID, typ string, payload jx.Raw) {
 	s.head++
-	seq := s.head
-	ev := t3rpc.DomainEvent{
-		ID:         fmt.Sprintf("event:thread:%s:sequence:%d", th.id, seq),
-		ThreadId:   th.id,
-		OccurredAt: s.ts(),
-		Type:       typ,
-		Payload:    payload,
+	s.appendLog(logEntry{seq: s.head, threadID: th.id, evType: typ, evRunID: runID, evAt: s.now(), evPayload: payload})
+	subs := s.threadSubs[th.id]
+	if len(subs) == 0 {
+		return
 	}
-	if runID != "" {
-		ev.RunId = optStr(runID)
-	}
-	item := t3rpc.ThreadStreamItem{Kind: "event", Sequence: optI64(seq), Event: t3rpc.NewOptDomainEvent(ev)}
-	raw := encode(&item)
-	kind := "thread:" + typ
-	s.appendLog(logEntry{seq: seq, threadID: th.id, thread: raw, threadKind: kind})
-	for sb := range s.threadSubs[th.id] {
-		sb.push(queued{raw: raw, kind: kind, seq: seq})
+	e := &s.log[len(s.log)-1]
+	raw, kind := e.threadItem(), e.threadKind()
+	for sb := range subs {
+		sb.push(queued{raw: raw, kind: kind, seq: e.seq})
 	}
 }
 
@@ -187,12 +209,23 @@ func (s *Server) shellItem(item t3rpc.ShellStreamItem, threadID string, sameSeq 
 		s.appendLog(logEntry{seq: s.head, threadID: threadID})
 	}
 	raw := encode(&item)
-	kind := "shell:" + item.Kind
+	kind := shellKind(item.Kind)
 	last := &s.log[len(s.log)-1]
 	last.shell, last.shellKind = raw, kind
 	for sb := range s.shellSubs {
 		sb.push(queued{raw: raw, kind: kind, seq: s.head})
 	}
+}
+
+// shellKind is the OnItemSent kind of a shell item; the common ones without an allocation.
+func shellKind(k string) string {
+	switch k {
+	case "thread.updated":
+		return "shell:thread.updated"
+	case "project.updated":
+		return "shell:project.updated"
+	}
+	return "shell:" + k
 }
 
 // touch marks th changed now.
@@ -222,13 +255,21 @@ func (s *Server) shellSnapshot() t3rpc.ShellSnapshot {
 	return snap
 }
 
-func (s *Server) projection(th *thread) t3rpc.ThreadProjection {
+func (s *Server) projection(th *thread) t3rpc.ThreadProjection { return s.projectionTail(th, -1) }
+
+// projectionTail copies th's projection; with lastItems ≥ 0 only that many of the newest turn
+// items (the bounded read's page), so a bounded read of a long thread does not copy all of them.
+func (s *Server) projectionTail(th *thread, lastItems int) t3rpc.ThreadProjection {
+	items := th.items
+	if lastItems >= 0 && len(items) > lastItems {
+		items = items[len(items)-lastItems:]
+	}
 	p := t3rpc.ThreadProjection{
 		Thread:          th.app,
 		Runs:            make([]t3rpc.Run, len(th.runs)),
 		RuntimeRequests: append([]t3rpc.RuntimeRequest{}, th.requests...),
 		Messages:        append([]t3rpc.Message{}, th.messages...),
-		TurnItems:       append([]t3rpc.TurnItem{}, th.items...),
+		TurnItems:       append([]t3rpc.TurnItem{}, items...),
 		Checkpoints:     append([]t3rpc.Checkpoint{}, th.checkpoints...),
 		UpdatedAt:       optStr(th.updatedAt),
 	}

@@ -330,9 +330,9 @@ func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
 	defer s.mu.Unlock()
 	var first []queued
 	if after, set := in.AfterSequence.Get(); set && s.canReplay(after) {
-		for _, e := range s.log[s.logFrom(after):] {
-			if e.thread != nil && e.threadID == th.id {
-				first = append(first, queued{raw: e.thread, kind: e.threadKind, seq: e.seq})
+		for i := s.logFrom(after); i < len(s.log); i++ {
+			if e := &s.log[i]; e.evType != "" && e.threadID == th.id {
+				first = append(first, queued{raw: e.threadItem(), kind: e.threadKind(), seq: e.seq})
 			}
 		}
 	} else {
@@ -425,13 +425,41 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 	}
 	c.mu.Unlock()
 	for _, ch := range chunks {
-		values := make([]jx.Raw, len(ch.items))
-		for i, q := range ch.items {
-			values[i] = q.raw
-		}
-		out = append(out, encode(t3rpc.NewChunkServerMessage(t3rpc.Chunk{Tag: "Chunk", RequestId: ch.id, Values: values})))
+		out = append(out, chunkFrame(ch.id, ch.items))
 	}
 	return out, chunks
+}
+
+// chunkFrame is the Chunk message for items, byte for byte what encoding t3rpc.ServerMessage
+// gives ({"_tag":"Chunk","requestId":…,"values":[…]}), assembled in one buffer of the right
+// size: the items are already encoded, and a growing encoder copied each chunk several times.
+func chunkFrame(id t3rpc.RequestId, items []queued) jx.Raw {
+	head := withEncoder(func(e *jx.Encoder) {
+		e.ObjStart()
+		e.FieldStart("_tag")
+		e.Str("Chunk")
+		e.FieldStart("requestId")
+		id.Encode(e)
+		e.FieldStart("values")
+		e.ArrStart()
+	})
+	n := len(head) + len(items) + 2
+	for _, q := range items {
+		n += len(q.raw)
+	}
+	buf := append(make([]byte, 0, n), head...)
+	first := true
+	for _, q := range items {
+		if len(q.raw) == 0 {
+			continue
+		}
+		if !first {
+			buf = append(buf, ',')
+		}
+		first = false
+		buf = append(buf, q.raw...)
+	}
+	return append(buf, ']', '}')
 }
 
 func (c *conn) writeLoop() {

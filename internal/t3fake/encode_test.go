@@ -1,0 +1,98 @@
+package t3fake
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// TestThreadBodyMatchesAPIRoundTrip pins that the thread routes, which encode the t3rpc projection
+// in place, send exactly the bytes the t3rpc→t3api round trip they replaced would send: the HTTP
+// schema still accepts every record, and nothing changed on the wire.
+func TestThreadBodyMatchesAPIRoundTrip(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true, HistoryPage: 4})
+	pid := s.AddProject("payments", "/srv/payments")
+	tid := s.AddThread(pid, "Fix the flaky test", "idle")
+	for i := range 3 {
+		if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d", i)); err != nil {
+			t.Fatal(err)
+		}
+		s.StepAll()
+	}
+	if _, err := s.StartRun(tid, "please ask a question first"); err != nil {
+		t.Fatal(err)
+	}
+	s.StepAll() // parked on its question: a pending runtime request in the projection
+
+	s.mu.Lock()
+	th := s.threadByID[tid]
+	p, tail, seq, total := s.projection(th), s.projectionTail(th, 4), s.head, len(th.items)
+	s.mu.Unlock()
+	if total <= 4 || len(tail.TurnItems) != 4 {
+		t.Fatalf("want more than one page of items: %d items, tail %d", total, len(tail.TurnItems))
+	}
+
+	full := t3api.ThreadSnapshot{SnapshotSequence: seq}
+	if err := toAPI(&p, &full.Projection); err != nil {
+		t.Fatal(err)
+	}
+	bounded := t3api.BoundedThreadSnapshot{
+		SnapshotSequence:       seq,
+		HistoryCursor:          t3api.NewOptNilString(historyCursor(tail.TurnItems[0].Ordinal)),
+		HasMoreHistory:         t3api.NewOptBool(true),
+		LatestLocalTurnOrdinal: t3api.NewOptNilInt64(tail.Runs[len(tail.Runs)-1].Ordinal),
+	}
+	if err := toAPI(&tail, &bounded.Projection); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path string
+		want []byte
+	}{
+		{"/api/orchestration/threads/" + tid, encode(&full)},
+		{"/api/orchestration/threads/" + tid + "/bounded", encode(&bounded)},
+	} {
+		r := doHTTP(t, nil, "GET", s.URL()+c.path, bearer(s.Token()), "")
+		if r.status != 200 {
+			t.Fatalf("GET %s: %d %s", c.path, r.status, r.body)
+		}
+		if !bytes.Equal([]byte(r.body), c.want) {
+			t.Errorf("GET %s differs from the t3rpc→t3api round trip:\n got %.400s\nwant %.400s", c.path, r.body, c.want)
+		}
+	}
+}
+
+// TestPathEscapeColons keeps the nesting of ids T3's: % first, then every colon.
+func TestPathEscapeColons(t *testing.T) {
+	for in, want := range map[string]string{
+		"run:thread:x:ordinal:1": "run%3Athread%3Ax%3Aordinal%3A1",
+		"100%:a":                 "100%25%3Aa",
+		"plain":                  "plain",
+	} {
+		if got := pathEscapeColons(in); got != want {
+			t.Errorf("pathEscapeColons(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestChunkFrameMatchesEncoder pins the hand-assembled Chunk frame to the generated encoder's bytes.
+func TestChunkFrameMatchesEncoder(t *testing.T) {
+	items := []queued{{raw: jx.Raw(`{"kind":"synchronized"}`)}, {raw: jx.Raw(`{"a":[1,2]}`)}, {raw: jx.Raw(`"x"`)}}
+	for _, id := range []t3rpc.RequestId{t3rpc.NewStringRequestId("7"), t3rpc.NewInt64RequestId(12)} {
+		for n := 0; n <= len(items); n++ {
+			values := make([]jx.Raw, n)
+			for i := range n {
+				values[i] = items[i].raw
+			}
+			want := encode(t3rpc.NewChunkServerMessage(t3rpc.Chunk{Tag: "Chunk", RequestId: id, Values: values}))
+			if got := chunkFrame(id, items[:n]); !bytes.Equal(got, want) {
+				t.Errorf("chunkFrame(%v, %d items) = %s, want %s", id, n, got, want)
+			}
+		}
+	}
+}
