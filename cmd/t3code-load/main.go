@@ -6,6 +6,10 @@
 //	t3code-load            the full profile (100 machines × 1,000 threads, 1,000 waits, …)
 //	t3code-load -short     the CI profile (a few seconds per phase)
 //	t3code-load -m 10 -t 500 -k 200 -e 500 -duration 10s -json out.json
+//	t3code-load -phases outage -outage 10m -outage-rate 100   the 60,000-event backlog, the slow way
+//
+// The -json report's field names are stable (docs/benchmarks.md lists them; a test fails when one
+// changes): compare runs with it.
 package main
 
 import (
@@ -59,7 +63,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	drain := fs.Duration("drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
 	logLevel := fs.String("log-level", "", "the connector's log level (info)")
 	seedRuns := fs.Int("seed-runs", 0, "finished runs every thread has before the connector starts, -1 for none (1)")
-	phases := fs.String("phases", "", "comma-separated phases to run of thread,latency,compare,throughput (default all)")
+	phases := fs.String("phases", "", "comma-separated phases to run of thread,latency,compare,throughput,outage (default all)")
+	outage := fs.Duration("outage", 0, "outage phase: how long the webhook receiver answers 503 (full 60s, short 10s)")
+	outageRate := fs.Float64("outage-rate", 0, "outage phase: runs per second settling while the receiver is down (full 1000, short 200)")
+	outageThreads := fs.Int("outage-threads", 0, "outage phase: threads per machine the runs go to, so each has several events queued (full 100, short 50)")
+	outageDrain := fs.Duration("outage-drain", 0, "outage phase: longest wait for the backlog to drain once the receiver is back (full 3m, short 1m)")
 	noHook := fs.Bool("no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
 	timeout := fs.Duration("timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
@@ -99,6 +107,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *drain != 0 {
 		cfg.Drain = *drain
+	}
+	if *outage != 0 {
+		cfg.Outage = *outage
+	}
+	if *outageRate != 0 {
+		cfg.OutageRate = *outageRate
+	}
+	setI(&cfg.OutageThreads, *outageThreads)
+	if *outageDrain != 0 {
+		cfg.OutageDrain = *outageDrain
 	}
 	if *script != "" {
 		cfg.Script = *script

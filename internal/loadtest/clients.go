@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-faster/jx"
@@ -91,18 +92,24 @@ type delivery struct {
 }
 
 // receiver is the local webhook endpoint (T3CODE_MCP_HOOK_URL): it answers 204 at once and keeps
-// the arrival time of each event, first delivery only.
+// the arrival time of each event, first delivery only, and the order in which each thread's runs'
+// events arrived. While down (the outage phase) it answers 503 to everything, as a receiver
+// behind a proxy whose backend is gone does.
 type receiver struct {
 	srv *http.Server
 	ln  net.Listener
 	url string
 
-	mu    sync.Mutex
-	seen  map[string]bool
-	byRun map[string]delivery
-	total int
-	dups  int
-	bad   int
+	down    atomic.Bool
+	refused atomic.Int64 // deliveries answered 503 while down
+
+	mu       sync.Mutex
+	seen     map[string]bool
+	byRun    map[string]delivery
+	byThread map[string][]string // thread → run ids, in the order their first events arrived
+	total    int
+	dups     int
+	bad      int
 }
 
 func newReceiver() (*receiver, error) {
@@ -110,13 +117,18 @@ func newReceiver() (*receiver, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, byRun: map[string]delivery{}}
+	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, byRun: map[string]delivery{}, byThread: map[string][]string{}}
 	r.srv = &http.Server{Handler: http.HandlerFunc(r.serve), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = r.srv.Serve(ln) }()
 	return r, nil
 }
 
 func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+	if r.down.Load() {
+		r.refused.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
 	at := time.Now()
 	if err != nil {
@@ -154,6 +166,7 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 		if d.run != "" {
 			if _, ok := r.byRun[d.run]; !ok {
 				r.byRun[d.run] = d
+				r.byThread[d.thread] = append(r.byThread[d.thread], d.run)
 			}
 		}
 	}
@@ -173,6 +186,13 @@ func (r *receiver) forRun(runID string) (delivery, bool) {
 	defer r.mu.Unlock()
 	d, ok := r.byRun[runID]
 	return d, ok
+}
+
+// arrivals is the order in which thread's runs' first events arrived.
+func (r *receiver) arrivals(thread string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.byThread[thread]...)
 }
 
 func (r *receiver) close() {

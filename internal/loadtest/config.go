@@ -85,6 +85,15 @@ type Config struct {
 	// NoHook runs without T3CODE_MCP_HOOK_URL: no events, so the wait path is measured alone.
 	NoHook bool
 
+	// The outage phase: the webhook receiver answers 503 for Outage while runs settle at
+	// OutageRate on OutageThreads threads of each machine (a few threads each, so every thread
+	// has several events queued and per-thread order is tested), then it comes back and the
+	// drain of the backlog is measured, for at most OutageDrain.
+	Outage        time.Duration
+	OutageRate    float64
+	OutageThreads int
+	OutageDrain   time.Duration
+
 	Drain    time.Duration // the longest wait for deliveries after a phase
 	KeepRuns int           // the fakes' KeepRuns (older runs leave a thread's projection)
 	LogLevel string        // the connector's T3CODE_MCP_LOG_LEVEL
@@ -93,7 +102,7 @@ type Config struct {
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 
-	// Phases to run, of thread, latency, compare, throughput (in that order); empty: all.
+	// Phases to run, of thread, latency, compare, throughput, outage (in that order); empty: all.
 	Phases []string
 
 	// InProcess runs the connector inside this process instead of the binary, for profiling
@@ -112,6 +121,8 @@ func Full() Config {
 		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 50,
 		PushRuns: 200, Pollers: []Poller{{time.Second, 200}, {30 * time.Second, 50}}, RunLength: 60 * time.Second,
 		Drain: 60 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
+		// 60,000 events, the backlog of a 10-minute outage at 100/s, built ten times faster.
+		Outage: 60 * time.Second, OutageRate: 1000, OutageThreads: 100, OutageDrain: 3 * time.Minute,
 	}
 }
 
@@ -124,6 +135,7 @@ func Short() Config {
 		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 20,
 		PushRuns: 20, Pollers: []Poller{{time.Second, 20}, {5 * time.Second, 10}}, RunLength: 5 * time.Second,
 		Drain: 30 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
+		Outage: 10 * time.Second, OutageRate: 200, OutageThreads: 50, OutageDrain: time.Minute,
 	}
 }
 
@@ -135,6 +147,7 @@ func Tiny() Config {
 		WaitsPerSession: 50, BigThreadItems: 50, ThreadCalls: 2,
 		PushRuns: 2, Pollers: []Poller{{200 * time.Millisecond, 2}}, RunLength: 500 * time.Millisecond,
 		Drain: 10 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
+		Outage: 2 * time.Second, OutageRate: 10, OutageThreads: 2, OutageDrain: 30 * time.Second,
 	}
 }
 
@@ -173,6 +186,10 @@ func (c Config) withDefaults() Config {
 	}
 	setD(&c.RunLength, f.RunLength)
 	setD(&c.Drain, f.Drain)
+	setD(&c.Outage, f.Outage)
+	setF(&c.OutageRate, f.OutageRate)
+	setI(&c.OutageThreads, f.OutageThreads)
+	setD(&c.OutageDrain, f.OutageDrain)
 	setI(&c.SeedRuns, f.SeedRuns)
 	if c.SeedRuns < 0 {
 		c.SeedRuns = 0 // explicitly none
@@ -193,11 +210,14 @@ func (c Config) withDefaults() Config {
 		// length plus a drain.
 		setup := 2*time.Minute + time.Duration(c.Machines*c.Threads)*time.Millisecond
 		c.Timeout = setup + 2*(c.Duration+c.Drain) + c.RunLength + maxPoll + c.Drain + 2*time.Minute
+		if c.runs("outage") {
+			c.Timeout += c.Outage + c.OutageDrain + time.Minute
+		}
 	}
 	return c
 }
 
-var allPhases = []string{"thread", "latency", "compare", "throughput"}
+var allPhases = []string{"thread", "latency", "compare", "throughput", "outage"}
 
 func (c Config) runs(phase string) bool {
 	return len(c.Phases) == 0 || slices.Contains(c.Phases, phase)
@@ -208,8 +228,9 @@ func (c Config) validate() error {
 	if c.Binary == "" && !c.InProcess {
 		errs = append(errs, errors.New("no connector binary (go build ./cmd/t3code-mcp)"))
 	}
-	if c.Machines < 1 || c.Threads < 1 || c.Waits < 0 || c.Rate < 0 || c.PeakRate < 0 || c.Duration < 0 {
-		errs = append(errs, errors.New("machines and threads must be positive; waits, rates and duration not negative"))
+	if c.Machines < 1 || c.Threads < 1 || c.Waits < 0 || c.Rate < 0 || c.PeakRate < 0 || c.Duration < 0 ||
+		c.Outage < 0 || c.OutageRate < 0 || c.OutageThreads < 0 || c.OutageDrain < 0 {
+		errs = append(errs, errors.New("machines and threads must be positive; waits, rates, durations and the outage's settings not negative"))
 	}
 	for _, p := range c.Phases {
 		if !slices.Contains(allPhases, p) {

@@ -100,9 +100,9 @@ func describe(c Config) string {
 		where += fmt.Sprintf(", phases %v", c.Phases)
 	}
 	return fmt.Sprintf("connector %s, M=%d machines × T=%d threads, K=%d waits, E=%.0f/s (latency), peak %.0f/s, %s phases, script %s, "+
-		"push %d runs, pollers %v over %s runs, t3_thread %d items × %d calls, fake KeepRuns %d, log %s",
+		"push %d runs, pollers %v over %s runs, t3_thread %d items × %d calls, outage %s at %.0f/s on %d threads per machine, fake KeepRuns %d, log %s",
 		where, c.Machines, c.Threads, c.Waits, c.Rate, c.PeakRate, c.Duration, c.Script, c.PushRuns, c.Pollers, c.RunLength,
-		c.BigThreadItems, c.ThreadCalls, c.KeepRuns, c.LogLevel)
+		c.BigThreadItems, c.ThreadCalls, c.Outage, c.OutageRate, c.OutageThreads, c.KeepRuns, c.LogLevel)
 }
 
 func (h *harness) run(ctx context.Context) error {
@@ -127,7 +127,7 @@ func (h *harness) run(ctx context.Context) error {
 	phases := []struct {
 		name string
 		run  func(context.Context) error
-	}{{"thread", h.threadTool}, {"latency", h.latency}, {"compare", h.compare}, {"throughput", h.throughput}}
+	}{{"thread", h.threadTool}, {"latency", h.latency}, {"compare", h.compare}, {"throughput", h.throughput}, {"outage", h.outage}}
 	for _, p := range phases {
 		if !h.cfg.runs(p.name) || (p.name == "thread" && h.big == nil) {
 			continue
@@ -540,14 +540,15 @@ func (h *harness) awaitRun(ctx context.Context, session int, r *run) wake {
 	}
 }
 
-// setPipeline sets every load machine's rate-driven runs (rate 0 stops them).
-func (h *harness) setPipeline(ctx context.Context, total float64, maxLag int64) error {
+// setPipeline sets every load machine's rate-driven runs (rate 0 stops them) on the first limit
+// pipeline threads of each machine (0: all of them).
+func (h *harness) setPipeline(ctx context.Context, total float64, maxLag int64, limit int) error {
 	now := time.Now()
 	per := total / float64(len(h.machines))
 	for _, m := range h.machines {
 		if err := m.do(ctx, func() {
 			p := &m.pipe
-			p.rate, p.start, p.started, p.script, p.maxLag = per, now, 0, h.cfg.Script, maxLag
+			p.rate, p.start, p.started, p.script, p.maxLag, p.limit = per, now, 0, h.cfg.Script, maxLag, limit
 		}); err != nil {
 			return err
 		}
@@ -709,7 +710,7 @@ func (h *harness) latency(ctx context.Context) error {
 	first := h.settledCount()
 	u := h.mark()
 	start := time.Now()
-	if err := h.setPipeline(ctx, cfg.Rate, 0); err != nil {
+	if err := h.setPipeline(ctx, cfg.Rate, 0, 0); err != nil {
 		return err
 	}
 	// Releases spread over the middle 80% of the phase.
@@ -721,7 +722,7 @@ func (h *harness) latency(ctx context.Context) error {
 	if err := sleepCtx(ctx, cfg.Duration); err != nil {
 		return err
 	}
-	if err := h.setPipeline(ctx, 0, 0); err != nil {
+	if err := h.setPipeline(ctx, 0, 0, 0); err != nil {
 		return err
 	}
 	inWindow := h.settledCount() - first
@@ -787,13 +788,13 @@ func (h *harness) throughput(ctx context.Context) error {
 	h.logf("throughput phase: offering %.0f runs/s for %s", cfg.PeakRate, cfg.Duration)
 	u := h.mark()
 	start := time.Now()
-	if err := h.setPipeline(ctx, cfg.PeakRate, maxLag); err != nil {
+	if err := h.setPipeline(ctx, cfg.PeakRate, maxLag, 0); err != nil {
 		return err
 	}
 	if err := sleepCtx(ctx, cfg.Duration); err != nil {
 		return err
 	}
-	if err := h.setPipeline(ctx, 0, 0); err != nil {
+	if err := h.setPipeline(ctx, 0, 0, 0); err != nil {
 		return err
 	}
 	wall := time.Since(start).Seconds()

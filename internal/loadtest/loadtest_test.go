@@ -28,8 +28,9 @@ func buildConnector(t *testing.T) string {
 }
 
 // TestTinyRun runs every phase of the harness against the real binary at a tiny scale: 2
-// machines × 10 threads, 4 waits, a few seconds. It checks that each phase produced its figures
-// and that every transition is accounted for; it asserts nothing about how fast anything was.
+// machines × 10 threads, 4 waits, a few seconds. It checks that each phase produced its figures,
+// that every transition is accounted for and that the events queued during the receiver's outage
+// all arrived, each thread's in order; it asserts nothing about how fast anything was.
 func TestTinyRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the connector binary")
@@ -74,7 +75,10 @@ func TestTinyRun(t *testing.T) {
 	if tp := rep.Throughput; tp == nil || tp.Settled <= 0 || tp.Delivered <= 0 {
 		fail("throughput phase: %+v", tp)
 	}
-	if len(rep.Accounting) != 3 {
+	if o := rep.Outage; o == nil || o.Settled == 0 || o.Refused == 0 || o.Backlog < o.Settled || o.Delivered != o.Settled || o.Undelivered != 0 || o.OrderBroken != 0 || o.OrderChecked == 0 {
+		fail("outage phase: %+v", o)
+	}
+	if len(rep.Accounting) != 4 {
 		fail("accounting: %+v", rep.Accounting)
 	}
 	for _, a := range rep.Accounting {
@@ -85,7 +89,7 @@ func TestTinyRun(t *testing.T) {
 	if rep.PeakRSSKB <= 0 || rep.TotalCPU <= 0 {
 		fail("connector usage: peak RSS %d kB, CPU %s", rep.PeakRSSKB, rep.TotalCPU)
 	}
-	for _, want := range []string{"start-up", "t3_thread", "latency", "compare", "throughput", "peak RSS"} {
+	for _, want := range []string{"start-up", "t3_thread", "latency", "compare", "throughput", "outage", "peak RSS"} {
 		if !strings.Contains(text, want) {
 			fail("report lacks %q", want)
 		}

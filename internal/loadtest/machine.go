@@ -112,6 +112,7 @@ type pipeline struct {
 	started int
 	script  string
 	threads []string
+	limit   int // only the first limit threads take runs; 0: all
 	next    int
 	busy    map[string]bool
 	maxLag  int64 // start nothing while the connector is this many sequences behind the head
@@ -429,9 +430,13 @@ func (m *machine) tick(ctx context.Context, now time.Time) error {
 
 func (m *machine) nextIdle() string {
 	p := &m.pipe
-	for range p.threads {
-		tid := p.threads[p.next]
-		p.next = (p.next + 1) % len(p.threads)
+	ring := p.threads
+	if p.limit > 0 && p.limit < len(ring) {
+		ring = ring[:p.limit]
+	}
+	for range ring {
+		tid := ring[p.next%len(ring)]
+		p.next = (p.next + 1) % len(ring)
 		if !p.busy[tid] {
 			return tid
 		}

@@ -160,6 +160,26 @@ type Throughput struct {
 	Usage     Usage         `json:"usage"`
 }
 
+// Outage is the outage phase: the webhook receiver down while runs settle, then the drain.
+type Outage struct {
+	Down          time.Duration `json:"down_ns"`          // how long the receiver answered 503
+	Offered       float64       `json:"offered_per_s"`    // runs per second offered while it was down
+	Threads       int           `json:"threads"`          // pipeline threads the runs went to
+	Settled       int           `json:"settled"`          // watched runs that settled in T3 while it was down
+	PendingBefore int           `json:"pending_before"`   // the outbox's pending count before the phase
+	Backlog       int           `json:"backlog"`          // the outbox's pending count when the receiver came back
+	CommitWait    time.Duration `json:"commit_wait_ns"`   // from the end of the outage until the backlog held every settled run
+	Refused       int64         `json:"refused"`          // deliveries answered 503 while down
+	Drained       time.Duration `json:"drained_ns"`       // receiver back → every event of the phase received (0: not within the limit)
+	DrainRate     float64       `json:"drain_per_s"`      // backlog / drained
+	Delivered     int           `json:"delivered"`        // of Settled, received by the end of the drain
+	Undelivered   int           `json:"undelivered"`      // of Settled, not received by the end of the drain
+	OrderChecked  int           `json:"threads_checked"`  // threads with two or more events received
+	OrderBroken   int           `json:"order_violations"` // threads whose events arrived out of settling order
+	DownUsage     Usage         `json:"usage_down"`       // the connector while the receiver was down
+	DrainUsage    Usage         `json:"usage_drain"`      // the connector while the backlog drained
+}
+
 // Approach is one way of noticing that runs settled.
 type Approach struct {
 	Name        string           `json:"name"`
@@ -193,6 +213,7 @@ type Report struct {
 	Latency    *Latency      `json:"latency,omitempty"`
 	Compare    []Approach    `json:"compare,omitempty"`
 	Throughput *Throughput   `json:"throughput,omitempty"`
+	Outage     *Outage       `json:"outage,omitempty"`
 	Accounting []Accounting  `json:"accounting,omitempty"`
 	PeakRSSKB  int64         `json:"peak_rss_kb"` // VmHWM at the end
 	TotalCPU   time.Duration `json:"total_cpu_ns"`
@@ -247,6 +268,17 @@ func (r *Report) Text() string {
 			t.Backlog, drained, t.Left, t.Dropped, t.Skipped, t.Behind)
 		p("           event latency: %s", t.Events)
 		p("           connector: %s", t.Usage)
+	}
+	if o := r.Outage; o != nil {
+		p("outage     receiver down %.1f s at %.0f runs/s offered on %d threads: %d runs settled, %d deliveries refused; backlog %d (%d before)",
+			o.Down.Seconds(), o.Offered, o.Threads, o.Settled, o.Refused, o.Backlog, o.PendingBefore)
+		drained := fmt.Sprintf("not drained within the limit: %d of %d received", o.Delivered, o.Settled)
+		if o.Drained > 0 {
+			drained = fmt.Sprintf("drained in %.1f s (%.0f events/s)", o.Drained.Seconds(), o.DrainRate)
+		}
+		p("           receiver back: %s; %d undelivered; per-thread order broken on %d of %d threads checked", drained, o.Undelivered, o.OrderBroken, o.OrderChecked)
+		p("           connector while down: %s", o.DownUsage)
+		p("           connector while draining: %s", o.DrainUsage)
 	}
 	for _, a := range r.Accounting {
 		p("events     %-15s %6d watched runs settled: %6d delivered, %6d still in the outbox at the end, %6d never recorded",

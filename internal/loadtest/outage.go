@@ -1,0 +1,160 @@
+package loadtest
+
+import (
+	"context"
+	"time"
+)
+
+// outage takes the webhook receiver down (it answers 503) for cfg.Outage while runs settle at
+// cfg.OutageRate on cfg.OutageThreads threads of each machine, waits until the outbox holds every
+// one of their events, brings the receiver back and measures the drain: how long until every
+// event of the phase has arrived, whether each thread's events arrived in the order its runs
+// settled, and how many never arrived within cfg.OutageDrain.
+func (h *harness) outage(ctx context.Context) error {
+	cfg := h.cfg
+	if cfg.NoHook {
+		h.warn("outage phase skipped: events are off (-no-hook)")
+		return nil
+	}
+	threads := 0
+	for _, m := range h.machines {
+		threads += min(cfg.OutageThreads, len(m.pipe.threads))
+	}
+	rep := &Outage{Down: cfg.Outage, Offered: cfg.OutageRate, Threads: threads}
+	h.rep.Outage = rep
+	if err := h.idle(ctx); err != nil {
+		return err
+	}
+	hb, err := h.conn.health(ctx)
+	if err != nil {
+		return err
+	}
+	rep.PendingBefore = hb.Events.Pending
+	if rep.PendingBefore > 0 {
+		h.warn("outage phase: %d events were still pending from earlier phases; they are part of the backlog", rep.PendingBefore)
+	}
+
+	h.logf("outage phase: receiver down for %s, %.0f runs/s on %d threads", cfg.Outage, cfg.OutageRate, threads)
+	first := h.settledCount()
+	h.rec.down.Store(true)
+	refused0 := h.rec.refused.Load()
+	u := h.mark()
+	if err := h.setPipeline(ctx, cfg.OutageRate, 0, cfg.OutageThreads); err != nil {
+		return err
+	}
+	if err := sleepCtx(ctx, cfg.Outage); err != nil {
+		return err
+	}
+	if err := h.setPipeline(ctx, 0, 0, 0); err != nil {
+		return err
+	}
+	if err := h.idle(ctx); err != nil {
+		return err
+	}
+	runs := h.settledSince(first)
+	h.phaseRuns = append(h.phaseRuns, phaseRuns{"outage", runs})
+	rep.Settled = len(runs)
+	ps, err := h.pipelineStats(ctx)
+	if err != nil {
+		return err
+	}
+	if ps.behind+ps.skipped > 0 {
+		h.warn("outage phase: %d offered runs not started (harness behind %d, no idle thread %d)", ps.behind+ps.skipped, ps.behind, ps.skipped)
+	}
+
+	// The receiver comes back only once every settled run's event is in the outbox, so that the
+	// drain measures the backlog and not the connector catching up with T3.
+	endDown := time.Now()
+	limit := time.Now().Add(max(time.Minute, cfg.Drain))
+	for {
+		hb, err = h.conn.health(ctx)
+		if err != nil {
+			return err
+		}
+		if hb.Events.Pending-rep.PendingBefore >= rep.Settled {
+			break
+		}
+		if time.Now().After(limit) {
+			h.warn("outage phase: the outbox held %d events %s after the outage, %d runs settled", hb.Events.Pending, time.Since(endDown).Round(time.Second), rep.Settled)
+			break
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	rep.CommitWait = time.Since(endDown)
+	rep.Backlog = hb.Events.Pending
+	rep.Refused = h.rec.refused.Load() - refused0
+	rep.DownUsage = h.usageSince(u)
+
+	h.logf("outage phase: backlog %d; receiver back", rep.Backlog)
+	u = h.mark()
+	back := time.Now()
+	h.rec.down.Store(false)
+	deadline := back.Add(cfg.OutageDrain)
+	for {
+		missing := 0
+		var last time.Time
+		for _, r := range runs {
+			d, ok := h.rec.forRun(r.id)
+			if !ok {
+				missing++
+				continue
+			}
+			if d.at.After(last) {
+				last = d.at
+			}
+		}
+		rep.Delivered, rep.Undelivered = len(runs)-missing, missing
+		if missing == 0 {
+			rep.Drained = max(last.Sub(back), time.Nanosecond)
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	rep.DrainUsage = h.usageSince(u)
+	if rep.Drained > 0 {
+		rep.DrainRate = float64(rep.Backlog) / rep.Drained.Seconds()
+	}
+	rep.OrderChecked, rep.OrderBroken = h.checkOrder(runs)
+	h.logf("outage phase: %d of %d delivered, drained in %s, order broken on %d of %d threads",
+		rep.Delivered, rep.Settled, ms(rep.Drained), rep.OrderBroken, rep.OrderChecked)
+	return nil
+}
+
+// checkOrder compares, for every thread with two or more events received, the order in which its
+// runs' events arrived with the order in which the runs settled (a thread runs one at a time).
+func (h *harness) checkOrder(runs []*run) (checked, broken int) {
+	settled := map[string][]string{} // thread → run ids in settling order
+	for _, r := range runs {
+		settled[r.thread] = append(settled[r.thread], r.id)
+	}
+	for thread, want := range settled {
+		pos := make(map[string]int, len(want))
+		for i, id := range want {
+			pos[id] = i
+		}
+		var got []int
+		for _, id := range h.rec.arrivals(thread) {
+			if i, ok := pos[id]; ok {
+				got = append(got, i)
+			}
+		}
+		if len(got) < 2 {
+			continue
+		}
+		checked++
+		for i := 1; i < len(got); i++ {
+			if got[i] < got[i-1] {
+				broken++
+				break
+			}
+		}
+	}
+	return checked, broken
+}
