@@ -2,7 +2,7 @@
 #
 # t3code-mcp in a container: a static binary on distroless, running as nonroot.
 #
-#   docker build -t t3code-mcp --build-arg VERSION=$(git describe --tags --always --dirty) .
+#   make image     # = docker build -t t3code-mcp --build-arg VERSION=$(git describe --tags --always --dirty) .
 #   docker run -p 127.0.0.1:8000:8000 -v ./t3code.toml:/config/t3code.toml:ro \
 #     -v t3code-mcp-data:/data -e T3_MAC_TOKEN t3code-mcp
 #
@@ -16,9 +16,11 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
+# The version comes from `git describe` on the host (.git stays out of the build context): `make
+# image` passes it; a plain `docker build` without --build-arg reports "dev".
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath \
-      -ldflags "-s -w -X github.com/t3code-mcp/t3code-mcp/internal/server.Version=${VERSION}" \
+      -ldflags "-s -w -X main.version=${VERSION}" \
       -o /out/t3code-mcp ./cmd/t3code-mcp \
  && mkdir -p /out/data /out/config
 

@@ -5,6 +5,9 @@ GO ?= go
 PKGS := ./...
 FUZZTIME ?= 10s
 SHARED_FIXTURES ?= ../shared/fixtures
+# The version the binary reports (banner, `version`, --version, MCP serverInfo.version).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
 
 .PHONY: help sync generate gencheck fmtcheck vet staticcheck test check run build bench fuzz fuzz-short fixtures clean
 
@@ -41,8 +44,12 @@ check: fmtcheck vet staticcheck gencheck test fuzz-short ## everything CI runs
 fuzz-short: ## every fuzz target for 3,000 executions (part of check)
 	@./scripts/fuzz 3000x
 
-build: ## build bin/t3code-mcp
-	$(GO) build -o bin/t3code-mcp ./cmd/t3code-mcp
+build: ## build bin/t3code-mcp, its version stamped from git describe
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/t3code-mcp ./cmd/t3code-mcp
+
+.PHONY: image
+image: ## build the container image t3code-mcp, its version stamped from git describe
+	docker build -t t3code-mcp --build-arg VERSION=$(VERSION) .
 
 run: build ## run the connector (T3CODE_MCP_CONFIG, ./t3code.toml, or the built-in demo machine)
 	./bin/t3code-mcp serve

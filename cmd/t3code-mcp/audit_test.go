@@ -39,7 +39,7 @@ func TestAuditCommandFilters(t *testing.T) {
 
 	run := func(args ...string) (string, string, int) {
 		var out, errb bytes.Buffer
-		code := auditLog(args, &out, &errb)
+		code := run(append([]string{"audit"}, args...), &out, &errb)
 		return out.String(), errb.String(), code
 	}
 	threadsOf := func(jsonLines string) string {

@@ -19,7 +19,6 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
-	"github.com/t3code-mcp/t3code-mcp/internal/server"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 )
@@ -60,10 +59,11 @@ func (r *report) fail(format string, a ...any) {
 // state file, printing one line per check. Exit code: 0 when nothing failed
 // (warnings allowed), 1 otherwise. It reads the environment only; it never
 // changes anything on a machine or at the hook.
-func doctor(ctx context.Context, stdout io.Writer) int {
+func (c *cli) doctor(ctx context.Context) error {
+	stdout := c.stdout
 	r := &report{w: stdout}
-	fmt.Fprintf(stdout, "t3code-mcp %s doctor\n", server.Version)
-	s, err := app.SettingsFromEnv(os.Getenv)
+	fmt.Fprintf(stdout, "t3code-mcp %s doctor\n", Version())
+	s, err := app.SettingsFromEnv(c.getenv)
 	if err != nil {
 		// Report every bad variable; the checks below go on with the defaults.
 		r.section("settings")
@@ -75,31 +75,26 @@ func doctor(ctx context.Context, stdout io.Writer) int {
 	r.section("events")
 	checkHook(ctx, r, s)
 	r.section("server")
-	checkServer(r, s)
+	checkServer(ctx, r, s)
 	r.section("state")
 	checkState(r, s)
 	switch {
 	case r.failed:
 		fmt.Fprintln(stdout, "\ndoctor: problems found (FAIL lines above)")
-		return 1
+		return exitFailed
 	case r.warns > 0:
-		fmt.Fprintf(stdout, "\ndoctor: all good, %d warning(s) above\n", r.warns)
+		fmt.Fprintf(stdout, "\ndoctor: all good, %s above\n", plural(r.warns, "warning"))
 	default:
 		fmt.Fprintln(stdout, "\ndoctor: all good")
 	}
-	return 0
+	return nil
 }
 
 func checkConfig(ctx context.Context, r *report, s app.Settings) {
-	path := s.ConfigPath
-	if path == "" {
-		if _, err := os.Stat("t3code.toml"); err == nil {
-			path = "t3code.toml"
-		}
-	}
+	path := configPath(s)
 	if path == "" {
 		r.section("config")
-		r.fail("no config: T3CODE_MCP_CONFIG is unset and there is no ./t3code.toml, so `serve` would start only the built-in demo machine; copy t3code.example.toml to t3code.toml and add your machines")
+		r.warn("no config: T3CODE_MCP_CONFIG (--config) is unset and there is no ./t3code.toml, so `serve` will start the built-in demo machine (a fake T3 with scripted runs, its state removed at exit); to use real machines copy t3code.example.toml to t3code.toml and add them")
 		return
 	}
 	cfg, err := config.Load(path)
@@ -135,6 +130,11 @@ func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time
 	cctx, cancel := context.WithTimeout(ctx, 4*timeout)
 	defer cancel()
 	d, err := c.Handshake(cctx)
+	var te *t3.Error
+	if errors.As(err, &te) && te.Status == http.StatusNotFound {
+		r.fail("%s answers HTTP 404 at /.well-known/t3/environment, the descriptor every `t3 serve` answers: the url probably does not point at `t3 serve`; check the host and port (T3's default is 3773) and, behind a reverse proxy, that it passes every path to T3", m.URL)
+		return
+	}
 	if err != nil {
 		r.fail("%v", err)
 		return
@@ -360,8 +360,9 @@ func redact(msg string, s app.Settings) string {
 	return msg
 }
 
-func checkServer(r *report, s app.Settings) {
+func checkServer(ctx context.Context, r *report, s app.Settings) {
 	addr := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+	checkListen(ctx, r, addr)
 	ip := net.ParseIP(s.Host)
 	loopback := s.Host == "localhost" || (ip != nil && ip.IsLoopback())
 	switch {
@@ -372,6 +373,46 @@ func checkServer(r *report, s app.Settings) {
 	default:
 		r.warn("serve listens on %s and T3CODE_MCP_TOKEN is not set: anyone who can reach that port can start threads; set T3CODE_MCP_TOKEN", addr)
 	}
+}
+
+// checkListen tries the listen address serve will use: a port another
+// process holds makes serve stop with "address already in use".
+func checkListen(ctx context.Context, r *report, addr string) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		ln.Close()
+		r.ok("the listen address %s is free", addr)
+		return
+	}
+	if isConnector(ctx, addr) {
+		r.warn("a t3code-mcp already serves on %s: a second serve there would stop with \"address already in use\"; use it, stop it, or pick another T3CODE_MCP_PORT (--port)", addr)
+		return
+	}
+	r.fail("serve cannot listen on %s (T3CODE_MCP_HOST/T3CODE_MCP_PORT, --host/--port): %v; another process has it: stop that one or pick another T3CODE_MCP_PORT (--port)", addr, err)
+}
+
+// isConnector reports whether what listens on addr is a t3code-mcp (its /
+// page says so).
+func isConnector(ctx context.Context, addr string) bool {
+	host, port, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/", nil)
+	if err != nil {
+		return false
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	head := make([]byte, len("t3code-mcp "))
+	n, _ := io.ReadFull(resp.Body, head)
+	return string(head[:n]) == "t3code-mcp "
 }
 
 func checkState(r *report, s app.Settings) {

@@ -28,6 +28,7 @@ var settingVars = []string{
 	"T3CODE_MCP_ORIGIN", "T3CODE_MCP_SESSION_TIMEOUT", "T3CODE_MCP_MAX_BODY_BYTES", "T3CODE_MCP_MAX_PROMPT_CHARS",
 	"T3CODE_MCP_MAX_ANSWER_BYTES", "T3CODE_MCP_MAX_WAITS", "T3CODE_MCP_MAX_WAITS_PER_SESSION", "T3CODE_MCP_MAX_WAIT",
 	"T3CODE_MCP_CALL_TIMEOUT", "T3CODE_MCP_T3_TIMEOUT", "T3CODE_MCP_LOG_FORMAT", "T3CODE_MCP_LOG_LEVEL",
+	"T3CODE_MCP_READ_ONLY", "T3CODE_MCP_AUDIT_MAX_BYTES", "T3CODE_MCP_AUDIT_KEEP",
 }
 
 func clearEnv(t *testing.T) {
@@ -36,6 +37,8 @@ func clearEnv(t *testing.T) {
 		t.Setenv(k, "")
 	}
 	t.Setenv("T3CODE_MCP_STATE_DIR", filepath.Join(t.TempDir(), "state"))
+	// doctor tries the listen address: never the shared default 8000.
+	t.Setenv("T3CODE_MCP_PORT", fmt.Sprint(freePort(t)))
 }
 
 // startFake is a protocol-2 fake T3 with two projects.
@@ -143,9 +146,9 @@ func TestDoctor(t *testing.T) {
 			"  ok    the WebSocket (/ws) works; providers ready: codex",
 			`  ok    the allowlist (projects = ["api"]) admits 1 of 2 projects: api (/srv/api)`,
 			"  warn  T3CODE_MCP_HOOK_URL is not set: no events are sent (t3_wait still works)",
-			"  ok    serve listens on 127.0.0.1:8000 (this host only); /mcp needs no token",
+			"  ok    serve listens on 127.0.0.1:", " (this host only); /mcp needs no token", "  ok    the listen address 127.0.0.1:",
 			"  ok    no state file yet at ",
-			"doctor: all good, 1 warning(s) above",
+			"doctor: all good, 1 warning above",
 		},
 		never: []string{"FAIL"},
 	}, {
@@ -206,7 +209,7 @@ func TestDoctor(t *testing.T) {
 			"  ok    the token is valid and has orchestration:read and orchestration:operate",
 			"  warn  the token also has terminal:operate, access:write: only orchestration:read and orchestration:operate are needed; a narrower token limits what a leak could do",
 			"  ok    the WebSocket (/ws) works",
-			"doctor: all good, 2 warning(s) above",
+			"doctor: all good, 2 warnings above",
 		},
 	}, {
 		name: "a read-only token on an operate machine",
@@ -322,12 +325,47 @@ func TestDoctor(t *testing.T) {
 		want:  []string{"  FAIL  T3CODE_MCP_HOOK_SECRET decodes to 5 bytes; Standard Webhooks secrets are 24 to 64 random bytes"},
 		never: []string{"c2hvcnQ"},
 	}, {
-		name: "no config at all",
+		name: "no config at all: serve will start the demo",
 		setup: func(t *testing.T) {
 			t.Chdir(t.TempDir())
 		},
+		want: []string{"  warn  no config: T3CODE_MCP_CONFIG (--config) is unset and there is no ./t3code.toml, so `serve` will start the built-in demo machine", "doctor: all good, 2 warnings above"},
+	}, {
+		name: "a URL that is not t3 serve (404 at the descriptor)",
+		setup: func(t *testing.T) {
+			srv := httptest.NewServer(http.NotFoundHandler())
+			t.Cleanup(srv.Close)
+			useConfig(t, srv.URL, "")
+			t.Setenv(docTokenEnv, good.Token())
+		},
 		code: 1,
-		want: []string{"  FAIL  no config: T3CODE_MCP_CONFIG is unset and there is no ./t3code.toml, so `serve` would start only the built-in demo machine"},
+		want: []string{"answers HTTP 404 at /.well-known/t3/environment, the descriptor every `t3 serve` answers: the url probably does not point at `t3 serve`; check the host and port"},
+	}, {
+		name: "the listen address is taken",
+		setup: func(t *testing.T) {
+			useConfig(t, good.URL(), "")
+			t.Setenv(docTokenEnv, good.Token())
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			t.Setenv("T3CODE_MCP_PORT", fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+		},
+		code: 1,
+		want: []string{"  FAIL  serve cannot listen on 127.0.0.1:", "address already in use; another process has it: stop that one or pick another T3CODE_MCP_PORT (--port)"},
+	}, {
+		name: "the listen address is a running t3code-mcp",
+		setup: func(t *testing.T) {
+			useConfig(t, good.URL(), "")
+			t.Setenv(docTokenEnv, good.Token())
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = w.Write([]byte("t3code-mcp v1: MCP at /mcp, health at /healthz, metrics at /metrics\n"))
+			}))
+			t.Cleanup(srv.Close)
+			t.Setenv("T3CODE_MCP_PORT", fmt.Sprint(srv.Listener.Addr().(*net.TCPAddr).Port))
+		},
+		want: []string{"  warn  a t3code-mcp already serves on 127.0.0.1:"},
 	}, {
 		name: "a config with an unknown key",
 		setup: func(t *testing.T) {
@@ -351,7 +389,7 @@ func TestDoctor(t *testing.T) {
 			t.Setenv(docTokenEnv, good.Token())
 			t.Setenv("T3CODE_MCP_HOST", "0.0.0.0")
 		},
-		want: []string{"  warn  serve listens on 0.0.0.0:8000 and T3CODE_MCP_TOKEN is not set: anyone who can reach that port can start threads"},
+		want: []string{"  warn  serve listens on 0.0.0.0:", " and T3CODE_MCP_TOKEN is not set: anyone who can reach that port can start threads"},
 	}, {
 		name: "listening on every interface with a token",
 		setup: func(t *testing.T) {
@@ -360,7 +398,7 @@ func TestDoctor(t *testing.T) {
 			t.Setenv("T3CODE_MCP_HOST", "0.0.0.0")
 			t.Setenv("T3CODE_MCP_TOKEN", "mcp-bearer-0123456789")
 		},
-		want:  []string{"  ok    serve listens on 0.0.0.0:8000; /mcp requires the bearer in T3CODE_MCP_TOKEN"},
+		want:  []string{"  ok    serve listens on 0.0.0.0:", "; /mcp requires the bearer in T3CODE_MCP_TOKEN"},
 		never: []string{"mcp-bearer-0123456789"},
 	}, {
 		name: "a state file with a dead letter",

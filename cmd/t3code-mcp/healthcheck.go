@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -15,10 +14,11 @@ import (
 // no curl). A listen address of 0.0.0.0 or :: is asked on loopback. /healthz
 // answers 200 while the server runs, whether or not the machines are online:
 // an offline machine is not fixed by restarting the connector.
-func healthcheck(ctx context.Context, stdout, stderr io.Writer) int {
-	s, ok := settings(stderr)
-	if !ok {
-		return 2
+func (c *cli) healthcheck(ctx context.Context) error {
+	stdout, stderr := c.stdout, c.stderr
+	s, err := c.settings()
+	if err != nil {
+		return err
 	}
 	host := s.Host
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
@@ -33,19 +33,19 @@ func healthcheck(ctx context.Context, stdout, stderr io.Writer) int {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "unhealthy: %v\n", err)
-		return 1
+		return exitFailed
 	}
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := hc.Do(req)
 	if err != nil {
 		fmt.Fprintf(stderr, "unhealthy: %s does not answer: %v\n", u, netCause(err))
-		return 1
+		return exitFailed
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		fmt.Fprintf(stderr, "unhealthy: %s answered HTTP %d\n", u, resp.StatusCode)
-		return 1
+		return exitFailed
 	}
 	fmt.Fprintf(stdout, "healthy: %s answered HTTP 200\n", u)
-	return 0
+	return nil
 }

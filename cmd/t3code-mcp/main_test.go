@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
 )
 
 // The tests here run the real binary, built once with the flags the
@@ -51,7 +54,7 @@ func binary(t *testing.T) string {
 	buildOnce.Do(func() {
 		binPath = filepath.Join(binDir, "t3code-mcp")
 		cmd := exec.Command("go", "build", "-trimpath",
-			"-ldflags", "-s -w -X github.com/t3code-mcp/t3code-mcp/internal/server.Version="+testVersion,
+			"-ldflags", "-s -w -X main.version="+testVersion,
 			"-o", binPath, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -252,7 +255,8 @@ var demoToken = regexp.MustCompile(`t3fake-[A-Z2-7]{20,}`)
 func TestServeDemoThroughTheBinary(t *testing.T) {
 	port := freePort(t)
 	const marker = "zebra-prompt-marker-4711"
-	env := baseEnv(t, "T3CODE_MCP_PORT="+strconv.Itoa(port), "T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"))
+	realState := filepath.Join(t.TempDir(), "state")
+	env := baseEnv(t, "T3CODE_MCP_PORT="+strconv.Itoa(port), "T3CODE_MCP_STATE_DIR="+realState)
 	s := startServe(t, t.TempDir(), env, "--log-json", "serve")
 	wantURL := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
 	if s.mcpURL != wantURL {
@@ -373,9 +377,30 @@ func TestServeDemoThroughTheBinary(t *testing.T) {
 		t.Fatalf("healthcheck: %v\n%s", err, out)
 	}
 
+	// The demo's threads live in a state directory of its own, which the
+	// banner names, never in T3CODE_MCP_STATE_DIR.
+	demoState := ""
+	for line := range strings.SplitSeq(banner, "\n") {
+		if rest, ok := strings.CutPrefix(line, "  state:   "); ok {
+			demoState, _, _ = strings.Cut(rest, " (the demo's own, removed at exit)")
+		}
+	}
+	if demoState == "" || strings.HasPrefix(demoState, realState) {
+		t.Fatalf("the demo's state is %q (T3CODE_MCP_STATE_DIR is %s):\n%s", demoState, realState, banner)
+	}
+	if _, err := os.Stat(demoState); err != nil {
+		t.Fatalf("the demo's state file: %v", err)
+	}
+
 	c.s.Close()
 	if code := s.stop(t); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM\nstderr:\n%s", code, s.stderr)
+	}
+	if _, err := os.Stat(filepath.Dir(demoState)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the demo's state directory %s outlived the demo: %v", filepath.Dir(demoState), err)
+	}
+	if entries, err := os.ReadDir(realState); err == nil && len(entries) > 0 {
+		t.Errorf("the demo wrote into T3CODE_MCP_STATE_DIR: %v", entries)
 	}
 
 	// Logs: JSON lines, one per tool call, no token, no prompt.
@@ -477,32 +502,160 @@ func TestStdioRecordsTheOriginFromTheEnvironment(t *testing.T) {
 	}
 }
 
-func TestVersionAndUsage(t *testing.T) {
-	var out, errb bytes.Buffer
-	if code := run([]string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "t3code-mcp ") {
-		t.Fatalf("version: %d %q", code, out.String())
-	}
-	// The stamped binary reports the -X version (the Dockerfile's ldflags path).
-	v, err := exec.Command(binary(t), "version").Output()
-	if err != nil || strings.TrimSpace(string(v)) != "t3code-mcp "+testVersion {
-		t.Fatalf("binary version = %q, %v", v, err)
-	}
-	out.Reset()
-	if code := run([]string{"help"}, &out, &errb); code != 0 {
-		t.Fatalf("help exit %d", code)
-	}
-	for _, sub := range []string{"serve", "stdio", "doctor", "dead-letters", "healthcheck", "version", "--log-json", "--log-level"} {
-		if !strings.Contains(out.String(), sub) {
-			t.Errorf("usage does not mention %s:\n%s", sub, out.String())
+// commandPaths lists every command of the tree, the root first.
+func commandPaths() [][]string {
+	var out [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		out = append(out, path)
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" {
+				continue
+			}
+			walk(sub, append(append([]string(nil), path...), sub.Name()))
 		}
 	}
-	errb.Reset()
-	if code := run([]string{"bogus"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `unknown command "bogus"`) {
-		t.Fatalf("bogus: %d %q", code, errb.String())
+	walk((&cli{}).rootCommand(), nil)
+	return out
+}
+
+// exitOf runs the binary and returns its stdout, stderr and exit code; it
+// never waits more than a minute (a --help that started serving would).
+func exitOf(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd.Env, cmd.Dir = env, t.TempDir()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("%v did not exit within a minute\nstdout:\n%s\nstderr:\n%s", args, out.String(), errb.String())
 	}
-	errb.Reset()
-	if code := run([]string{"--log-level", "loud", "version"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "--log-level") {
-		t.Fatalf("bad level: %d %q", code, errb.String())
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+}
+
+// The command line, through the built binary: every command answers --help
+// and -h with its usage on stdout and exit 0 (serve and stdio do not start,
+// doctor does not check); --version and `version` print the stamped version;
+// a wrong command, flag or value exits 2 with the reason on stderr.
+func TestCommandLine(t *testing.T) {
+	env := baseEnv(t, "T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"), "T3CODE_MCP_PORT="+strconv.Itoa(freePort(t)))
+	paths := commandPaths()
+	if len(paths) < 9 { // root, serve, stdio, doctor, dead-letters, retry, audit, healthcheck, version
+		t.Fatalf("command tree %v", paths)
+	}
+	for _, path := range paths {
+		for _, h := range []string{"--help", "-h"} {
+			args := append(append([]string(nil), path...), h)
+			out, errOut, code := exitOf(t, env, args...)
+			if code != 0 || errOut != "" || !strings.Contains(out, "Usage:\n  t3code-mcp "+strings.Join(path, " ")) {
+				t.Errorf("%v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errOut)
+			}
+		}
+	}
+	out, _, _ := exitOf(t, env, "--help")
+	for _, w := range []string{"serve", "stdio", "doctor", "dead-letters", "audit", "healthcheck", "version",
+		"--config", "--host", "--port", "--state-dir", "--log-level", "--log-json", "--read-only", "--version",
+		"T3CODE_MCP_CONFIG", "T3CODE_MCP_READ_ONLY"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("--help does not mention %s:\n%s", w, out)
+		}
+	}
+	for _, args := range [][]string{{"--version"}, {"version"}, {"--log-level", "debug", "version"}} {
+		if out, errOut, code := exitOf(t, env, args...); code != 0 || out != "t3code-mcp "+testVersion+"\n" || errOut != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"--bogus"}, "unknown flag: --bogus"},
+		{[]string{"serve", "extra"}, `unknown command "extra" for "t3code-mcp serve"`},
+		{[]string{"--log-level", "loud", "version"}, `--log-level / T3CODE_MCP_LOG_LEVEL "loud": want debug, info, warn or error`},
+		{[]string{"--port", "many", "serve"}, `invalid argument "many" for "--port" flag`},
+		{[]string{"--port", "70000", "healthcheck"}, "T3CODE_MCP_PORT=70000: not a port"},
+		{[]string{"audit", "--since", "yesterday"}, "audit: "},
+	} {
+		out, errOut, code := exitOf(t, env, tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(out, "MCP:") {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	// In-process, unstamped: "dev".
+	var o, e bytes.Buffer
+	if code := run([]string{"version"}, &o, &e); code != 0 || o.String() != "t3code-mcp dev\n" {
+		t.Fatalf("version in-process: %d %q", code, o.String())
+	}
+}
+
+// Each setting flag wins over its variable: the environment names a missing
+// config, a bad log level, another port and state directory, and the flags
+// put it right. --read-only offers the read tools only.
+func TestFlagsWinOverTheEnvironment(t *testing.T) {
+	fk := startFake(t)
+	const tokenEnv = "T3_FLAGS_TEST_TOKEN"
+	port, state := freePort(t), filepath.Join(t.TempDir(), "flag-state")
+	env := baseEnv(t,
+		"T3CODE_MCP_CONFIG=/nonexistent/t3code.toml",
+		"T3CODE_MCP_HOST=256.0.0.1",
+		"T3CODE_MCP_PORT=1",
+		"T3CODE_MCP_STATE_DIR=/nonexistent/state",
+		"T3CODE_MCP_LOG_LEVEL=loud",
+		"T3CODE_MCP_LOG_FORMAT=text",
+		"T3CODE_MCP_READ_ONLY=false",
+		tokenEnv+"="+fk.Token(),
+	)
+	cfg := writeConfig(t, fk.URL(), tokenEnv, "")
+	s := startServe(t, t.TempDir(), env, "--config", cfg, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--state-dir", state, "--log-level", "debug", "--log-json", "--read-only", "serve")
+	if want := fmt.Sprintf("http://127.0.0.1:%d/mcp", port); s.mcpURL != want {
+		t.Fatalf("MCP at %q, want %q", s.mcpURL, want)
+	}
+	c := connect(t, &mcp.StreamableClientTransport{Endpoint: s.mcpURL})
+	defer c.s.Close()
+	banner := s.stdout.String()
+	for _, w := range []string{"  config:  " + cfg + " (1 machine)", "  state:   " + filepath.Join(state, "t3code-mcp.db"), "  tools:   read-only"} {
+		if !strings.Contains(banner, w) {
+			t.Errorf("banner lacks %q:\n%s", w, banner)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var names []string
+	for tool, err := range c.s.Tools(ctx, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"t3_machines", "t3_projects", "t3_thread", "t3_wait", "t3_watch"}; !slices.Equal(names, want) {
+		t.Errorf("read-only tools/list = %v, want %v", names, want)
+	}
+	if _, err := c.s.CallTool(ctx, &mcp.CallToolParams{Name: "t3_dispatch", Arguments: map[string]any{"machine": "mac", "project": "api", "prompt": "hi"}}); err == nil || !strings.Contains(err.Error(), `unknown tool "t3_dispatch"`) {
+		t.Errorf("t3_dispatch on a read-only connector: %v", err)
+	}
+	c.s.Close()
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit %d\n%s", code, s.stderr)
+	}
+	// --log-json and --log-level debug over T3CODE_MCP_LOG_FORMAT=text and a bad level.
+	logs := strings.TrimSpace(s.stderr.String())
+	if !strings.Contains(logs, `"level":"DEBUG"`) {
+		t.Errorf("no debug line in the logs:\n%s", logs)
+	}
+	for line := range strings.SplitSeq(logs, "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("not a JSON line: %q", line)
+		}
 	}
 }
 
@@ -828,4 +981,38 @@ func (r headerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header[k] = v
 	}
 	return http.DefaultTransport.RoundTrip(req)
+}
+
+// stdio while another process holds the state file (a serve on the same
+// state directory): the client's initialize fails with the reason, stderr
+// says it too, and the process exits 1.
+func TestStdioWhenTheStateIsHeld(t *testing.T) {
+	fk := startFake(t)
+	const tokenEnv = "T3_HELD_TEST_TOKEN"
+	state := filepath.Join(t.TempDir(), "state")
+	env := baseEnv(t, "T3CODE_MCP_CONFIG="+writeConfig(t, fk.URL(), tokenEnv, ""), "T3CODE_MCP_STATE_DIR="+state,
+		"T3CODE_MCP_PORT="+strconv.Itoa(freePort(t)), tokenEnv+"="+fk.Token())
+	s := startServe(t, t.TempDir(), env, "serve")
+
+	cmd := exec.Command(binary(t), "stdio")
+	cmd.Dir, cmd.SysProcAttr = t.TempDir(), childAttr()
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	cmd.Env = env
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := mcp.NewClient(&mcp.Implementation{Name: "cmd-test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err == nil || !strings.Contains(err.Error(), "the store is in use by another process") || !strings.Contains(err.Error(), "connect this client to that serve over HTTP") {
+		t.Fatalf("initialize: %v\nstderr:\n%s", err, stderr)
+	}
+	_ = cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if !strings.Contains(stderr.String(), "the store is in use by another process") {
+		t.Errorf("stderr does not say why:\n%s", stderr)
+	}
+	if code := s.stop(t); code != 0 {
+		t.Errorf("the serve holding the state exited %d", code)
+	}
 }

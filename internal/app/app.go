@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,14 +27,13 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
 	"github.com/t3code-mcp/t3code-mcp/internal/server"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
-	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 	"github.com/t3code-mcp/t3code-mcp/internal/tools"
 )
 
 // Settings are everything the environment configures (see docs/configuration.md).
 type Settings struct {
-	ConfigPath string // T3CODE_MCP_CONFIG; else ./t3code.toml when present; else the demo machine
+	ConfigPath string // T3CODE_MCP_CONFIG (the command layer falls back to ./t3code.toml)
 	Host       string // T3CODE_MCP_HOST (127.0.0.1)
 	Port       int    // T3CODE_MCP_PORT (8000)
 	StateDir   string // T3CODE_MCP_STATE_DIR
@@ -46,13 +44,14 @@ type Settings struct {
 	Token  string // T3CODE_MCP_TOKEN: bearer required on /mcp
 	Origin string // T3CODE_MCP_ORIGIN: origin of stdio calls
 
+	// ReadOnly (T3CODE_MCP_READ_ONLY) offers only the read tools: the
+	// mutating ones are not even listed.
+	ReadOnly bool
+
 	SessionTimeout time.Duration // T3CODE_MCP_SESSION_TIMEOUT (30m)
 	MaxBodyBytes   int64         // T3CODE_MCP_MAX_BODY_BYTES (4 MiB)
 	HTTPTimeout    time.Duration // T3CODE_MCP_T3_TIMEOUT (15s): each HTTP read of a T3 machine
 	Limits         tools.Limits
-
-	// NoDemo refuses to start the demo machine when no config is found.
-	NoDemo bool
 
 	// Audit log (docs/guardrails.md): <StateDir>/audit.log, rotated by size.
 	AuditMaxBytes int64 // T3CODE_MCP_AUDIT_MAX_BYTES (10 MiB)
@@ -111,6 +110,13 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 			*dst = d
 		}
 	}
+	if v := getenv("T3CODE_MCP_READ_ONLY"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("T3CODE_MCP_READ_ONLY=%q: want true or false", v))
+		}
+		s.ReadOnly = b
+	}
 	intVar("T3CODE_MCP_PORT", &s.Port, 8000)
 	if s.Port > 65535 {
 		errs = append(errs, fmt.Errorf("T3CODE_MCP_PORT=%d: not a port", s.Port))
@@ -147,30 +153,49 @@ type App struct {
 	MCP      *mcp.Server
 	Handler  http.Handler
 	Registry *prometheus.Registry
-	Demo     *t3fake.Server // the built-in demo machine, when no config was found
-	Audit    *audit.Log     // <state dir>/audit.log
+	Audit    *audit.Log // <state dir>/audit.log
 	Log      *slog.Logger
 
 	closeOnce sync.Once
 }
 
-// DemoTokenEnv holds the demo machine's token inside the process.
-const DemoTokenEnv = "T3CODE_MCP_DEMO_TOKEN"
+// Options are what the caller hands the assembly besides the settings.
+type Options struct {
+	Logger  *slog.Logger
+	Version string // MCP serverInfo.version and the / page; "dev" when empty
+	// Config is the machines file, already read; nil reads Settings.ConfigPath,
+	// which must then be set.
+	Config *config.Config
+	// Tokens are bearer tokens by machine name, handed to the fleet directly
+	// (see fleet.Options.Tokens); a machine not listed reads its token_env.
+	Tokens map[string]string
+	// DemoMachines are marked as demo machines in t3_machines and /healthz.
+	DemoMachines map[string]bool
+}
 
 // New builds the connector. It does not start anything: see Run.
-func New(s Settings, log *slog.Logger) (*App, error) {
+func New(s Settings, o Options) (*App, error) {
+	log := o.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &App{Settings: s, Log: log}
-	cfg, demo, err := loadConfig(s, log)
-	if err != nil {
-		return nil, err
+	if o.Version == "" {
+		o.Version = "dev"
 	}
-	a.Config, a.Demo = cfg, demo
+	a := &App{Settings: s, Log: log}
+	cfg := o.Config
+	if cfg == nil {
+		if s.ConfigPath == "" {
+			return nil, errors.New("no config: set T3CODE_MCP_CONFIG (or --config) to a t3code.toml (see t3code.example.toml)")
+		}
+		var err error
+		if cfg, err = config.Load(s.ConfigPath); err != nil {
+			return nil, err
+		}
+	}
+	a.Config = cfg
 	st, err := store.Open(s.StateDir)
 	if err != nil {
-		a.closeDemo()
 		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
 	}
 	a.Store = st
@@ -221,19 +246,16 @@ func New(s Settings, log *slog.Logger) (*App, error) {
 			},
 		})
 	}
-	fo := fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout}
+	fo := fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines}
 	if a.Detector != nil {
 		fo.Sink = a.Detector
-	}
-	if demo != nil {
-		fo.DemoMachines = map[string]bool{"demo": true}
 	}
 	fl = fleet.New(cfg, st, fo)
 	a.Fleet = fl
 
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
-	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin,
+	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		OnCall: func(tool string, _ time.Duration, isError bool) {
 			outcome := "ok"
 			if isError {
@@ -260,71 +282,17 @@ func New(s Settings, log *slog.Logger) (*App, error) {
 		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
 	}
 	a.Audit, a.Deps.Audit = al, al
-	a.MCP = server.NewMCPServer(a.Deps)
-	a.Handler = server.Handler(a.MCP, fl, server.Options{
+	a.MCP = server.NewMCPServer(a.Deps, o.Version)
+	a.Handler = server.Handler(a.MCP, fl, server.Options{Version: o.Version,
 		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
 		Health: func() map[string]any { return server.OutboxHealth(st, s.HookURL != "") },
 	})
 	return a, nil
 }
 
-// loadConfig reads T3CODE_MCP_CONFIG, else ./t3code.toml, else starts the
-// demo machine.
-func loadConfig(s Settings, log *slog.Logger) (*config.Config, *t3fake.Server, error) {
-	path := s.ConfigPath
-	if path == "" {
-		if _, err := os.Stat("t3code.toml"); err == nil {
-			path = "t3code.toml"
-		}
-	}
-	if path != "" {
-		cfg, err := config.Load(path)
-		return cfg, nil, err
-	}
-	if s.NoDemo {
-		return nil, nil, errors.New("no config: set T3CODE_MCP_CONFIG or create ./t3code.toml (see t3code.example.toml)")
-	}
-	demo, err := StartDemo()
-	if err != nil {
-		return nil, nil, fmt.Errorf("starting the demo machine: %w", err)
-	}
-	if err := os.Setenv(DemoTokenEnv, demo.Token()); err != nil {
-		demo.Close()
-		return nil, nil, err
-	}
-	log.Info("no t3code.toml found: serving the built-in demo machine", "url", demo.URL())
-	return &config.Config{Path: "(built-in demo)", Machines: []config.Machine{{
-		Name: "demo", URL: demo.URL(), TokenEnv: DemoTokenEnv, Projects: []string{"*"}, Access: config.AccessOperate,
-	}}}, demo, nil
-}
-
-// StartDemo starts the fake T3 server that plays the demo machine, with a
-// demo project and scripted runs picked by a word in the prompt.
-func StartDemo() (*t3fake.Server, error) {
-	fk, err := t3fake.New(t3fake.Options{Label: "demo", StepDelay: 300 * time.Millisecond})
-	if err != nil {
-		return nil, err
-	}
-	fk.AddProject("demo", "/srv/demo")
-	return fk, nil
-}
-
-// DemoHelp describes the demo's scripted runs.
-func DemoHelp() string {
-	var b strings.Builder
-	b.WriteString("demo machine: project \"demo\"; the prompt picks the run:\n")
-	for _, sc := range t3fake.Scripts {
-		words := "(any other prompt)"
-		if len(sc.Words) > 0 {
-			words = "a word starting with " + strings.Join(sc.Words, " or ")
-		}
-		fmt.Fprintf(&b, "  %-8s %s\n", sc.Name, words)
-	}
-	return b.String()
-}
-
 // Run runs the machines and the outbox until ctx ends.
 func (a *App) Run(ctx context.Context) {
+	a.logMachines()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Fleet.Run(ctx) }()
@@ -335,7 +303,23 @@ func (a *App) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// Close releases the store and the demo machine.
+// logMachines says at start, one line per machine, what state each is in: a
+// machine that cannot be used at all (a token variable unset) is a warning.
+func (a *App) logMachines() {
+	if len(a.Fleet.Machines()) == 0 {
+		a.Log.Warn("no machines configured: add a [machines.NAME] table to the config", "config", a.Config.Path)
+	}
+	for _, m := range a.Fleet.Machines() {
+		in := m.Info()
+		if in.Status == fleet.Misconfigured {
+			a.Log.Warn("machine misconfigured: it stays unusable until fixed and restarted", "machine", in.Name, "url", in.URL, "status", in.Status, "problem", in.Problem)
+			continue
+		}
+		a.Log.Info("machine configured; connecting", "machine", in.Name, "url", in.URL, "status", "connecting")
+	}
+}
+
+// Close releases the store and the audit log.
 func (a *App) Close() {
 	a.closeOnce.Do(func() {
 		if a.MCP != nil {
@@ -350,12 +334,5 @@ func (a *App) Close() {
 		if a.Audit != nil {
 			_ = a.Audit.Close()
 		}
-		a.closeDemo()
 	})
-}
-
-func (a *App) closeDemo() {
-	if a.Demo != nil {
-		a.Demo.Close()
-	}
 }

@@ -96,7 +96,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.ConfigPath, s.StateDir, s.NoDemo = h.cfgPath, h.stateDir, true
+	s.ConfigPath, s.StateDir = h.cfgPath, h.stateDir
 	if o.hook {
 		h.hook = newReceiver(t)
 		s.HookURL, s.HookToken, s.HookSecret = h.hook.srv.URL, "hook-token-7f3a", "whsec_"+"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -105,7 +105,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		o.settings(&s)
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a, err := app.New(s, log)
+	a, err := app.New(s, app.Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -273,7 +273,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	h.waitOnline("mac")
 
 	// A recovered panic: the same tools on a server whose store is missing.
-	srv := server.NewMCPServer(&tools.Deps{Fleet: h.app.Fleet, Logger: h.app.Log, Limits: h.app.Settings.Limits})
+	srv := server.NewMCPServer(&tools.Deps{Fleet: h.app.Fleet, Logger: h.app.Log, Limits: h.app.Settings.Limits}, "test")
 	ct, st := mcp.NewInMemoryTransports()
 	ss, err := srv.Connect(context.Background(), st, nil)
 	if err != nil {

@@ -42,6 +42,10 @@ type Options struct {
 	Sink watch.Sink
 	// DemoMachines are marked demo in t3_machines.
 	DemoMachines map[string]bool
+	// Tokens are bearer tokens the caller hands over directly, by machine
+	// name; a machine listed here does not read its token_env. They live in
+	// memory only: never written to a file, a log or an error.
+	Tokens map[string]string
 	// MinBackoff/MaxBackoff of reconnects (tests shorten them).
 	MinBackoff, MaxBackoff time.Duration
 }
@@ -80,11 +84,11 @@ func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
 	f := &Fleet{byName: map[string]*Machine{}, store: st, log: o.Logger}
 	for _, mc := range cfg.Machines {
 		m := &Machine{Name: mc.Name, Config: mc, Demo: o.DemoMachines[mc.Name], log: o.Logger.With("machine", mc.Name), status: Offline}
-		token, err := mc.Token()
+		token, err := tokenOf(mc, o.Tokens)
 		if err != nil {
-			m.status, m.problem = Misconfigured, fmt.Errorf("machine %q is misconfigured: %w", mc.Name, err)
+			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
 		} else if c, err := t3.NewClient(mc.Name, mc.URL, token, t3.Options{Timeout: o.HTTPTimeout, Logger: o.Logger}); err != nil {
-			m.status, m.problem = Misconfigured, fmt.Errorf("machine %q is misconfigured: %w", mc.Name, err)
+			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
 		} else {
 			m.client = c
 			m.watcher = watch.New(mc.Name, m.connect, watch.Options{Logger: o.Logger, Sink: o.Sink, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff})
@@ -93,6 +97,21 @@ func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
 		f.byName[mc.Name] = m
 	}
 	return f
+}
+
+// misconfigured says why a machine cannot be used, naming it once: the cause
+// may already start with `machine "x": `.
+func misconfigured(name string, err error) error {
+	msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("machine %q: ", name))
+	return fmt.Errorf("machine %q is misconfigured: %s", name, msg)
+}
+
+// tokenOf is the machine's token: the one handed over, else its token_env.
+func tokenOf(mc config.Machine, tokens map[string]string) (string, error) {
+	if t, ok := tokens[mc.Name]; ok && t != "" {
+		return t, nil
+	}
+	return mc.Token()
 }
 
 // Run runs every machine's watcher until ctx ends.

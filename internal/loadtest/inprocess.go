@@ -32,14 +32,13 @@ func startInProcess(dir string, env []string) (*connector, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.NoDemo = true
 	logf, err := os.Create(filepath.Join(dir, "connector.log"))
 	if err != nil {
 		return nil, err
 	}
 	level := slog.LevelInfo
 	_ = level.UnmarshalText([]byte(vals["T3CODE_MCP_LOG_LEVEL"]))
-	a, err := app.New(s, slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: level})))
+	a, err := app.New(s, app.Options{Logger: slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: level}))})
 	if err != nil {
 		logf.Close()
 		return nil, err

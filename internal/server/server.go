@@ -21,17 +21,15 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/tools"
 )
 
-// Version is the connector's version, set at build time.
-var Version = "dev"
-
 // Instructions tell an agent how the tools fit together.
 const Instructions = `t3code-mcp runs coding threads on T3 Code machines. Start with t3_machines, then t3_projects(machine).
 t3_dispatch starts a run and returns a thread_id at once; t3_wait(thread_id) blocks until the run completes,
 fails, is interrupted or asks a question (answer with t3_answer); t3_thread reads the state without waiting.`
 
-// NewMCPServer makes the MCP server with the eight tools.
-func NewMCPServer(d *tools.Deps) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: Version}, &mcp.ServerOptions{
+// NewMCPServer makes the MCP server with the eight tools; version is its
+// serverInfo.version (the binary's, stamped at build time).
+func NewMCPServer(d *tools.Deps, version string) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: version}, &mcp.ServerOptions{
 		Instructions: Instructions,
 		Logger:       d.Logger,
 	})
@@ -41,6 +39,8 @@ func NewMCPServer(d *tools.Deps) *mcp.Server {
 
 // Options for the HTTP handler.
 type Options struct {
+	// Version is shown on the / page.
+	Version string
 	// Token, when set, is required as `Authorization: Bearer <token>` on /mcp.
 	Token string
 	// SessionTimeout closes idle MCP sessions (the SDK's KeepAlive is not
@@ -85,7 +85,7 @@ func Handler(srv *mcp.Server, f *fleet.Fleet, o Options) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("t3code-mcp " + Version + ": MCP at /mcp, health at /healthz, metrics at /metrics\n"))
+		_, _ = w.Write([]byte("t3code-mcp " + o.Version + ": MCP at /mcp, health at /healthz, metrics at /metrics\n"))
 	})
 	return mux
 }

@@ -36,7 +36,7 @@ func start(t *testing.T, o server.Options) *httptest.Server {
 	log := slog.New(slog.DiscardHandler)
 	f := fleet.New(&config.Config{}, st, fleet.Options{Logger: log})
 	d := &tools.Deps{Fleet: f, Store: st, Logger: log}
-	srv := server.NewMCPServer(d)
+	srv := server.NewMCPServer(d, "test")
 	o.Logger = log
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()

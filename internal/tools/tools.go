@@ -88,6 +88,10 @@ type Deps struct {
 	Detector *events.Detector
 	Logger   *slog.Logger
 	Limits   Limits
+	// ReadOnly registers only the read tools: the mutating ones
+	// (t3_dispatch, t3_answer, t3_interrupt) are not listed and cannot be
+	// called (T3CODE_MCP_READ_ONLY).
+	ReadOnly bool
 	// DefaultOrigin is used when a call carries no X-Conversation-Origin
 	// header (stdio: T3CODE_MCP_ORIGIN).
 	DefaultOrigin string
@@ -161,6 +165,9 @@ func Register(s *mcp.Server, d *Deps) {
 	}
 	d.Limits = d.Limits.withDefaults()
 	for _, t := range All() {
+		if d.ReadOnly && mutating[t.Spec.Name] {
+			continue
+		}
 		s.AddTool(mcpTool(t.Spec), wrap(d, t.Spec.Name, t.Handler(d)))
 	}
 }

@@ -13,12 +13,13 @@ import (
 	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
+	"github.com/t3code-mcp/t3code-mcp/internal/demo"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
 // connector runs t3code-mcp in-process behind a real 127.0.0.1 listener and
-// returns its MCP URL. With cfg "" it serves the built-in demo machine (the
-// working directory is a fresh one, so no ./t3code.toml is picked up).
+// returns its MCP URL. With cfg "" it serves the built-in demo machine, as the binary
+// does without a config.
 func connector(t *testing.T, cfg string, edit func(*app.Settings)) string {
 	t.Helper()
 	t.Chdir(t.TempDir())
@@ -30,7 +31,17 @@ func connector(t *testing.T, cfg string, edit func(*app.Settings)) string {
 	if edit != nil {
 		edit(&s)
 	}
-	a, err := app.New(s, slog.New(slog.DiscardHandler))
+	o := app.Options{Logger: slog.New(slog.DiscardHandler)}
+	if cfg == "" {
+		// What the binary does without a config.
+		d, err := demo.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		o.Config, o.Tokens, o.DemoMachines, s.StateDir = d.Config(), d.Tokens(), d.Machines(), d.StateDir()
+	}
+	a, err := app.New(s, o)
 	if err != nil {
 		t.Fatal(err)
 	}

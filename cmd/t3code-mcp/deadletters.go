@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func (c *cli) deadLettersCommand() *cobra.Command {
+	list := &cobra.Command{
+		Use:   "dead-letters",
+		Short: "list events the hook never accepted; \"dead-letters retry [id…]\" requeues them",
+		Long: `List the events that could not be delivered (id, thread, when, attempts, last error).
+The state file is locked while a connector runs: stop it first.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error { return c.listDeadLetters() },
+	}
+	list.AddCommand(&cobra.Command{
+		Use:   "retry [id…]",
+		Short: "requeue dead letters (all of them when no id is given)",
+		Long: `Requeue dead letters, all of them when no id is given; they are delivered on the
+connector's next pass. The state file is locked while a connector runs: stop it first.`,
+		RunE: func(_ *cobra.Command, ids []string) error { return c.retryDeadLetters(ids) },
+	})
+	return list
+}
+
+func (c *cli) listDeadLetters() error {
+	s, err := c.settings()
+	if err != nil {
+		return err
+	}
+	st, err := openStore(s)
+	if err != nil {
+		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
+		return exitFailed
+	}
+	defer st.Close()
+	dead, err := st.Dead()
+	if err != nil {
+		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
+		return exitFailed
+	}
+	for _, e := range dead {
+		fmt.Fprintf(c.stdout, "%s\t%s\t%s\tattempts=%d\t%s\n", e.ID, e.Stream, e.DeadAt.Format(time.RFC3339), e.Attempts, strings.ReplaceAll(e.LastError, "\n", " "))
+	}
+	fmt.Fprintln(c.stdout, plural(len(dead), "dead letter"))
+	return nil
+}
+
+func (c *cli) retryDeadLetters(ids []string) error {
+	s, err := c.settings()
+	if err != nil {
+		return err
+	}
+	st, err := openStore(s)
+	if err != nil {
+		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
+		return exitFailed
+	}
+	defer st.Close()
+	n, err := st.Requeue(time.Now(), ids...)
+	if err != nil {
+		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
+		return exitFailed
+	}
+	fmt.Fprintf(c.stdout, "requeued %s; a running connector delivers them on its next pass\n", plural(n, "dead letter"))
+	return nil
+}
