@@ -85,7 +85,9 @@ type Watcher struct {
 	log     *slog.Logger
 
 	mu       sync.RWMutex
-	threads  map[string]*t3rpc.ThreadShell
+	threads  map[string]*row // compact rows, see row
+	intern   interner
+	models   models
 	projects map[string]t3rpc.Project
 	waiters  map[string]chan struct{} // per thread, closed on its next change
 	anyWait  chan struct{}            // closed on any change (status, snapshot)
@@ -110,7 +112,9 @@ func New(name string, connect Connect, opts Options) *Watcher {
 		connect:  connect,
 		opts:     opts,
 		log:      opts.Logger.With("machine", name),
-		threads:  map[string]*t3rpc.ThreadShell{},
+		threads:  map[string]*row{},
+		intern:   interner{},
+		models:   models{},
 		projects: map[string]t3rpc.Project{},
 		waiters:  map[string]chan struct{}{},
 		anyWait:  make(chan struct{}),
@@ -173,14 +177,25 @@ func (w *Watcher) session(ctx context.Context) (bool, error) {
 	if hasState {
 		in.AfterSequence = t3rpc.NewOptInt64(cursor)
 	}
+	// Without state T3 answers with a snapshot: subscribe under the process's snapshot gate, so
+	// that only a few machines' snapshots are in memory at once (see gate).
 	w.setOnline(conn)
+	gp := &pass{g: snapshots}
+	defer gp.release()
+	if !hasState {
+		if err := gp.hold(ctx); err != nil {
+			return false, err
+		}
+	}
 	synced := false
 	err = conn.Stream(ctx, "orchestration.subscribeShell", &in, func(values []jx.Raw) error {
-		s, err := w.applyChunk(ctx, values)
-		if s {
-			synced = true
-		}
-		return err
+		return gp.chunk(ctx, values, func() error {
+			s, err := w.applyChunk(ctx, values)
+			if s {
+				synced = true
+			}
+			return err
+		})
 	})
 	if err == nil {
 		err = errors.New("T3 ended the shell subscription")
@@ -240,8 +255,7 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 				if loc, _ := it.Location.Get(); loc == "archive" {
 					w.removeLocked(t.ID, &change, touched)
 				} else {
-					cp := t
-					w.threads[t.ID] = &cp
+					w.putLocked(&t)
 					w.touchLocked(t.ID)
 					if idx, ok := touched[t.ID]; ok {
 						change.Threads[idx] = t
@@ -314,10 +328,9 @@ func (w *Watcher) applyToSink(ctx context.Context, c Change) error {
 }
 
 func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
-	w.threads = make(map[string]*t3rpc.ThreadShell, len(snap.Threads))
+	w.threads = make(map[string]*row, len(snap.Threads))
 	for i := range snap.Threads {
-		t := snap.Threads[i]
-		w.threads[t.ID] = &t
+		w.putLocked(&snap.Threads[i])
 	}
 	w.projects = make(map[string]t3rpc.Project, len(snap.Projects))
 	for _, p := range snap.Projects {
@@ -330,6 +343,16 @@ func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
 		close(ch)
 		delete(w.waiters, id)
 	}
+}
+
+// putLocked stores t's compact row, reusing the thread's previous one.
+func (w *Watcher) putLocked(t *t3rpc.ThreadShell) {
+	r := w.threads[t.ID]
+	if r == nil {
+		r = new(row)
+		w.threads[t.ID] = r
+	}
+	r.set(t, w.intern, w.models)
 }
 
 func (w *Watcher) removeLocked(id string, change *Change, touched map[string]int) {
@@ -404,7 +427,7 @@ func (w *Watcher) Status() Status {
 	return w.status
 }
 
-// Thread returns the latest shell row of a thread.
+// Thread returns the latest shell row of a thread, without latestVisibleMessage (see row).
 func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
@@ -412,7 +435,7 @@ func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
 	if !ok {
 		return t3rpc.ThreadShell{}, false
 	}
-	return *t, true
+	return t.shell(id), true
 }
 
 // ThreadAndWait returns the thread's row and a channel closed at its next
@@ -429,15 +452,15 @@ func (w *Watcher) ThreadAndWait(id string) (t3rpc.ThreadShell, bool, <-chan stru
 	if !found {
 		return t3rpc.ThreadShell{}, false, ch
 	}
-	return *t, true, ch
+	return t.shell(id), true, ch
 }
 
-// Threads returns every active thread row, sorted by id.
+// Threads returns every active thread row (without latestVisibleMessage), sorted by id.
 func (w *Watcher) Threads() []t3rpc.ThreadShell {
 	w.mu.RLock()
 	out := make([]t3rpc.ThreadShell, 0, len(w.threads))
-	for _, t := range w.threads {
-		out = append(out, *t)
+	for id, t := range w.threads {
+		out = append(out, t.shell(id))
 	}
 	w.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })

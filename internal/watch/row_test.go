@@ -1,0 +1,256 @@
+package watch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+)
+
+// fixtureShellRows returns every thread row T3 sent in the recorded traffic (shell stream items
+// of kind thread.updated and the rows of shell snapshots), as raw JSON.
+func fixtureShellRows(t *testing.T) []jx.Raw {
+	t.Helper()
+	var rows []jx.Raw
+	err := filepath.WalkDir("../../testdata/t3", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".json") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var rec struct {
+			Frames []struct {
+				Dir  string `json:"dir"`
+				Data string `json:"data"`
+			} `json:"frames"`
+		}
+		if json.Unmarshal(b, &rec) != nil {
+			return nil // not a recording with frames
+		}
+		for _, f := range rec.Frames {
+			if f.Dir == "send" {
+				continue
+			}
+			var m t3rpc.ServerMessage
+			if m.Decode(jx.DecodeStr(f.Data)) != nil || !m.IsChunk() {
+				continue
+			}
+			for _, v := range m.Chunk.Values {
+				var it t3rpc.ShellStreamItem
+				if it.Decode(jx.DecodeBytes(v)) != nil {
+					continue
+				}
+				if th, ok := it.Thread.Get(); ok && it.Kind == "thread.updated" {
+					rows = append(rows, encodeShell(&th))
+				}
+				if snap, ok := it.Snapshot.Get(); ok {
+					for i := range snap.Threads {
+						rows = append(rows, encodeShell(&snap.Threads[i]))
+					}
+					for i := range snap.ArchivedThreads {
+						rows = append(rows, encodeShell(&snap.ArchivedThreads[i]))
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+func encodeShell(t *t3rpc.ThreadShell) jx.Raw {
+	var e jx.Encoder
+	t.Encode(&e)
+	return jx.Raw(e.Bytes())
+}
+
+// Rows the recordings do not have: every optional field absent, a timestamp not in T3's format,
+// lastError as a string and as an object, an active run other than the latest, a model with
+// options, out-of-range dates that time.Date would normalise.
+var syntheticRows = []string{
+	`{"id":"thread-min","projectId":"p","title":"","status":"idle","lastError":null}`,
+	`{"id":"thread-odd","projectId":"p","title":"Odd","status":"running","latestRunId":"run-2","activeRunId":"run-3",` +
+		`"latestRunRequestedAt":"2026-11-29T08:53:27Z","latestRunStartedAt":"2026-02-30T00:00:00.000Z","latestRunCompletedAt":null,` +
+		`"activityRunStatus":"running","lastError":"provider exploded","pendingRuntimeRequest":{"id":"req-1","kind":"approval","createdAt":"yesterday"},` +
+		`"itemCount":0,"createdAt":"2026-11-29T08:53:27.842Z","updatedAt":"2026-11-29T08:53:27.842+01:00","archivedAt":"2026-13-01T00:00:00.000Z","deletedAt":null,` +
+		`"modelSelection":{"instanceId":"codex","model":"gpt-5","options":[{"id":"effort","value":"high"}]},"runtimeMode":"full-access","interactionMode":"plan"}`,
+	`{"id":"thread-err","projectId":"p","title":"Err","status":"failed","lastError":{"message":"boom","code":7},"latestRunId":"r","activeRunId":null,` +
+		`"pendingRuntimeRequest":null,"itemCount":12,"createdAt":"1999-12-31T23:59:59.999Z"}`,
+}
+
+// TestRowRoundTrip stores every recorded thread row (and the synthetic ones) through the
+// watcher's own chunk path and reads it back with Thread, ThreadAndWait and Threads: every field
+// but latestVisibleMessage must come back exactly as it was decoded — among them all the fields
+// the connector reads (id, projectId, title, modelSelection, runtimeMode, status, latestRunId,
+// activeRunId, latestRunCompletedAt, pendingRuntimeRequest).
+func TestRowRoundTrip(t *testing.T) {
+	rows := fixtureShellRows(t)
+	if len(rows) < 10 {
+		t.Fatalf("only %d thread rows in the recordings", len(rows))
+	}
+	for _, s := range syntheticRows {
+		rows = append(rows, jx.Raw(s))
+	}
+	kinds := map[string]bool{}
+	for i, raw := range rows {
+		var want t3rpc.ThreadShell
+		if err := want.Decode(jx.DecodeBytes(raw)); err != nil {
+			t.Fatalf("row %d: %v\n%s", i, err, raw)
+		}
+		if want.PendingRuntimeRequest.Set && !want.PendingRuntimeRequest.Null {
+			kinds["pending"] = true
+		}
+		if want.LatestRunCompletedAt.Set && !want.LatestRunCompletedAt.Null {
+			kinds["completed"] = true
+		}
+		w := New("m", nil, Options{})
+		item := `{"kind":"thread.updated","sequence":` + strconv.Itoa(i+1) + `,"location":"active","thread":` + string(raw) + `}`
+		if _, err := w.applyChunk(context.Background(), []jx.Raw{jx.Raw(item)}); err != nil {
+			t.Fatalf("row %d: %v", i, err)
+		}
+		want.LatestVisibleMessage = t3rpc.OptNilVisibleMessage{}
+		got, ok := w.Thread(want.ID)
+		if !ok {
+			t.Fatalf("row %d: thread %s not stored", i, want.ID)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("row %d: read back\n%+v\nwant\n%+v\nfrom %s", i, got, want, raw)
+		}
+		got2, _, _ := w.ThreadAndWait(want.ID)
+		all := w.Threads()
+		if !reflect.DeepEqual(got2, want) || len(all) != 1 || !reflect.DeepEqual(all[0], want) {
+			t.Errorf("row %d: ThreadAndWait or Threads differ from Thread", i)
+		}
+	}
+	if !kinds["pending"] || !kinds["completed"] {
+		t.Errorf("the rows lack a pending request or a completed run: %v", kinds)
+	}
+}
+
+// TestRowReuse checks that a thread's next row replaces every field of the one before (the row is
+// reused in place), including fields that go from set to absent.
+func TestRowReuse(t *testing.T) {
+	w := New("m", nil, Options{})
+	apply := func(seq int, raw string) {
+		t.Helper()
+		item := `{"kind":"thread.updated","sequence":` + strconv.Itoa(seq) + `,"location":"active","thread":` + raw + `}`
+		if _, err := w.applyChunk(context.Background(), []jx.Raw{jx.Raw(item)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(1, strings.Replace(syntheticRows[1], `"id":"thread-odd"`, `"id":"thread-x"`, 1))
+	apply(2, `{"id":"thread-x","projectId":"q","title":"Now","status":"idle","lastError":null}`)
+	got, _ := w.Thread("thread-x")
+	want := t3rpc.ThreadShell{ID: "thread-x", ProjectId: "q", Title: "Now", Status: "idle", LastError: jx.Raw("null")}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("after the second row: %+v", got)
+	}
+}
+
+func TestParseMillis(t *testing.T) {
+	for s, ok := range map[string]bool{
+		"2026-11-29T08:53:27.842Z": true, "1970-01-01T00:00:00.000Z": true, "2024-02-29T23:59:59.999Z": true,
+		"2026-02-29T00:00:00.000Z": false, "2026-11-29T24:00:00.000Z": false, "2026-11-29T08:53:27Z": false,
+		"2026-11-29T08:53:27.842+01:00": false, "2026-11-29 08:53:27.842Z": false, "2026-1a-29T08:53:27.842Z": false,
+	} {
+		ms, got := parseMillis(s)
+		if got != ok {
+			t.Errorf("parseMillis(%q) ok = %v, want %v", s, got, ok)
+			continue
+		}
+		if ok {
+			r := row{stamps: [nStamps]int64{ms}}
+			if back := r.stamp(0); back != s {
+				t.Errorf("parseMillis(%q) formats back as %q", s, back)
+			}
+		}
+	}
+}
+
+// BenchmarkRetainedPerThread measures the heap a watcher keeps per thread once a 1,000-thread
+// snapshot (every thread with a finished run, rows from t3fake's GET /api/orchestration/shell,
+// the same model as the stream's snapshot) is applied, against keeping the decoded
+// t3rpc.ThreadShell of every thread, as the watcher did before the compact rows.
+func BenchmarkRetainedPerThread(b *testing.B) {
+	fk, err := t3fake.New(t3fake.Options{ManualSteps: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fk.Close()
+	pid := fk.AddProject("payments", "/srv/payments")
+	for i := range 1000 {
+		tid := fk.AddThread(pid, fmt.Sprintf("Load thread %d: fix the flaky payment test", i), "idle")
+		if _, err := fk.StartRun(tid, "Fix the flaky test in the payment service: the retry loop asserts before the ledger has settled."); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fk.StepAll()
+	req, _ := http.NewRequest("GET", fk.URL()+"/api/orchestration/shell", nil)
+	req.Header.Set("Authorization", "Bearer "+fk.Token())
+	req.Header.Set("x-t3-orchestration-protocol", "2")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	item := jx.Raw(`{"kind":"snapshot","snapshot":` + string(body) + `}`)
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	var rows, full float64
+	b.ReportAllocs()
+	for b.Loop() {
+		before := heap()
+		w := New("m", nil, Options{})
+		if _, err := w.applyChunk(context.Background(), []jx.Raw{item}); err != nil {
+			b.Fatal(err)
+		}
+		after := heap()
+		if n := len(w.Threads()); n != 1000 {
+			b.Fatalf("%d threads", n)
+		}
+		rows += float64(after-before) / 1000
+		runtime.KeepAlive(w)
+
+		before = heap()
+		var it t3rpc.ShellStreamItem
+		if err := it.Decode(jx.DecodeBytes(item)); err != nil {
+			b.Fatal(err)
+		}
+		kept := map[string]*t3rpc.ThreadShell{}
+		for _, t := range it.Snapshot.Value.Threads {
+			kept[t.ID] = &t
+		}
+		it = t3rpc.ShellStreamItem{}
+		after = heap()
+		full += float64(after-before) / 1000
+		runtime.KeepAlive(kept)
+	}
+	b.ReportMetric(rows/float64(b.N), "B/thread-kept")
+	b.ReportMetric(full/float64(b.N), "B/thread-fullcopy")
+}
