@@ -411,9 +411,35 @@ func TestServeDemoThroughTheBinary(t *testing.T) {
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("log line is not JSON (--log-json): %q", line)
 		}
-		if rec["msg"] == "tool call" {
+		switch rec["msg"] {
+		case "tool call":
 			calls[str(rec, "tool")]++
+			// Who, what, on which machine and thread, how it went, how long.
+			if str(rec, "session") == "" || str(rec, "outcome") != "ok" || rec["ms"] == nil {
+				t.Errorf("tool call line lacks session, outcome or ms: %s", line)
+			}
+			switch str(rec, "tool") {
+			case "t3_dispatch", "t3_projects":
+				if str(rec, "machine") != "demo" {
+					t.Errorf("no machine in %s", line)
+				}
+			case "t3_wait", "t3_thread", "t3_answer", "t3_interrupt":
+				if !strings.HasPrefix(str(rec, "thread"), "thread-") {
+					t.Errorf("no thread in %s", line)
+				}
+			}
+		case "server session connected", "server session disconnected", "session initialized", "server connecting":
+			// The SDK's lifecycle lines are debug.
+			t.Errorf("an MCP session lifecycle line at %v: %s", rec["level"], line)
+		case "machine configured; connecting":
+			if str(rec, "machine") != "demo" {
+				t.Errorf("start-up line names no machine: %s", line)
+			}
+			calls["start-up"]++
 		}
+	}
+	if calls["start-up"] != 1 {
+		t.Errorf("%d start-up lines for the one machine", calls["start-up"])
 	}
 	for _, tool := range []string{"t3_machines", "t3_projects", "t3_dispatch", "t3_wait", "t3_thread", "t3_answer", "t3_interrupt", "t3_watch"} {
 		if calls[tool] == 0 {
@@ -494,7 +520,7 @@ func TestStdioRecordsTheOriginFromTheEnvironment(t *testing.T) {
 		t.Fatalf("exit code %d", code)
 	}
 	logs := stderr.String()
-	if !strings.Contains(logs, `msg="tool call" tool=t3_dispatch ok=true`) {
+	if !strings.Contains(logs, `msg="tool call" tool=t3_dispatch outcome=ok`) {
 		t.Errorf("no text log line for the dispatch:\n%s", logs)
 	}
 	if strings.Contains(logs, marker) || strings.Contains(logs, fk.Token()) {
@@ -957,7 +983,7 @@ func TestServeDeliversEventsAndKeepsSecretsOutOfLogs(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	logs := s.stderr.String()
-	for _, want := range []string{`msg="event recorded"`, `msg="event delivered"`, `msg="tool call" tool=t3_dispatch ok=true`} {
+	for _, want := range []string{`msg="event recorded"`, `msg="event delivered"`, `msg="tool call" tool=t3_dispatch outcome=ok`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s", want)
 		}
@@ -1014,5 +1040,52 @@ func TestStdioWhenTheStateIsHeld(t *testing.T) {
 	}
 	if code := s.stop(t); code != 0 {
 		t.Errorf("the serve holding the state exited %d", code)
+	}
+}
+
+// At start the log has one line per machine with its state: a token
+// variable that is unset is a warning naming it; a machine that never
+// connected says why it cannot, and never "link lost".
+func TestStartupLogsSayWhatEachMachineIs(t *testing.T) {
+	fk := startFake(t)
+	cfg := filepath.Join(t.TempDir(), "t3code.toml")
+	body := fmt.Sprintf("[machines.good]\nurl = %q\ntoken_env = \"T3_GOOD_TOKEN\"\n\n[machines.gone]\nurl = %q\ntoken_env = \"T3_GOOD_TOKEN\"\n\n[machines.notoken]\nurl = %q\ntoken_env = \"T3_UNSET_TOKEN\"\n",
+		fk.URL(), closedURL(t), fk.URL())
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := baseEnv(t, "T3CODE_MCP_CONFIG="+cfg, "T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"),
+		"T3CODE_MCP_PORT="+strconv.Itoa(freePort(t)), "T3_GOOD_TOKEN="+fk.Token())
+	s := startServe(t, t.TempDir(), env, "serve")
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(s.stderr.String(), `msg="machine cannot connect; retrying" machine=gone`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no word on the unreachable machine:\n%s", s.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	logs := s.stderr.String()
+	for _, w := range []string{
+		`level=INFO msg="machine configured; connecting" machine=good`,
+		`level=INFO msg="machine configured; connecting" machine=gone`,
+		`level=WARN msg="machine misconfigured: it stays unusable until fixed and restarted" machine=notoken`,
+		`problem="machine \"notoken\" is misconfigured: environment variable T3_UNSET_TOKEN (token_env) is not set"`,
+		"connection refused",
+	} {
+		if !strings.Contains(logs, w) {
+			t.Errorf("logs lack %s", w)
+		}
+	}
+	if strings.Contains(logs, "link lost") {
+		t.Errorf("a machine that never connected is said to have lost its link:\n%s", logs)
+	}
+	if strings.Contains(logs, fk.Token()) {
+		t.Errorf("the token is in the logs")
+	}
+	if t.Failed() {
+		t.Logf("logs:\n%s", logs)
 	}
 }

@@ -5,6 +5,7 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"log/slog"
@@ -31,7 +32,7 @@ fails, is interrupted or asks a question (answer with t3_answer); t3_thread read
 func NewMCPServer(d *tools.Deps, version string) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: version}, &mcp.ServerOptions{
 		Instructions: Instructions,
-		Logger:       d.Logger,
+		Logger:       sdkLogger(d.Logger),
 	})
 	tools.Register(s, d)
 	return s
@@ -66,7 +67,7 @@ func Handler(srv *mcp.Server, f *fleet.Fleet, o Options) http.Handler {
 	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		SessionTimeout:      o.SessionTimeout,
 		MaxRequestBodyBytes: o.MaxBodyBytes,
-		Logger:              o.Logger,
+		Logger:              sdkLogger(o.Logger),
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", requireBearer(o.Token, mcpHandler))
@@ -88,6 +89,39 @@ func Handler(srv *mcp.Server, f *fleet.Fleet, o Options) http.Handler {
 		_, _ = w.Write([]byte("t3code-mcp " + o.Version + ": MCP at /mcp, health at /healthz, metrics at /metrics\n"))
 	})
 	return mux
+}
+
+// sdkLogger is the logger handed to the MCP SDK: its per-session lifecycle
+// lines ("server session connected", "session initialized", …), several per
+// client call, are debug; its warnings and errors stay what they are. The
+// connector's own line per tool call is at info.
+func sdkLogger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return nil
+	}
+	return slog.New(demoted{l.Handler()})
+}
+
+// demoted turns info records into debug ones.
+type demoted struct{ slog.Handler }
+
+func (h demoted) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.Handler.Enabled(ctx, demote(l))
+}
+
+func (h demoted) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = demote(r.Level)
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h demoted) WithAttrs(as []slog.Attr) slog.Handler { return demoted{h.Handler.WithAttrs(as)} }
+func (h demoted) WithGroup(name string) slog.Handler    { return demoted{h.Handler.WithGroup(name)} }
+
+func demote(l slog.Level) slog.Level {
+	if l < slog.LevelWarn {
+		return min(l, slog.LevelDebug)
+	}
+	return l
 }
 
 // requireBearer rejects requests without the configured bearer.

@@ -234,17 +234,17 @@ func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
 		}()
 		r, herr := h(ctx, c)
 		if ir := (*inputRequired)(nil); errors.As(herr, &ir) {
-			d.Logger.Info("tool call", "tool", name, "ok", true, "ms", time.Since(start).Milliseconds(), "approval", "requested")
+			d.logCall(c, name, "approval requested", start, nil)
 			return ir.result(), nil
 		}
 		if herr != nil {
 			if errors.Is(herr, context.DeadlineExceeded) && name != mcptools.ToolWait {
 				herr = fmt.Errorf("%s timed out after %s: the machine did not answer in time (%v)", name, d.Limits.CallTimeout, herr)
 			}
-			d.Logger.Info("tool call", "tool", name, "ok", false, "ms", time.Since(start).Milliseconds(), "err", herr.Error())
+			d.logCall(c, name, "error", start, herr)
 			return errorResult(herr), nil
 		}
-		d.Logger.Info("tool call", "tool", name, "ok", true, "ms", time.Since(start).Milliseconds())
+		d.logCall(c, name, "ok", start, nil)
 		raw, merr := r.Structured.MarshalJSON()
 		if merr != nil {
 			return errorResult(fmt.Errorf("%s: could not encode the result: %v", name, merr)), nil
@@ -254,6 +254,41 @@ func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
 			StructuredContent: json.RawMessage(raw),
 		}, nil
 	}
+}
+
+// logCall writes the one log line of a call: session, tool, machine and
+// thread where known (from what the handler learnt, else from the
+// arguments), outcome, duration and, for an error, its message. Prompts and
+// answers never appear.
+func (d *Deps) logCall(c *Call, tool, outcome string, start time.Time, err error) {
+	machine, thread := c.Audit.Machine, c.Audit.Thread
+	if machine == "" || thread == "" {
+		var args struct {
+			Machine  string `json:"machine"`
+			ThreadID string `json:"thread_id"`
+		}
+		_ = json.Unmarshal(c.Args, &args)
+		if machine == "" {
+			machine = args.Machine
+		}
+		if thread == "" {
+			thread = args.ThreadID
+		}
+	}
+	attrs := []any{"tool", tool, "outcome", outcome, "ms", time.Since(start).Milliseconds()}
+	if c.Req != nil && c.Req.Session != nil && c.Req.Session.ID() != "" {
+		attrs = append(attrs, "session", c.Req.Session.ID())
+	}
+	if machine != "" {
+		attrs = append(attrs, "machine", audit.Cut(machine, 128))
+	}
+	if thread != "" {
+		attrs = append(attrs, "thread", audit.Cut(thread, 128))
+	}
+	if err != nil {
+		attrs = append(attrs, "err", err.Error())
+	}
+	d.Logger.Info("tool call", attrs...)
 }
 
 // writeAudit writes the call's audit record, its result taken from res.

@@ -128,6 +128,7 @@ func (w *Watcher) Name() string { return w.name }
 // Run connects, subscribes and reconnects until ctx ends.
 func (w *Watcher) Run(ctx context.Context) {
 	attempt := 0
+	lastReason := "" // the failure last logged at warn, so a retry loop says it once
 	for ctx.Err() == nil {
 		synced, err := w.session(ctx)
 		if ctx.Err() != nil {
@@ -136,10 +137,21 @@ func (w *Watcher) Run(ctx context.Context) {
 		if synced {
 			attempt = 0 // the link worked: start the backoff over
 		}
+		wasUp := w.Status().Online
 		w.setOffline(err)
 		d := w.backoff(attempt)
 		attempt++
-		w.log.Warn("machine link lost; reconnecting", "err", err, "in", d.Round(time.Millisecond))
+		switch reason := fmt.Sprint(err); {
+		case wasUp:
+			w.log.Warn("machine link lost; reconnecting", "err", err, "in", d.Round(time.Millisecond))
+			lastReason = ""
+		case reason != lastReason:
+			// Never up (or down again for another reason): say why it cannot connect.
+			w.log.Warn("machine cannot connect; retrying", "err", err, "in", d.Round(time.Millisecond))
+			lastReason = reason
+		default:
+			w.log.Debug("machine cannot connect; retrying", "err", err, "in", d.Round(time.Millisecond))
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

@@ -3,10 +3,14 @@ package watch_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,3 +326,54 @@ func t3fakeModel() t3rpc.ModelSelection {
 }
 
 var quiet = slog.New(slog.DiscardHandler)
+
+// "link lost; reconnecting" is said of a link that was up; a machine that
+// never connected says why it cannot, once at warn however often it retries.
+func TestLogsSayLinkLostOnlyForALinkThatWasUp(t *testing.T) {
+	// A file takes writes from the watchers' goroutines while the test reads it.
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	logs := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	fk := t3fake.StartT(t, t3fake.Options{})
+	c, err := t3.NewClient("mac", fk.URL(), fk.Token(), t3.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := watch.New("mac", func(ctx context.Context) (*effectrpc.Conn, error) {
+		if _, err := c.Handshake(ctx); err != nil {
+			return nil, err
+		}
+		return c.DialRPC(ctx)
+	}, watch.Options{Logger: log, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	var attempts atomic.Int32
+	never := watch.New("gone", func(context.Context) (*effectrpc.Conn, error) {
+		attempts.Add(1)
+		return nil, errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	}, watch.Options{Logger: log, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, w := range []*watch.Watcher{up, never} {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.Run(ctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+
+	eventually(t, "mac synced", func() bool { return up.Status().Synced })
+	fk.DropConnections()
+	eventually(t, "the lost link logged", func() bool {
+		return strings.Contains(logs(), `msg="machine link lost; reconnecting" machine=mac`)
+	})
+	eventually(t, "gone retried", func() bool { return attempts.Load() >= 10 })
+
+	out := logs()
+	if n := strings.Count(out, `msg="machine cannot connect; retrying" machine=gone err="dial tcp 127.0.0.1:1: connect: connection refused"`); n != 1 {
+		t.Errorf("%d warnings for the machine that never connected after %d attempts, want 1:\n%s", n, attempts.Load(), out)
+	}
+	if strings.Contains(out, `link lost; reconnecting" machine=gone`) {
+		t.Errorf("a machine that was never up is said to have lost its link:\n%s", out)
+	}
+}
