@@ -40,6 +40,7 @@ type Settings struct {
 
 	HookURL, HookToken, HookSecret string        // T3CODE_MCP_HOOK_URL, _TOKEN, _SECRET
 	HookMaxAge                     time.Duration // T3CODE_MCP_HOOK_MAX_AGE (24h)
+	HookConcurrency                int           // T3CODE_MCP_HOOK_CONCURRENCY (32): threads delivered in parallel
 
 	Token  string // T3CODE_MCP_TOKEN: bearer required on /mcp
 	Origin string // T3CODE_MCP_ORIGIN: origin of stdio calls
@@ -122,6 +123,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 		errs = append(errs, fmt.Errorf("T3CODE_MCP_PORT=%d: not a port", s.Port))
 	}
 	durVar("T3CODE_MCP_HOOK_MAX_AGE", &s.HookMaxAge, 24*time.Hour)
+	intVar("T3CODE_MCP_HOOK_CONCURRENCY", &s.HookConcurrency, outbox.DefaultConcurrency)
 	durVar("T3CODE_MCP_SESSION_TIMEOUT", &s.SessionTimeout, 30*time.Minute)
 	durVar("T3CODE_MCP_T3_TIMEOUT", &s.HTTPTimeout, 15*time.Second)
 	var body int
@@ -209,7 +211,7 @@ func New(s Settings, o Options) (*App, error) {
 			a.Close()
 			return nil, err
 		}
-		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Logger: log, Metrics: m})
+		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, Logger: log, Metrics: m})
 		if err != nil {
 			a.Close()
 			return nil, err

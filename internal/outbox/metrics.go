@@ -14,6 +14,8 @@ type Metrics struct {
 	retries     *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 	lag         prometheus.Histogram
+	enrichments *prometheus.CounterVec
+	recordBatch prometheus.Histogram
 }
 
 // Label values.
@@ -27,6 +29,10 @@ const (
 
 	reasonRejected = "rejected" // a non-retryable answer (4xx other than 408/429, 3xx)
 	reasonExpired  = "expired"  // still failing after MaxAge
+
+	enrichComplete = "complete" // the Enricher completed the body
+	enrichRetry    = "retry"    // it failed; tried again later
+	enrichPartial  = "partial"  // it kept failing for EnrichTimeout: the partial body is sent
 )
 
 // NewMetrics creates the outbox metrics and registers them on reg (nil: not registered, e.g. in
@@ -58,6 +64,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time from an event happening to its delivery.",
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600},
 		}),
+		enrichments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "t3code_mcp_outbox_enrichments_total",
+			Help: "Completions of event bodies before their first attempt, by outcome: complete, retry (T3 could not be read), partial (gave up after the enrichment timeout).",
+		}, []string{"outcome"}),
+		recordBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "t3code_mcp_outbox_record_batch_events",
+			Help:    "Delivery outcomes recorded per store transaction (group commit: one fsync per batch).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
+		}),
 	}
 	// Create every labelled series up front so dashboards and alerts see zeros, not gaps.
 	for _, o := range []string{outcomeDelivered, outcomeReceiver, outcomeNetwork} {
@@ -69,8 +84,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{reasonRejected, reasonExpired} {
 		m.deadLetters.WithLabelValues(r)
 	}
+	for _, e := range []string{enrichComplete, enrichRetry, enrichPartial} {
+		m.enrichments.WithLabelValues(e)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag} {
+		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

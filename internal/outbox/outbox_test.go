@@ -25,6 +25,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/cenkalti/backoff/v5"
+
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
@@ -52,7 +54,9 @@ func (c *fakeClock) Add(d time.Duration) {
 // retries use a long delay and move the clock.
 type constBackoff time.Duration
 
-func (b constBackoff) Delay(int) time.Duration { return time.Duration(b) }
+func (b constBackoff) NewBackOff() backoff.BackOff {
+	return backoff.NewConstantBackOff(time.Duration(b))
+}
 
 // request is what the receiver saw.
 type request struct {
@@ -400,7 +404,7 @@ func TestReceiverDownThenUp(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 
-	h := start(t, Config{URL: "http://" + addr + "/hook", Workers: 2})
+	h := start(t, Config{URL: "http://" + addr + "/hook", Concurrency: 2})
 	streams := []string{"m/a", "m/b", "m/c"}
 	var evs []store.Event
 	for n := 1; n <= 5; n++ {
@@ -610,7 +614,7 @@ func TestSlowStreamDoesNotDelayOthers(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	h := start(t, Config{URL: rc.srv.URL, Workers: 2})
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: 2})
 	var evs []store.Event
 	for n := 1; n <= 3; n++ {
 		evs = append(evs, mkEvent("m/slow", n), mkEvent("m/fast", n))
@@ -653,7 +657,7 @@ func TestWorkersBounded(t *testing.T) {
 		mu.Unlock()
 		return http.StatusOK
 	})
-	h := start(t, Config{URL: rc.srv.URL, Workers: 2})
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: 2})
 	var evs []store.Event
 	for i := range 6 {
 		evs = append(evs, mkEvent(fmt.Sprintf("m/s%d", i), 1))
@@ -875,48 +879,37 @@ func TestMetricsRegistration(t *testing.T) {
 }
 
 func TestExponentialBackoff(t *testing.T) {
-	b := ExponentialBackoff{Base: time.Second, Cap: 5 * time.Minute}
-	for attempt := -1; attempt <= 100; attempt++ {
-		ceil := 5 * time.Minute
-		if attempt >= 1 && attempt <= 9 {
-			ceil = time.Second << (attempt - 1)
-		} else if attempt < 1 {
-			ceil = time.Second
-		}
-		for range 20 {
-			if d := b.Delay(attempt); d < 0 || d > ceil {
-				t.Fatalf("Delay(%d) = %v, want within [0, %v]", attempt, d, ceil)
+	p := ExponentialBackoff{Base: time.Second, Cap: 5 * time.Minute}
+	for range 20 {
+		bo := p.NewBackOff()
+		for attempt := 1; attempt <= 100; attempt++ {
+			ceil := 5 * time.Minute
+			if attempt <= 9 {
+				ceil = time.Second << (attempt - 1)
+			}
+			if d := bo.NextBackOff(); d < 0 || d > ceil {
+				t.Fatalf("retry %d: %v, want within [0, %v]", attempt, d, ceil)
 			}
 		}
 	}
-	// Jitter: not always the same value.
+	// Full jitter: not always the same value, and spread over the whole range.
 	seen := map[time.Duration]bool{}
-	for range 50 {
-		seen[b.Delay(10)] = true
+	low, high := 0, 0
+	for range 200 {
+		bo := advanced(p, 20) // at the cap
+		d := bo.NextBackOff()
+		seen[d] = true
+		if d < time.Minute {
+			low++
+		}
+		if d > 4*time.Minute {
+			high++
+		}
 	}
-	if len(seen) < 2 {
-		t.Fatal("no jitter")
+	if len(seen) < 2 || low == 0 || high == 0 {
+		t.Fatalf("no full jitter at the cap: %d values, %d below 1m, %d above 4m", len(seen), low, high)
 	}
-	if d := (ExponentialBackoff{}).Delay(3); d != 0 {
+	if d := (ExponentialBackoff{}).NewBackOff().NextBackOff(); d != 0 {
 		t.Fatalf("zero backoff = %v", d)
-	}
-}
-
-func TestRotate(t *testing.T) {
-	hs := []store.Event{{Stream: "a"}, {Stream: "b"}, {Stream: "c"}}
-	got := func(last string) string {
-		var s string
-		for _, e := range rotate(hs, last) {
-			s += e.Stream
-		}
-		return s
-	}
-	for last, want := range map[string]string{"": "abc", "a": "bca", "b": "cab", "c": "abc", "bb": "cab", "z": "abc"} {
-		if g := got(last); g != want {
-			t.Errorf("rotate after %q = %s, want %s", last, g, want)
-		}
-	}
-	if len(hs) != 3 || hs[0].Stream != "a" {
-		t.Fatal("rotate changed its input")
 	}
 }

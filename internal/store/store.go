@@ -17,7 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -28,34 +28,32 @@ import (
 const FileName = "t3code-mcp.db"
 
 // schemaVersion is bumped on any incompatible change to the buckets or record encodings, so that
-// an older binary refuses a newer file instead of misreading it.
-const schemaVersion = 1
+// an older binary refuses a newer file instead of misreading it. An older file is migrated at
+// Open (migrate.go). 2: event records are a JSON header, the body raw in ev_bodies (1: one JSON
+// record per event, the body base64 inside it).
+const schemaVersion = 2
 
 // lockTimeout bounds how long Open waits for another process to release the file.
 const lockTimeout = 2 * time.Second
 
-// Bucket names. Events live in exactly one of the three state buckets, keyed by their sequence
-// number (8 bytes big-endian, so cursor order is insertion order).
+// Bucket names. An event's header lives in exactly one of the three state buckets, keyed by its
+// sequence number (8 bytes big-endian, so cursor order is insertion order); its body lives in
+// ev_bodies under the same key, whatever the state, so that a change of state rewrites only the
+// small header.
 var (
 	bMeta      = []byte("meta")
 	bThreads   = []byte("threads")    // thread id → JSON Thread
 	bDetector  = []byte("detector")   // opaque key → opaque bytes
-	bPending   = []byte("ev_pending") // seq → JSON record
-	bDead      = []byte("ev_dead")    // seq → JSON record
+	bPending   = []byte("ev_pending") // seq → JSON header
+	bDead      = []byte("ev_dead")    // seq → JSON header
 	bDelivered = []byte("ev_delivered")
+	bBodies    = []byte("ev_bodies")  // seq → the raw JSON body
 	bEventIDs  = []byte("ev_ids")     // event id → seq (idempotency and lookup by id)
 	bHeads     = []byte("ev_streams") // stream 0x00 seq → nil, pending only: the per-stream FIFO index
 	kVersion   = []byte("version")
 )
 
-var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bEventIDs, bHeads}
-
-// Event states.
-const (
-	StatePending   = "pending"
-	StateDelivered = "delivered"
-	StateDead      = "dead"
-)
+var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads}
 
 // Errors callers may test with errors.Is.
 var (
@@ -68,6 +66,12 @@ var (
 type Store struct {
 	db   *bolt.DB
 	path string
+
+	// counts are the outbox's event counts by state, read from the buckets once at Open and kept
+	// current by every write after it commits: this process is the file's only writer (flock),
+	// so Counts is O(1) instead of a walk of three buckets.
+	countsMu sync.Mutex
+	counts   countDelta
 }
 
 // Thread is a thread the connector tracks (started or adopted through it).
@@ -83,32 +87,6 @@ type Thread struct {
 	LastStatus    string    `json:"lastStatus,omitempty"`
 	CreatedAt     time.Time `json:"createdAt"`
 	UpdatedAt     time.Time `json:"updatedAt"`
-}
-
-// Event is one outbox record: a webhook body waiting for, or done with, delivery.
-type Event struct {
-	ID     string `json:"id"`     // unique; the webhook-id; a repeated insert is ignored
-	Stream string `json:"stream"` // ordering key (machine/thread): delivered in insertion order
-	Body   []byte `json:"body"`   // the JSON webhook body, sent as is
-	// Enrich is true when Body holds only the facts known at commit time (committed in the
-	// watcher's Ack path without reading T3): the outbox completes it (outbox.Enricher) before
-	// the first delivery attempt, persists the completed body and clears Enrich.
-	Enrich bool `json:"enrich,omitempty"`
-
-	CreatedAt time.Time `json:"createdAt"` // when the event happened (lag is measured from here)
-	// EnqueuedAt is when the event last entered the queue: CreatedAt on insert, the requeue time
-	// after Requeue. The outbox's MaxAge counts from here, so a requeued dead letter gets a full
-	// new retry window instead of dying after one attempt.
-	EnqueuedAt time.Time `json:"enqueuedAt"`
-
-	State       string    `json:"state"`
-	Attempts    int       `json:"attempts"` // delivery attempts since the last (re)queue
-	NextAttempt time.Time `json:"nextAttempt,omitzero"`
-	LastError   string    `json:"lastError,omitempty"`
-	DeliveredAt time.Time `json:"deliveredAt,omitzero"`
-	DeadAt      time.Time `json:"deadAt,omitzero"`
-
-	Seq uint64 `json:"-"` // insertion order, set by the store (the bucket key)
 }
 
 // Batch is what Commit writes in one transaction.
@@ -163,13 +141,44 @@ func (s *Store) init() error {
 			if len(v) != 8 {
 				return fmt.Errorf("store: %s: corrupt schema version", s.path)
 			}
-			if got := binary.BigEndian.Uint64(v); got > schemaVersion {
+			got := binary.BigEndian.Uint64(v)
+			if got > schemaVersion {
 				return fmt.Errorf("store: %s was written by a newer t3code-mcp (schema %d, this binary knows %d)", s.path, got, schemaVersion)
 			}
-			return nil
+			if got < schemaVersion {
+				if err := migrate(tx, got); err != nil {
+					return fmt.Errorf("store: %s: migrating from schema %d to %d: %w", s.path, got, schemaVersion, err)
+				}
+			}
 		}
-		return meta.Put(kVersion, seqKey(schemaVersion))
+		if err := meta.Put(kVersion, seqKey(schemaVersion)); err != nil {
+			return err
+		}
+		s.counts = countDelta{
+			pending:   tx.Bucket(bPending).Stats().KeyN,
+			dead:      tx.Bucket(bDead).Stats().KeyN,
+			delivered: tx.Bucket(bDelivered).Stats().KeyN,
+		}
+		return nil
 	})
+}
+
+// update runs fn in one fsynced write transaction and, once it committed, applies the change of
+// the event counts fn noted in d.
+func (s *Store) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
+	var d countDelta
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		d = countDelta{} // bbolt runs fn once, but a reset keeps a failed attempt's notes out
+		return fn(tx, &d)
+	}); err != nil {
+		return err
+	}
+	s.countsMu.Lock()
+	s.counts.pending += d.pending
+	s.counts.dead += d.dead
+	s.counts.delivered += d.delivered
+	s.countsMu.Unlock()
+	return nil
 }
 
 // Path is the store's file.
@@ -242,18 +251,10 @@ func (s *Store) ListThreads() ([]Thread, error) {
 
 // Commit writes a batch in one fsynced transaction: all of it or none of it.
 func (s *Store) Commit(b Batch) error {
-	for i, e := range b.Events {
-		if e.ID == "" {
-			return fmt.Errorf("store: event %d has no ID", i)
-		}
-		if e.Stream == "" || strings.IndexByte(e.Stream, 0) >= 0 {
-			return fmt.Errorf("store: event %q: the stream must be non-empty and hold no NUL byte", e.ID)
-		}
-		if !json.Valid(e.Body) {
-			return fmt.Errorf("store: event %q: the body is not valid JSON", e.ID)
-		}
+	if err := checkEvents(b.Events); err != nil {
+		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx, d *countDelta) error {
 		det := tx.Bucket(bDetector)
 		for k, v := range b.Detector {
 			var err error
@@ -271,33 +272,7 @@ func (s *Store) Commit(b Batch) error {
 				return err
 			}
 		}
-		pending, ids, heads := tx.Bucket(bPending), tx.Bucket(bEventIDs), tx.Bucket(bHeads)
-		for _, e := range b.Events {
-			if ids.Get([]byte(e.ID)) != nil {
-				continue // already stored: idempotent
-			}
-			seq, err := pending.NextSequence()
-			if err != nil {
-				return err
-			}
-			if e.CreatedAt.IsZero() {
-				e.CreatedAt = time.Now()
-			}
-			e.EnqueuedAt = e.CreatedAt
-			e.State, e.Attempts, e.NextAttempt, e.LastError = StatePending, 0, time.Time{}, ""
-			e.DeliveredAt, e.DeadAt = time.Time{}, time.Time{}
-			e.Seq = seq
-			if err := putEvent(pending, e); err != nil {
-				return err
-			}
-			if err := ids.Put([]byte(e.ID), seqKey(seq)); err != nil {
-				return err
-			}
-			if err := heads.Put(headKey(e.Stream, seq), nil); err != nil {
-				return err
-			}
-		}
-		return nil
+		return appendEvents(tx, b.Events, d)
 	})
 }
 
@@ -311,301 +286,4 @@ func (s *Store) Detector(key string) ([]byte, bool, error) {
 		return nil
 	})
 	return out, out != nil, err
-}
-
-// ---- outbox queue ----
-
-// Pending returns up to limit pending events (limit <= 0: all) in insertion order, which is FIFO
-// within every stream.
-func (s *Store) Pending(limit int) ([]Event, error) {
-	return s.list(bPending, limit)
-}
-
-// Dead returns the dead letters, oldest first.
-func (s *Store) Dead() ([]Event, error) { return s.list(bDead, 0) }
-
-// Heads returns the oldest pending event of each stream (up to limit streams; limit <= 0: all),
-// ordered by stream. It is what a deliverer works from: only a stream's head may be delivered,
-// and every stream's head is visible however long another stream's backlog is.
-func (s *Store) Heads(limit int) ([]Event, error) {
-	var out []Event
-	err := s.db.View(func(tx *bolt.Tx) error {
-		pending := tx.Bucket(bPending)
-		c := tx.Bucket(bHeads).Cursor()
-		for k, _ := c.First(); k != nil; {
-			stream, seq, ok := splitHeadKey(k)
-			if !ok {
-				return fmt.Errorf("store: corrupt stream index key %q", k)
-			}
-			e, err := getEvent(pending, seq)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-			if limit > 0 && len(out) >= limit {
-				return nil
-			}
-			// Skip the rest of this stream: seek past every key with the "stream\x00" prefix.
-			k, _ = c.Seek(append([]byte(stream), 1))
-		}
-		return nil
-	})
-	return out, err
-}
-
-// Get returns an event in any state.
-func (s *Store) Get(id string) (Event, error) {
-	var e Event
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		e, _, err = find(tx, id)
-		return err
-	})
-	return e, err
-}
-
-// MarkDelivered records a successful attempt at time at.
-func (s *Store) MarkDelivered(id string, at time.Time) error {
-	return s.finish(id, bDelivered, func(e *Event) {
-		e.State, e.DeliveredAt, e.NextAttempt = StateDelivered, at, time.Time{}
-	})
-}
-
-// MarkDead records a final failed attempt (or an expiry) at time at: the event stops blocking
-// its stream and waits in the dead letters for an operator.
-func (s *Store) MarkDead(id string, at time.Time, reason string) error {
-	return s.finish(id, bDead, func(e *Event) {
-		e.State, e.DeadAt, e.NextAttempt, e.LastError = StateDead, at, time.Time{}, reason
-	})
-}
-
-// MarkRetry records a failed attempt: the event stays its stream's head until next.
-func (s *Store) MarkRetry(id string, next time.Time, errMsg string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		e, b, err := find(tx, id)
-		if err != nil {
-			return err
-		}
-		if e.State != StatePending {
-			return fmt.Errorf("store: event %q is %s: %w", id, e.State, ErrNotPending)
-		}
-		e.Attempts++
-		e.NextAttempt, e.LastError = next, errMsg
-		return putEvent(b, e)
-	})
-}
-
-// finish moves a pending event, counting one attempt, to a final state's bucket.
-func (s *Store) finish(id string, to []byte, set func(*Event)) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		e, b, err := find(tx, id)
-		if err != nil {
-			return err
-		}
-		if e.State != StatePending {
-			return fmt.Errorf("store: event %q is %s: %w", id, e.State, ErrNotPending)
-		}
-		e.Attempts++
-		set(&e)
-		if err := b.Delete(seqKey(e.Seq)); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bHeads).Delete(headKey(e.Stream, e.Seq)); err != nil {
-			return err
-		}
-		return putEvent(tx.Bucket(to), e)
-	})
-}
-
-// Requeue moves dead letters back to pending at time at, with a fresh retry window (EnqueuedAt =
-// at, Attempts = 0); LastError is kept for the record until the next attempt. With no ids it
-// requeues every dead letter. Ids that are not dead (pending or delivered) are skipped; an id that
-// is not stored at all fails the whole call. It returns how many events were requeued.
-//
-// A requeued event keeps its sequence number, so it goes back to its place in its stream: ahead
-// of any later pending events of the same stream.
-func (s *Store) Requeue(at time.Time, ids ...string) (int, error) {
-	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		n = 0
-		dead := tx.Bucket(bDead)
-		var evs []Event
-		if len(ids) == 0 {
-			err := dead.ForEach(func(k, v []byte) error {
-				e, err := decodeEvent(k, v)
-				evs = append(evs, e)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-		}
-		for _, id := range ids {
-			e, _, err := find(tx, id)
-			if err != nil {
-				return err
-			}
-			if e.State == StateDead {
-				evs = append(evs, e)
-			}
-		}
-		for _, e := range evs {
-			if dead.Get(seqKey(e.Seq)) == nil {
-				continue // the same id given twice
-			}
-			if err := dead.Delete(seqKey(e.Seq)); err != nil {
-				return err
-			}
-			e.State, e.EnqueuedAt, e.Attempts = StatePending, at, 0
-			e.NextAttempt, e.DeadAt = time.Time{}, time.Time{}
-			if err := putEvent(tx.Bucket(bPending), e); err != nil {
-				return err
-			}
-			if err := tx.Bucket(bHeads).Put(headKey(e.Stream, e.Seq), nil); err != nil {
-				return err
-			}
-			n++
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
-}
-
-// Prune deletes delivered events delivered before the cutoff, with their ids (a later insert of
-// a pruned id is then new again: keep the cutoff longer than any replay window). Dead letters are
-// never pruned: they wait for an operator. It returns how many were deleted.
-func (s *Store) Prune(deliveredBefore time.Time) (int, error) {
-	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		n = 0
-		ids, delivered := tx.Bucket(bEventIDs), tx.Bucket(bDelivered)
-		// Collect first, delete after: deleting under a live bbolt cursor can skip keys.
-		var keys [][]byte
-		err := delivered.ForEach(func(k, v []byte) error {
-			e, err := decodeEvent(k, v)
-			if err != nil {
-				return err
-			}
-			if e.DeliveredAt.Before(deliveredBefore) {
-				if err := ids.Delete([]byte(e.ID)); err != nil {
-					return err
-				}
-				keys = append(keys, append([]byte{}, k...))
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, k := range keys {
-			if err := delivered.Delete(k); err != nil {
-				return err
-			}
-		}
-		n = len(keys)
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
-}
-
-// Counts returns how many events are in each state.
-func (s *Store) Counts() (pending, dead, delivered int, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		pending = tx.Bucket(bPending).Stats().KeyN
-		dead = tx.Bucket(bDead).Stats().KeyN
-		delivered = tx.Bucket(bDelivered).Stats().KeyN
-		return nil
-	})
-	return pending, dead, delivered, err
-}
-
-// ---- encoding helpers ----
-
-func seqKey(seq uint64) []byte {
-	k := make([]byte, 8)
-	binary.BigEndian.PutUint64(k, seq)
-	return k
-}
-
-// headKey orders the stream index by stream, then by sequence. Streams hold no NUL (Commit checks),
-// so "stream\x00" is an unambiguous prefix.
-func headKey(stream string, seq uint64) []byte {
-	k := make([]byte, 0, len(stream)+9)
-	k = append(k, stream...)
-	k = append(k, 0)
-	return binary.BigEndian.AppendUint64(k, seq)
-}
-
-func splitHeadKey(k []byte) (string, uint64, bool) {
-	if len(k) < 9 || k[len(k)-9] != 0 {
-		return "", 0, false
-	}
-	return string(k[:len(k)-9]), binary.BigEndian.Uint64(k[len(k)-8:]), true
-}
-
-func putEvent(b *bolt.Bucket, e Event) error {
-	v, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	return b.Put(seqKey(e.Seq), v)
-}
-
-func decodeEvent(k, v []byte) (Event, error) {
-	var e Event
-	if err := json.Unmarshal(v, &e); err != nil {
-		return e, fmt.Errorf("store: corrupt event record: %w", err)
-	}
-	e.Seq = binary.BigEndian.Uint64(k)
-	return e, nil
-}
-
-func getEvent(b *bolt.Bucket, seq uint64) (Event, error) {
-	k := seqKey(seq)
-	v := b.Get(k)
-	if v == nil {
-		return Event{}, fmt.Errorf("store: corrupt stream index: event #%d is not pending", seq)
-	}
-	return decodeEvent(k, v)
-}
-
-// find looks an event up by id and returns it with the bucket holding it.
-func find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
-	sk := tx.Bucket(bEventIDs).Get([]byte(id))
-	if sk == nil {
-		return Event{}, nil, fmt.Errorf("store: event %q: %w", id, ErrNotFound)
-	}
-	for _, name := range [][]byte{bPending, bDead, bDelivered} {
-		b := tx.Bucket(name)
-		if v := b.Get(sk); v != nil {
-			e, err := decodeEvent(sk, v)
-			return e, b, err
-		}
-	}
-	return Event{}, nil, fmt.Errorf("store: event %q: index points at a missing record", id)
-}
-
-func (s *Store) list(bucket []byte, limit int) ([]Event, error) {
-	var out []Event
-	err := s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(bucket).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			e, err := decodeEvent(k, v)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-			if limit > 0 && len(out) >= limit {
-				break
-			}
-		}
-		return nil
-	})
-	return out, err
 }

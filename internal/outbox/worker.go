@@ -1,0 +1,179 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+)
+
+// job is one stream head handed to a worker.
+type job struct {
+	s       *stream // the loop's; the worker never touches it
+	seq     uint64
+	bo, ebo backoff.BackOff
+}
+
+// outcome is what a worker did with a job: the op to record, and what the loop does once it is
+// recorded.
+type outcome struct {
+	job       job
+	op        *store.Op   // nil: nothing to record
+	event     store.Event // the head's header after the op (for a retry)
+	final     bool        // delivered or dead: the stream moves on to its next event
+	retryAt   time.Time   // retry (or enrichment retry) at this wall time…
+	retryIn   time.Duration
+	cancelled bool  // shutdown interrupted the job
+	err       error // reading the event, or recording the op, failed
+}
+
+// work reads the event with its body, completes it when it needs enrichment, makes one attempt
+// and classifies the result. It never writes to the store itself: the recorder does, in batches.
+func (o *Outbox) work(ctx context.Context, j job) outcome {
+	out := outcome{job: j}
+	e, err := o.q.PendingEvent(j.seq, true)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	var enriched []byte
+	if e.Enrich && o.cfg.Enricher != nil {
+		body, retryAt, err := o.enrich(ctx, e, j.ebo)
+		switch {
+		case ctx.Err() != nil:
+			out.cancelled = true
+			return out
+		case err != nil: // not yet: the stream waits for the next try, other streams go on
+			now := o.cfg.Clock()
+			out.event, out.retryAt, out.retryIn = e, retryAt, retryAt.Sub(now)
+			out.event.Body = nil
+			return out
+		}
+		enriched, e.Body, e.Enrich = body, body, false
+	}
+
+	r := o.attempt(ctx, e)
+	if !r.ok && r.network && ctx.Err() != nil {
+		// Shutting down: not the receiver's fault, not an attempt. The enriched body is kept,
+		// though: the receiver may have seen it, and a retry must send the same bytes.
+		out.cancelled = true
+		if enriched != nil {
+			out.op = &store.Op{ID: e.ID, Kind: store.OpBody, Body: enriched}
+		}
+		return out
+	}
+	out.op = o.classify(e, r, j.bo, &out)
+	out.op.Body = enriched
+	return out
+}
+
+// classify turns an attempt's result into the op that records it, counts it in the metrics and
+// logs it.
+func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outcome) *store.Op {
+	now := o.cfg.Clock()
+	attempt := e.Attempts + 1
+	log := o.log.With("id", e.ID, "stream", e.Stream, "attempt", attempt)
+	switch {
+	case r.ok:
+		o.m.deliveries.WithLabelValues(outcomeDelivered).Inc()
+		o.m.lag.Observe(max(0, now.Sub(e.CreatedAt).Seconds()))
+		log.Info("event delivered", "status", r.status, "lag_ms", max(0, now.Sub(e.CreatedAt).Milliseconds()))
+		out.final = true
+		return &store.Op{ID: e.ID, Kind: store.OpDelivered, At: now}
+
+	case !r.retryable:
+		o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
+		o.m.deadLetters.WithLabelValues(reasonRejected).Inc()
+		log.Error("outbox: rejected by the receiver; dead letter", "error", r.msg)
+		out.final = true
+		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: r.msg}
+	}
+
+	o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
+	deadline := e.EnqueuedAt.Add(o.cfg.MaxAge)
+	if !now.Before(deadline) {
+		o.m.deadLetters.WithLabelValues(reasonExpired).Inc()
+		reason := fmt.Sprintf("expired: not delivered within %s (%d attempts); last error: %s", o.cfg.MaxAge, attempt, r.msg)
+		log.Error("outbox: giving up; dead letter", "error", reason)
+		out.final = true
+		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: reason}
+	}
+	delay := r.retryAfter // the receiver's word wins over our backoff
+	if delay < 0 {
+		delay = bo.NextBackOff()
+		if delay == backoff.Stop {
+			delay = o.cfg.MaxAge // the policy gave up: the one last try at the deadline
+		}
+		delay = max(0, delay)
+	}
+	next := now.Add(delay)
+	// One last try at the deadline rather than none: a retry scheduled past it would only find
+	// the event expired.
+	if next.After(deadline) {
+		next = deadline
+	}
+	cause := causeReceiver
+	if r.network {
+		cause = causeNetwork
+	}
+	o.m.retries.WithLabelValues(cause).Inc()
+	log.Warn("outbox: delivery failed; will retry", "error", r.msg, "retry_in", next.Sub(now).String())
+	out.event = e
+	out.event.Body = nil
+	out.event.Attempts, out.event.NextAttempt, out.event.LastError = attempt, next, r.msg
+	out.retryAt, out.retryIn = next, next.Sub(now)
+	return &store.Op{ID: e.ID, Kind: store.OpRetry, Next: next, Error: r.msg}
+}
+
+func outcomeLabel(r result) string {
+	if r.network {
+		return outcomeNetwork
+	}
+	return outcomeReceiver
+}
+
+// enrich asks the Enricher for e's complete body. On failure it returns when to try again, or,
+// once EnrichTimeout has passed since the event was queued, the Partial body instead (err nil).
+func (o *Outbox) enrich(ctx context.Context, e store.Event, ebo backoff.BackOff) (body []byte, retryAt time.Time, err error) {
+	log := o.log.With("id", e.ID, "stream", e.Stream)
+	ectx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
+	body, err = o.cfg.Enricher.Enrich(ectx, e)
+	cancel()
+	if err == nil && !json.Valid(body) {
+		err = errors.New("the enricher returned a body that is not JSON")
+	}
+	if err == nil {
+		o.m.enrichments.WithLabelValues(enrichComplete).Inc()
+		return body, time.Time{}, nil
+	}
+	if ctx.Err() != nil {
+		return nil, time.Time{}, ctx.Err()
+	}
+	now := o.cfg.Clock()
+	deadline := e.EnqueuedAt.Add(o.cfg.EnrichTimeout)
+	if now.Before(deadline) {
+		d := ebo.NextBackOff()
+		if d == backoff.Stop {
+			d = deadline.Sub(now)
+		}
+		next := now.Add(max(0, d))
+		if next.After(deadline) {
+			next = deadline // the partial body is sent at the deadline, not after the next delay
+		}
+		o.m.enrichments.WithLabelValues(enrichRetry).Inc()
+		log.Warn("outbox: completing the event failed; will retry", "err", err, "retry_in", next.Sub(now).String())
+		return nil, next, err
+	}
+	body = o.cfg.Enricher.Partial(e, err)
+	if !json.Valid(body) {
+		body = e.Body // the committed facts are valid JSON at least
+	}
+	o.m.enrichments.WithLabelValues(enrichPartial).Inc()
+	log.Error("outbox: could not complete the event in time; delivering it partial", "err", err, "enrich_timeout", o.cfg.EnrichTimeout.String())
+	return body, time.Time{}, nil
+}
