@@ -180,7 +180,7 @@ func (h *harness) setup(ctx context.Context) error {
 		h.all = append(h.all, h.big)
 	}
 
-	h.logf("seeding %d machines × %d threads through thread.create, %d finished runs each", cfg.Machines, cfg.Threads, cfg.SeedRuns)
+	h.logf("seeding %d machines × %d threads, %d finished runs each", cfg.Machines, cfg.Threads, cfg.SeedRuns)
 	t0 := time.Now()
 	sem := make(chan struct{}, 4)
 	errs := make(chan error, len(h.all))
@@ -195,7 +195,7 @@ func (h *harness) setup(ctx context.Context) error {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			if err := m.seed(ctx, n, 4); err != nil {
+			if err := m.seed(ctx, n); err != nil {
 				errs <- err
 				return
 			}
@@ -315,7 +315,9 @@ func (h *harness) startConnector(ctx context.Context) error {
 	}
 	h.rep.Startup.Synced = time.Since(t0)
 	h.logf("ready after %s, synced after %s", ms(h.rep.Startup.Ready), ms(h.rep.Startup.Synced))
-	if err := sleepCtx(ctx, time.Second); err != nil {
+	// Idle: 2 s after the last snapshot was acknowledged (the connector returns start-up garbage
+	// to the OS once its snapshot gate has been quiet for 0.5 s; internal/watch/gate.go).
+	if err := sleepCtx(ctx, 2*time.Second); err != nil {
 		return err
 	}
 	st, err := h.conn.status()

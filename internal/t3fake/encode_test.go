@@ -96,3 +96,25 @@ func TestChunkFrameMatchesEncoder(t *testing.T) {
 		}
 	}
 }
+
+// TestAddThreadWithID seeds a thread under a chosen id: it is listed like a thread.create one,
+// and a taken id or an unknown project is refused.
+func TestAddThreadWithID(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("payments", "/srv/payments")
+	if err := s.AddThreadWithID(pid, "thread-5f0c", "Seeded"); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := s.ThreadStatus("thread-5f0c"); !ok || st != "idle" {
+		t.Fatalf("seeded thread: %q %v", st, ok)
+	}
+	if _, err := s.StartRun("thread-5f0c", "go"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddThreadWithID(pid, "thread-5f0c", "again"); err == nil {
+		t.Error("a taken id was accepted")
+	}
+	if err := s.AddThreadWithID("project-nope", "thread-other", "x"); err == nil {
+		t.Error("an unknown project was accepted")
+	}
+}

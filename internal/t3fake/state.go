@@ -458,6 +458,25 @@ func (s *Server) AddThread(projectID, title, status string) string {
 	return id
 }
 
+// AddThreadWithID adds an idle thread with a caller-chosen id (unique across machines, as T3's
+// uuids are), as thread.create would, without a socket round trip: the load harness seeds
+// 100,000 threads this way in seconds. It fails on an unknown project or a taken id.
+func (s *Server) AddThreadWithID(projectID, id, title string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.projectByID[projectID] == nil {
+		return fmt.Errorf("t3fake: no project %q", projectID)
+	}
+	if id == "" || s.threadByID[id] != nil {
+		return fmt.Errorf("t3fake: thread id %q is empty or taken", id)
+	}
+	s.createThread(threadSpec{
+		id: id, projectID: projectID, title: title, model: codexSelection,
+		runtimeMode: "full-access", interactionMode: "default", createdBy: "user", creationSource: "server",
+	})
+	return nil
+}
+
 // RemoveThread deletes a thread: subscribers of the shell see thread.removed. Thread
 // subscriptions of it stay open and silent, as in T3.
 func (s *Server) RemoveThread(threadID string) bool {
