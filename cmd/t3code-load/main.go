@@ -46,6 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (implies -inprocess)")
 	blockProfile := fs.String("blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
 	memProfile := fs.String("memprofile", "", "write a heap profile once the connector is synced and idle (implies -inprocess)")
+	harnessProfile := fs.String("harness-cpuprofile", "", "write a CPU profile of the harness alone (fakes, clients, receiver); the connector stays the binary")
 	threadCalls := fs.Int("thread-calls", 0, "t3_thread calls on the big thread (full 50, short 20)")
 
 	// Zero means the profile's value.
@@ -145,7 +146,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// own GC disturbs the timings less (memory here is not what is measured).
 	debug.SetGCPercent(400)
 
-	cfg.InProcess = *inProcess || *cpuProfile != "" || *blockProfile != "" || *memProfile != ""
+	cfg.InProcess = *inProcess || (*cpuProfile != "" && *harnessProfile == "") || *blockProfile != "" || *memProfile != ""
 	if *memProfile != "" {
 		cfg.AfterStartup = func() {
 			runtime.GC()
@@ -161,6 +162,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintln(stderr, err)
 			}
 		}()
+	}
+	if *cpuProfile == "" && *harnessProfile != "" {
+		*cpuProfile = *harnessProfile
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
