@@ -3,6 +3,8 @@ package t3fake
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"testing"
 
 	"github.com/coder/websocket"
@@ -71,4 +73,44 @@ func BenchmarkTransitions(b *testing.B) {
 	b.ReportMetric(float64(steps)/b.Elapsed().Seconds(), "steps/s")
 	s.Close()
 	<-done
+}
+
+// BenchmarkThreadGET5000 is the fake's side of GET /api/orchestration/threads/{id} on a thread
+// with 1,000 default-script runs (5,000 turn items), body read and discarded: what a t3_thread
+// call or an event's read costs the harness's T3.
+func BenchmarkThreadGET5000(b *testing.B) {
+	s, err := New(Options{ManualSteps: true, KeepRuns: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	pid := s.AddProject("load", "/srv/load")
+	tid := s.AddThread(pid, "big", "idle")
+	for i := range 1000 {
+		if _, err := s.StartRun(tid, fmt.Sprint("benchmark run ", i)); err != nil {
+			b.Fatal(err)
+		}
+		s.StepAll()
+	}
+	get := func() int64 {
+		req, _ := http.NewRequest("GET", s.URL()+"/api/orchestration/threads/"+tid, nil)
+		req.Header.Set("Authorization", "Bearer "+s.Token())
+		req.Header.Set("x-t3-orchestration-protocol", "2")
+		res, err := httpClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer res.Body.Close()
+		n, err := io.Copy(io.Discard, res.Body)
+		if err != nil || res.StatusCode != 200 {
+			b.Fatalf("GET: %d %v", res.StatusCode, err)
+		}
+		return n
+	}
+	b.SetBytes(get())
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		get()
+	}
 }
