@@ -77,7 +77,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolWait,
 		Title:        "Wait for a thread",
-		Description:  "Block until the thread's current run ends or needs you, then return why and the thread's state (as t3_thread shows it with 3 turns). reason is `completed`, `interrupted` or `failed` when the run ended; `question` when the agent asks something and waits (answer it with t3_answer, then call t3_wait again); `timeout` when `timeout` seconds passed with the run still going (call t3_wait again, or t3_interrupt to stop it). If the run has already ended or a question is already pending, it returns at once.",
+		Description:  "Block until the thread's current run ends or needs you, then return why and the thread's state (as t3_thread shows it with 3 turns). reason is `completed`, `interrupted` or `failed` when the run ended; `question` when the agent asks something and waits (answer it with t3_answer, then call t3_wait again); `timeout` when `timeout` seconds passed with the run still going (call t3_wait again, or t3_interrupt to stop it); `archived` when the thread was archived. It waits for the run t3_dispatch started last on the thread (a prompt sent to a busy thread is queued and waited for in turn), else the thread's latest run. If the run has already ended or a question is already pending, it returns at once.",
 		ReadOnly:     true,
 		Destructive:  false,
 		Idempotent:   true,
@@ -87,7 +87,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolAnswer,
 		Title:        "Answer a pending question",
-		Description:  "Answer the question a thread is waiting on (pending_question in the output of t3_thread or t3_wait). answers maps each question's id to its answer: one of the question's option labels; free text when the question has allow_custom; a list of option labels when it has multi_select. Answer every question marked required. Answers are checked before they are sent: an unknown question id, an unknown label or a missing required answer is refused with an error that lists the valid choices. For kind `approval` (the agent asks permission, for example to run a command) answer its one question with one of its option labels, such as accept or decline. The run then goes on: call t3_wait for its outcome. Returns the thread's state after the answer was sent.",
+		Description:  "Answer the question a thread is waiting on (pending_question in the output of t3_thread or t3_wait). answers maps each question's id to its answer: one of the question's option labels; free text when the question has allow_custom; a list of option labels when it has multi_select. Answer every question marked required. Answers are checked before they are sent: an unknown question id, an unknown label or a missing required answer is refused with an error that lists the valid choices. For kind `approval` (the agent asks permission, for example to run a command) pass decision instead of answers: accept, acceptForSession, decline, or cancel (ends the run). A request with answerable false cannot be answered. The run then goes on: call t3_wait for its outcome. Returns the thread's state after the answer was sent.",
 		ReadOnly:     false,
 		Destructive:  false,
 		Idempotent:   false,
@@ -589,7 +589,7 @@ const outputThread = `{
         },
         "kind": {
           "type": "string",
-          "description": "What the thread waits for. user_input: the agent asks for information or a choice. approval: the agent asks permission to do something (run a command, change files).",
+          "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
           "enum": [
             "user_input",
             "approval"
@@ -637,7 +637,15 @@ const outputThread = `{
               }
             }
           },
-          "description": "The questions; answer them together in one t3_answer call."
+          "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
+        },
+        "answerable": {
+          "type": "boolean",
+          "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
+        },
+        "not_answerable_reason": {
+          "type": "string",
+          "description": "Why it cannot be answered, as T3 says."
         }
       }
     },
@@ -700,14 +708,15 @@ const outputWait = `{
   "properties": {
     "reason": {
       "type": "string",
-      "description": "Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the thread waits for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to wait for: dispatch one).",
+      "description": "Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the run waits for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to wait for: dispatch one), archived (the thread was archived; it no longer runs).",
       "enum": [
         "completed",
         "interrupted",
         "failed",
         "question",
         "timeout",
-        "idle"
+        "idle",
+        "archived"
       ]
     },
     "state": {
@@ -874,7 +883,7 @@ const outputWait = `{
             },
             "kind": {
               "type": "string",
-              "description": "What the thread waits for. user_input: the agent asks for information or a choice. approval: the agent asks permission to do something (run a command, change files).",
+              "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
               "enum": [
                 "user_input",
                 "approval"
@@ -922,7 +931,15 @@ const outputWait = `{
                   }
                 }
               },
-              "description": "The questions; answer them together in one t3_answer call."
+              "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
+            },
+            "answerable": {
+              "type": "boolean",
+              "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
+            },
+            "not_answerable_reason": {
+              "type": "string",
+              "description": "Why it cannot be answered, as T3 says."
             }
           }
         },
@@ -958,8 +975,7 @@ const inputAnswer = `{
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
-    "thread_id",
-    "answers"
+    "thread_id"
   ],
   "additionalProperties": false,
   "properties": {
@@ -970,7 +986,7 @@ const inputAnswer = `{
     "answers": {
       "type": "object",
       "minProperties": 1,
-      "description": "Question id → answer: an option label, free text (allow_custom), or a list of labels (multi_select). Example: {\"q1\": \"Keep a Changelog\", \"q2\": [\"lint\", \"test\"]}.",
+      "description": "For kind user_input: question id → answer: an option label, free text (allow_custom), or a list of labels (multi_select). Example: {\"q1\": \"Keep a Changelog\", \"q2\": [\"lint\", \"test\"]}.",
       "additionalProperties": {
         "description": "One answer: an option label or free text, or a list of option labels for a multi_select question.",
         "oneOf": [
@@ -985,6 +1001,16 @@ const inputAnswer = `{
           }
         ]
       }
+    },
+    "decision": {
+      "type": "string",
+      "description": "For kind approval: accept (allow this once), acceptForSession (allow it for the rest of the agent's session), decline (refuse; the agent goes on without it), cancel (refuse and end the run, which ends cancelled).",
+      "enum": [
+        "accept",
+        "acceptForSession",
+        "decline",
+        "cancel"
+      ]
     }
   }
 }`
@@ -1155,7 +1181,7 @@ const outputAnswer = `{
         },
         "kind": {
           "type": "string",
-          "description": "What the thread waits for. user_input: the agent asks for information or a choice. approval: the agent asks permission to do something (run a command, change files).",
+          "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
           "enum": [
             "user_input",
             "approval"
@@ -1203,7 +1229,15 @@ const outputAnswer = `{
               }
             }
           },
-          "description": "The questions; answer them together in one t3_answer call."
+          "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
+        },
+        "answerable": {
+          "type": "boolean",
+          "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
+        },
+        "not_answerable_reason": {
+          "type": "string",
+          "description": "Why it cannot be answered, as T3 says."
         }
       }
     },
@@ -1435,7 +1469,7 @@ const outputInterrupt = `{
             },
             "kind": {
               "type": "string",
-              "description": "What the thread waits for. user_input: the agent asks for information or a choice. approval: the agent asks permission to do something (run a command, change files).",
+              "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
               "enum": [
                 "user_input",
                 "approval"
@@ -1483,7 +1517,15 @@ const outputInterrupt = `{
                   }
                 }
               },
-              "description": "The questions; answer them together in one t3_answer call."
+              "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
+            },
+            "answerable": {
+              "type": "boolean",
+              "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
+            },
+            "not_answerable_reason": {
+              "type": "string",
+              "description": "Why it cannot be answered, as T3 says."
             }
           }
         },

@@ -16,9 +16,10 @@ import (
 type AnswerInput struct {
 	// The thread whose pending question you answer.
 	ThreadID string `json:"thread_id"`
-	// Question id → answer: an option label, free text (allow_custom), or a list of labels
-	// (multi_select). Example: {"q1": "Keep a Changelog", "q2": ["lint", "test"]}.
-	Answers AnswerInputAnswers `json:"answers"`
+	// For kind user_input: question id → answer: an option label, free text (allow_custom), or a list of
+	// labels (multi_select). Example: {"q1": "Keep a Changelog", "q2": ["lint", "test"]}.
+	Answers  OptAnswerInputAnswers `json:"answers"`
+	Decision OptApprovalDecision   `json:"decision"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -27,8 +28,13 @@ func (s *AnswerInput) GetThreadID() string {
 }
 
 // GetAnswers returns the value of Answers.
-func (s *AnswerInput) GetAnswers() AnswerInputAnswers {
+func (s *AnswerInput) GetAnswers() OptAnswerInputAnswers {
 	return s.Answers
+}
+
+// GetDecision returns the value of Decision.
+func (s *AnswerInput) GetDecision() OptApprovalDecision {
+	return s.Decision
 }
 
 // SetThreadID sets the value of ThreadID.
@@ -37,12 +43,17 @@ func (s *AnswerInput) SetThreadID(val string) {
 }
 
 // SetAnswers sets the value of Answers.
-func (s *AnswerInput) SetAnswers(val AnswerInputAnswers) {
+func (s *AnswerInput) SetAnswers(val OptAnswerInputAnswers) {
 	s.Answers = val
 }
 
-// Question id → answer: an option label, free text (allow_custom), or a list of labels
-// (multi_select). Example: {"q1": "Keep a Changelog", "q2": ["lint", "test"]}.
+// SetDecision sets the value of Decision.
+func (s *AnswerInput) SetDecision(val OptApprovalDecision) {
+	s.Decision = val
+}
+
+// For kind user_input: question id → answer: an option label, free text (allow_custom), or a list of
+// labels (multi_select). Example: {"q1": "Keep a Changelog", "q2": ["lint", "test"]}.
 type AnswerInputAnswers map[string]AnswerValue
 
 func (s *AnswerInputAnswers) init() AnswerInputAnswers {
@@ -119,6 +130,65 @@ func NewStringArrayAnswerValue(v []string) AnswerValue {
 	var s AnswerValue
 	s.SetStringArray(v)
 	return s
+}
+
+// For kind approval: accept (allow this once), acceptForSession (allow it for the rest of the agent's
+// session), decline (refuse; the agent goes on without it), cancel (refuse and end the run, which ends
+// cancelled).
+// Ref: #/$defs/ApprovalDecision
+type ApprovalDecision string
+
+const (
+	ApprovalDecisionAccept           ApprovalDecision = "accept"
+	ApprovalDecisionAcceptForSession ApprovalDecision = "acceptForSession"
+	ApprovalDecisionDecline          ApprovalDecision = "decline"
+	ApprovalDecisionCancel           ApprovalDecision = "cancel"
+)
+
+// AllValues returns all ApprovalDecision values.
+func (ApprovalDecision) AllValues() []ApprovalDecision {
+	return []ApprovalDecision{
+		ApprovalDecisionAccept,
+		ApprovalDecisionAcceptForSession,
+		ApprovalDecisionDecline,
+		ApprovalDecisionCancel,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s ApprovalDecision) MarshalText() ([]byte, error) {
+	switch s {
+	case ApprovalDecisionAccept:
+		return []byte(s), nil
+	case ApprovalDecisionAcceptForSession:
+		return []byte(s), nil
+	case ApprovalDecisionDecline:
+		return []byte(s), nil
+	case ApprovalDecisionCancel:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *ApprovalDecision) UnmarshalText(data []byte) error {
+	switch ApprovalDecision(data) {
+	case ApprovalDecisionAccept:
+		*s = ApprovalDecisionAccept
+		return nil
+	case ApprovalDecisionAcceptForSession:
+		*s = ApprovalDecisionAcceptForSession
+		return nil
+	case ApprovalDecisionDecline:
+		*s = ApprovalDecisionDecline
+		return nil
+	case ApprovalDecisionCancel:
+		*s = ApprovalDecisionCancel
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
 }
 
 // Ref: #/$defs/ChangedFile
@@ -743,6 +813,52 @@ func (o OptAnswerInput) Or(d AnswerInput) AnswerInput {
 	return d
 }
 
+// NewOptAnswerInputAnswers returns new OptAnswerInputAnswers with value set to v.
+func NewOptAnswerInputAnswers(v AnswerInputAnswers) OptAnswerInputAnswers {
+	return OptAnswerInputAnswers{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptAnswerInputAnswers is optional AnswerInputAnswers.
+type OptAnswerInputAnswers struct {
+	Value AnswerInputAnswers
+	Set   bool
+}
+
+// IsSet returns true if OptAnswerInputAnswers was set.
+func (o OptAnswerInputAnswers) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptAnswerInputAnswers) Reset() {
+	var v AnswerInputAnswers
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptAnswerInputAnswers) SetTo(v AnswerInputAnswers) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptAnswerInputAnswers) Get() (v AnswerInputAnswers, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptAnswerInputAnswers) Or(d AnswerInputAnswers) AnswerInputAnswers {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptAnswerValue returns new OptAnswerValue with value set to v.
 func NewOptAnswerValue(v AnswerValue) OptAnswerValue {
 	return OptAnswerValue{
@@ -783,6 +899,52 @@ func (o OptAnswerValue) Get() (v AnswerValue, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptAnswerValue) Or(d AnswerValue) AnswerValue {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptApprovalDecision returns new OptApprovalDecision with value set to v.
+func NewOptApprovalDecision(v ApprovalDecision) OptApprovalDecision {
+	return OptApprovalDecision{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptApprovalDecision is optional ApprovalDecision.
+type OptApprovalDecision struct {
+	Value ApprovalDecision
+	Set   bool
+}
+
+// IsSet returns true if OptApprovalDecision was set.
+func (o OptApprovalDecision) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptApprovalDecision) Reset() {
+	var v ApprovalDecision
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptApprovalDecision) SetTo(v ApprovalDecision) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptApprovalDecision) Get() (v ApprovalDecision, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptApprovalDecision) Or(d ApprovalDecision) ApprovalDecision {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -2129,8 +2291,14 @@ type PendingQuestion struct {
 	// T3's id of the request (t3_answer finds it by itself).
 	RequestID string       `json:"request_id"`
 	Kind      QuestionKind `json:"kind"`
-	// The questions; answer them together in one t3_answer call.
+	// The questions; answer them together in one t3_answer call. An approval has one, whose text is what
+	// the agent asks to do.
 	Questions []Question `json:"questions"`
+	// False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer;
+	// t3_interrupt the run or dispatch again.
+	Answerable OptBool `json:"answerable"`
+	// Why it cannot be answered, as T3 says.
+	NotAnswerableReason OptString `json:"not_answerable_reason"`
 }
 
 // GetRequestID returns the value of RequestID.
@@ -2148,6 +2316,16 @@ func (s *PendingQuestion) GetQuestions() []Question {
 	return s.Questions
 }
 
+// GetAnswerable returns the value of Answerable.
+func (s *PendingQuestion) GetAnswerable() OptBool {
+	return s.Answerable
+}
+
+// GetNotAnswerableReason returns the value of NotAnswerableReason.
+func (s *PendingQuestion) GetNotAnswerableReason() OptString {
+	return s.NotAnswerableReason
+}
+
 // SetRequestID sets the value of RequestID.
 func (s *PendingQuestion) SetRequestID(val string) {
 	s.RequestID = val
@@ -2161,6 +2339,16 @@ func (s *PendingQuestion) SetKind(val QuestionKind) {
 // SetQuestions sets the value of Questions.
 func (s *PendingQuestion) SetQuestions(val []Question) {
 	s.Questions = val
+}
+
+// SetAnswerable sets the value of Answerable.
+func (s *PendingQuestion) SetAnswerable(val OptBool) {
+	s.Answerable = val
+}
+
+// SetNotAnswerableReason sets the value of NotAnswerableReason.
+func (s *PendingQuestion) SetNotAnswerableReason(val OptString) {
+	s.NotAnswerableReason = val
 }
 
 // A project: a workspace directory on the machine where coding agents work.
@@ -2390,8 +2578,9 @@ func (s *Question) SetRequired(val OptBool) {
 	s.Required = val
 }
 
-// What the thread waits for. user_input: the agent asks for information or a choice. approval: the
-// agent asks permission to do something (run a command, change files).
+// What the thread waits for. user_input: the agent asks for information or a choice (answer with
+// answers). approval: the agent asks permission to do something, such as run a command or change files
+// (answer with decision).
 // Ref: #/$defs/QuestionKind
 type QuestionKind string
 
@@ -2442,37 +2631,38 @@ func (s *QuestionKind) UnmarshalText(data []byte) error {
 // lists every definition so jschemagen emits them all; nothing sends it. Inputs reject unknown
 // arguments; outputs may gain fields, so clients must ignore fields they do not know.
 type Root struct {
-	MachinesInput   *MachinesInput     `json:"MachinesInput"`
-	MachinesOutput  OptMachinesOutput  `json:"MachinesOutput"`
-	ProjectsInput   OptProjectsInput   `json:"ProjectsInput"`
-	ProjectsOutput  OptProjectsOutput  `json:"ProjectsOutput"`
-	DispatchInput   OptDispatchInput   `json:"DispatchInput"`
-	DispatchOutput  OptDispatchOutput  `json:"DispatchOutput"`
-	ThreadInput     OptThreadInput     `json:"ThreadInput"`
-	ThreadOutput    OptThreadState     `json:"ThreadOutput"`
-	WaitInput       OptWaitInput       `json:"WaitInput"`
-	WaitOutput      OptWaitOutput      `json:"WaitOutput"`
-	AnswerInput     OptAnswerInput     `json:"AnswerInput"`
-	AnswerOutput    OptThreadState     `json:"AnswerOutput"`
-	InterruptInput  OptInterruptInput  `json:"InterruptInput"`
-	InterruptOutput OptInterruptOutput `json:"InterruptOutput"`
-	WatchInput      OptWatchInput      `json:"WatchInput"`
-	WatchOutput     OptWatchOutput     `json:"WatchOutput"`
-	Machine         OptMachine         `json:"Machine"`
-	MachineStatus   OptMachineStatus   `json:"MachineStatus"`
-	Project         OptProject         `json:"Project"`
-	ProjectRef      OptProjectRef      `json:"ProjectRef"`
-	ThreadState     OptThreadState     `json:"ThreadState"`
-	LatestRun       OptLatestRun       `json:"LatestRun"`
-	RunSummary      OptRunSummary      `json:"RunSummary"`
-	ChangedFile     OptChangedFile     `json:"ChangedFile"`
-	PendingQuestion OptPendingQuestion `json:"PendingQuestion"`
-	QuestionKind    OptQuestionKind    `json:"QuestionKind"`
-	Question        OptQuestion        `json:"Question"`
-	TruncationNote  OptTruncationNote  `json:"TruncationNote"`
-	WaitReason      OptWaitReason      `json:"WaitReason"`
-	AnswerValue     OptAnswerValue     `json:"AnswerValue"`
-	TrackedThread   OptTrackedThread   `json:"TrackedThread"`
+	MachinesInput    *MachinesInput      `json:"MachinesInput"`
+	MachinesOutput   OptMachinesOutput   `json:"MachinesOutput"`
+	ProjectsInput    OptProjectsInput    `json:"ProjectsInput"`
+	ProjectsOutput   OptProjectsOutput   `json:"ProjectsOutput"`
+	DispatchInput    OptDispatchInput    `json:"DispatchInput"`
+	DispatchOutput   OptDispatchOutput   `json:"DispatchOutput"`
+	ThreadInput      OptThreadInput      `json:"ThreadInput"`
+	ThreadOutput     OptThreadState      `json:"ThreadOutput"`
+	WaitInput        OptWaitInput        `json:"WaitInput"`
+	WaitOutput       OptWaitOutput       `json:"WaitOutput"`
+	AnswerInput      OptAnswerInput      `json:"AnswerInput"`
+	AnswerOutput     OptThreadState      `json:"AnswerOutput"`
+	InterruptInput   OptInterruptInput   `json:"InterruptInput"`
+	InterruptOutput  OptInterruptOutput  `json:"InterruptOutput"`
+	WatchInput       OptWatchInput       `json:"WatchInput"`
+	WatchOutput      OptWatchOutput      `json:"WatchOutput"`
+	Machine          OptMachine          `json:"Machine"`
+	MachineStatus    OptMachineStatus    `json:"MachineStatus"`
+	Project          OptProject          `json:"Project"`
+	ProjectRef       OptProjectRef       `json:"ProjectRef"`
+	ThreadState      OptThreadState      `json:"ThreadState"`
+	LatestRun        OptLatestRun        `json:"LatestRun"`
+	RunSummary       OptRunSummary       `json:"RunSummary"`
+	ChangedFile      OptChangedFile      `json:"ChangedFile"`
+	PendingQuestion  OptPendingQuestion  `json:"PendingQuestion"`
+	QuestionKind     OptQuestionKind     `json:"QuestionKind"`
+	Question         OptQuestion         `json:"Question"`
+	TruncationNote   OptTruncationNote   `json:"TruncationNote"`
+	WaitReason       OptWaitReason       `json:"WaitReason"`
+	AnswerValue      OptAnswerValue      `json:"AnswerValue"`
+	ApprovalDecision OptApprovalDecision `json:"ApprovalDecision"`
+	TrackedThread    OptTrackedThread    `json:"TrackedThread"`
 }
 
 // GetMachinesInput returns the value of MachinesInput.
@@ -2623,6 +2813,11 @@ func (s *Root) GetWaitReason() OptWaitReason {
 // GetAnswerValue returns the value of AnswerValue.
 func (s *Root) GetAnswerValue() OptAnswerValue {
 	return s.AnswerValue
+}
+
+// GetApprovalDecision returns the value of ApprovalDecision.
+func (s *Root) GetApprovalDecision() OptApprovalDecision {
+	return s.ApprovalDecision
 }
 
 // GetTrackedThread returns the value of TrackedThread.
@@ -2778,6 +2973,11 @@ func (s *Root) SetWaitReason(val OptWaitReason) {
 // SetAnswerValue sets the value of AnswerValue.
 func (s *Root) SetAnswerValue(val OptAnswerValue) {
 	s.AnswerValue = val
+}
+
+// SetApprovalDecision sets the value of ApprovalDecision.
+func (s *Root) SetApprovalDecision(val OptApprovalDecision) {
+	s.ApprovalDecision = val
 }
 
 // SetTrackedThread sets the value of TrackedThread.
@@ -3202,9 +3402,9 @@ func (s *WaitOutput) SetState(val ThreadState) {
 	s.State = val
 }
 
-// Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the thread
-// waits for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to
-// wait for: dispatch one).
+// Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the run waits
+// for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to wait
+// for: dispatch one), archived (the thread was archived; it no longer runs).
 // Ref: #/$defs/WaitReason
 type WaitReason string
 
@@ -3215,6 +3415,7 @@ const (
 	WaitReasonQuestion    WaitReason = "question"
 	WaitReasonTimeout     WaitReason = "timeout"
 	WaitReasonIdle        WaitReason = "idle"
+	WaitReasonArchived    WaitReason = "archived"
 )
 
 // AllValues returns all WaitReason values.
@@ -3226,6 +3427,7 @@ func (WaitReason) AllValues() []WaitReason {
 		WaitReasonQuestion,
 		WaitReasonTimeout,
 		WaitReasonIdle,
+		WaitReasonArchived,
 	}
 }
 
@@ -3243,6 +3445,8 @@ func (s WaitReason) MarshalText() ([]byte, error) {
 	case WaitReasonTimeout:
 		return []byte(s), nil
 	case WaitReasonIdle:
+		return []byte(s), nil
+	case WaitReasonArchived:
 		return []byte(s), nil
 	default:
 		return nil, errors.Errorf("invalid value: %q", s)
@@ -3269,6 +3473,9 @@ func (s *WaitReason) UnmarshalText(data []byte) error {
 		return nil
 	case WaitReasonIdle:
 		*s = WaitReasonIdle
+		return nil
+	case WaitReasonArchived:
+		*s = WaitReasonArchived
 		return nil
 	default:
 		return errors.Errorf("invalid value: %q", data)
@@ -3369,14 +3576,23 @@ func (s *AnswerInput) encodeFields(e *jx.Encoder) {
 		e.Str(s.ThreadID)
 	}
 	{
-		e.FieldStart("answers")
-		s.Answers.Encode(e)
+		if s.Answers.Set {
+			e.FieldStart("answers")
+			s.Answers.Encode(e)
+		}
+	}
+	{
+		if s.Decision.Set {
+			e.FieldStart("decision")
+			s.Decision.Encode(e)
+		}
 	}
 }
 
-var jsonFieldsNameOfAnswerInput = [2]string{
+var jsonFieldsNameOfAnswerInput = [3]string{
 	0: "thread_id",
 	1: "answers",
+	2: "decision",
 }
 
 // Decode decodes AnswerInput from json.
@@ -3401,14 +3617,24 @@ func (s *AnswerInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"thread_id\"")
 			}
 		case "answers":
-			requiredBitSet[0] |= 1 << 1
 			if err := func() error {
+				s.Answers.Reset()
 				if err := s.Answers.Decode(d); err != nil {
 					return err
 				}
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"answers\"")
+			}
+		case "decision":
+			if err := func() error {
+				s.Decision.Reset()
+				if err := s.Decision.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"decision\"")
 			}
 		default:
 			return errors.Errorf("unexpected field %q", k)
@@ -3420,7 +3646,7 @@ func (s *AnswerInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [1]uint8{
-		0b00000011,
+		0b00000001,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -3589,6 +3815,50 @@ func (s AnswerValue) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *AnswerValue) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes ApprovalDecision as json.
+func (s ApprovalDecision) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes ApprovalDecision from json.
+func (s *ApprovalDecision) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ApprovalDecision to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch ApprovalDecision(v) {
+	case ApprovalDecisionAccept:
+		*s = ApprovalDecisionAccept
+	case ApprovalDecisionAcceptForSession:
+		*s = ApprovalDecisionAcceptForSession
+	case ApprovalDecisionDecline:
+		*s = ApprovalDecisionDecline
+	case ApprovalDecisionCancel:
+		*s = ApprovalDecisionCancel
+	default:
+		*s = ApprovalDecision(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s ApprovalDecision) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ApprovalDecision) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -5029,6 +5299,40 @@ func (s *OptAnswerInput) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes AnswerInputAnswers as json.
+func (o OptAnswerInputAnswers) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes AnswerInputAnswers from json.
+func (o *OptAnswerInputAnswers) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptAnswerInputAnswers to nil")
+	}
+	o.Set = true
+	o.Value = make(AnswerInputAnswers)
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptAnswerInputAnswers) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptAnswerInputAnswers) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes AnswerValue as json.
 func (o OptAnswerValue) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -5058,6 +5362,39 @@ func (s OptAnswerValue) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *OptAnswerValue) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes ApprovalDecision as json.
+func (o OptApprovalDecision) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	e.Str(string(o.Value))
+}
+
+// Decode decodes ApprovalDecision from json.
+func (o *OptApprovalDecision) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptApprovalDecision to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptApprovalDecision) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptApprovalDecision) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -6050,12 +6387,26 @@ func (s *PendingQuestion) encodeFields(e *jx.Encoder) {
 		}
 		e.ArrEnd()
 	}
+	{
+		if s.Answerable.Set {
+			e.FieldStart("answerable")
+			s.Answerable.Encode(e)
+		}
+	}
+	{
+		if s.NotAnswerableReason.Set {
+			e.FieldStart("not_answerable_reason")
+			s.NotAnswerableReason.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfPendingQuestion = [3]string{
+var jsonFieldsNameOfPendingQuestion = [5]string{
 	0: "request_id",
 	1: "kind",
 	2: "questions",
+	3: "answerable",
+	4: "not_answerable_reason",
 }
 
 // Decode decodes PendingQuestion from json.
@@ -6106,6 +6457,26 @@ func (s *PendingQuestion) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"questions\"")
+			}
+		case "answerable":
+			if err := func() error {
+				s.Answerable.Reset()
+				if err := s.Answerable.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"answerable\"")
+			}
+		case "not_answerable_reason":
+			if err := func() error {
+				s.NotAnswerableReason.Reset()
+				if err := s.NotAnswerableReason.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"not_answerable_reason\"")
 			}
 		default:
 			return d.Skip()
@@ -7100,6 +7471,12 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.ApprovalDecision.Set {
+			e.FieldStart("ApprovalDecision")
+			s.ApprovalDecision.Encode(e)
+		}
+	}
+	{
 		if s.TrackedThread.Set {
 			e.FieldStart("TrackedThread")
 			s.TrackedThread.Encode(e)
@@ -7107,7 +7484,7 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfRoot = [31]string{
+var jsonFieldsNameOfRoot = [32]string{
 	0:  "MachinesInput",
 	1:  "MachinesOutput",
 	2:  "ProjectsInput",
@@ -7138,7 +7515,8 @@ var jsonFieldsNameOfRoot = [31]string{
 	27: "TruncationNote",
 	28: "WaitReason",
 	29: "AnswerValue",
-	30: "TrackedThread",
+	30: "ApprovalDecision",
+	31: "TrackedThread",
 }
 
 // Decode decodes Root from json.
@@ -7450,6 +7828,16 @@ func (s *Root) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"AnswerValue\"")
+			}
+		case "ApprovalDecision":
+			if err := func() error {
+				s.ApprovalDecision.Reset()
+				if err := s.ApprovalDecision.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"ApprovalDecision\"")
 			}
 		case "TrackedThread":
 			if err := func() error {
@@ -8650,6 +9038,8 @@ func (s *WaitReason) Decode(d *jx.Decoder) error {
 		*s = WaitReasonTimeout
 	case WaitReasonIdle:
 		*s = WaitReasonIdle
+	case WaitReasonArchived:
+		*s = WaitReasonArchived
 	default:
 		*s = WaitReason(v)
 	}
@@ -8848,13 +9238,38 @@ func (s *AnswerInput) Validate() error {
 
 	var failures []validate.FieldError
 	if err := func() error {
-		if err := s.Answers.Validate(); err != nil {
-			return err
+		if value, ok := s.Answers.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
 		}
 		return nil
 	}(); err != nil {
 		failures = append(failures, validate.FieldError{
 			Name:  "answers",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.Decision.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "decision",
 			Error: err,
 		})
 	}
@@ -8897,6 +9312,21 @@ func (s AnswerValue) Validate() error {
 		return nil
 	default:
 		return errors.Errorf("invalid type %q", s.Type)
+	}
+}
+
+func (s ApprovalDecision) Validate() error {
+	switch s {
+	case "accept":
+		return nil
+	case "acceptForSession":
+		return nil
+	case "decline":
+		return nil
+	case "cancel":
+		return nil
+	default:
+		return errors.Errorf("invalid value: %v", s)
 	}
 }
 
@@ -9429,6 +9859,24 @@ func (s *Root) Validate() error {
 			Error: err,
 		})
 	}
+	if err := func() error {
+		if value, ok := s.ApprovalDecision.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "ApprovalDecision",
+			Error: err,
+		})
+	}
 	if len(failures) > 0 {
 		return &validate.Error{Fields: failures}
 	}
@@ -9603,6 +10051,8 @@ func (s WaitReason) Validate() error {
 	case "timeout":
 		return nil
 	case "idle":
+		return nil
+	case "archived":
 		return nil
 	default:
 		return errors.Errorf("invalid value: %v", s)

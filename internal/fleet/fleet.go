@@ -422,6 +422,16 @@ func (m *Machine) Projection(ctx context.Context, threadID string) (*t3api.Threa
 	return &s.Projection, nil
 }
 
+// Recent reads a thread for showing its recent runs: the bounded read (size
+// independent of the thread's history), or the whole thread on a machine
+// without that route (t3.Client.ThreadRecent).
+func (m *Machine) Recent(ctx context.Context, threadID string) (t3.Recent, error) {
+	if m.client == nil {
+		return t3.Recent{}, m.Ready()
+	}
+	return m.client.ThreadRecent(ctx, threadID)
+}
+
 // Dispatch sends a command on the machine's socket, retrying a lost reply
 // with the same commandId.
 func (m *Machine) Dispatch(ctx context.Context, cmd t3.Command) (int64, error) {

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-faster/jx"
@@ -58,6 +59,9 @@ type Client struct {
 	log     *slog.Logger
 	rpc     effectrpc.Options
 	errs    *errs
+	// noBoundedUntil is set (unix nanoseconds) when the machine answered that
+	// /bounded does not exist: ThreadRecent reads the full thread until then.
+	noBoundedUntil atomic.Int64
 }
 
 // Descriptor is what a machine says about itself (GET /.well-known/t3/environment).
@@ -314,6 +318,56 @@ func (c *Client) ThreadBounded(ctx context.Context, threadID string) (*t3api.Bou
 		return nil, c.failed(ctx, op, err, x, threadID)
 	}
 	return answer[t3api.BoundedThreadSnapshot](c, op, threadID, res)
+}
+
+// Recent is a thread as ThreadRecent read it.
+type Recent struct {
+	Projection *t3api.ThreadProjection
+	// Bounded is true when it came from /bounded: every run, request and
+	// checkpoint, but only the newest timeline rows; HasMoreHistory says
+	// whether older rows were left out.
+	Bounded        bool
+	HasMoreHistory bool
+}
+
+// boundedRetry is how long ThreadRecent keeps reading whole threads after a
+// machine answered that /bounded does not exist (an older build), before it
+// tries /bounded again (the machine may have been updated).
+const boundedRetry = 10 * time.Minute
+
+// ThreadRecent reads a thread for showing its recent runs: /bounded, whose
+// size does not grow with the thread's history, falling back to the whole
+// thread only when the machine answers that the route does not exist (older
+// builds answer 404 or 503 there, without T3's error body). A thread that
+// does not exist is an error either way.
+func (c *Client) ThreadRecent(ctx context.Context, threadID string) (Recent, error) {
+	if time.Now().UnixNano() >= c.noBoundedUntil.Load() {
+		b, err := c.ThreadBounded(ctx, threadID)
+		if err == nil {
+			return Recent{Projection: &b.Projection, Bounded: true, HasMoreHistory: b.HasMoreHistory.Or(false)}, nil
+		}
+		if !RouteMissing(err) {
+			return Recent{}, err
+		}
+		c.noBoundedUntil.Store(time.Now().Add(boundedRetry).UnixNano())
+		c.log.Info("t3: machine has no bounded thread route; reading whole threads", "err", err)
+	}
+	s, err := c.Thread(ctx, threadID)
+	if err != nil {
+		return Recent{}, err
+	}
+	return Recent{Projection: &s.Projection}, nil
+}
+
+// RouteMissing reports whether err is a machine saying that the route does
+// not exist: 404 or 503 without T3's error body (a missing thread is a 404
+// with one, reason thread_not_found).
+func RouteMissing(err error) bool {
+	var e *Error
+	if !errors.As(err, &e) || e.Tag != "" || e.Reason != "" || e.Code != "" {
+		return false
+	}
+	return e.Status == http.StatusNotFound || e.Status == http.StatusServiceUnavailable
 }
 
 // ThreadHistory reads the timeline rows before cursor (from ThreadBounded or a

@@ -191,6 +191,22 @@ func (s *Server) dispatchCommand(payload jx.Raw, scopes []string) result {
 		}
 		threadID = c.ThreadId
 		run = func() (int64, *t3rpc.TaggedError) { return s.modelSelectionSet(&c) }
+	case "queued-run.cancel":
+		ids, _ := peekStrings(payload, "runId")
+		threadID = head["threadId"]
+		run = func() (int64, *t3rpc.TaggedError) {
+			th := s.threadByID[threadID]
+			if th == nil {
+				return 0, noThread(cmdID, typ, threadID)
+			}
+			if !s.cancelQueued(th, ids["runId"]) {
+				return 0, dispatchError(cmdID, typ, "Run "+ids["runId"]+" is not queued.")
+			}
+			return s.head, nil
+		}
+	case "thread.archive":
+		threadID = head["threadId"]
+		run = func() (int64, *t3rpc.TaggedError) { return s.archive(cmdID, threadID) }
 	default:
 		if !slices.Contains(t3CommandTypes, typ) {
 			return died(unionDefect)
@@ -254,11 +270,44 @@ func (s *Server) messageDispatch(c *t3rpc.MessageDispatchCommand) (int64, *t3rpc
 	default:
 		return 0, dispatchError(c.CommandId, "message.dispatch", "t3fake does not implement dispatch mode "+string(c.DispatchMode.Type)+".")
 	}
-	if th.active != nil {
-		return 0, dispatchError(c.CommandId, "message.dispatch",
-			fmt.Sprintf("Thread %s already has an active run %s; t3fake does not queue runs.", th.id, th.active.rec.ID))
+	if msg := s.refuseDispatch.Load(); msg != nil {
+		return 0, dispatchError(c.CommandId, "message.dispatch", *msg)
 	}
+	// On a busy thread the run is queued behind the active one (fixture 21).
 	s.startRun(th, c.MessageId, c.Text, c.ModelSelection, false)
+	return s.head, nil
+}
+
+// archive is thread.archive (recorded, 23): the row moves to the archive list
+// (thread.updated with location archive), and a run under way fails.
+func (s *Server) archive(cmdID, threadID string) (int64, *t3rpc.TaggedError) {
+	th := s.threadByID[threadID]
+	if th == nil {
+		return 0, noThread(cmdID, "thread.archive", threadID)
+	}
+	if th.archived {
+		return 0, dispatchError(cmdID, "thread.archive", "Thread "+threadID+" is already archived.")
+	}
+	ts := s.touch(th)
+	th.archived = true
+	th.app.ArchivedAt = optNilStr(ts)
+	th.shell.ArchivedAt = optNilStr(ts)
+	s.emit(th, "", "thread.archived", encode(&th.app))
+	if r := th.active; r != nil {
+		it := s.newItem(r, "error:archived", "error", "failed", "Run failed", true)
+		it.Failure = t3rpc.NewOptFailure(t3rpc.Failure{
+			Class:   optStr("provider_error"),
+			Message: "Failed while ingesting orchestration V2 run execution: the thread was archived.",
+		})
+		s.putItem(r, it)
+		r.state = runDone
+		r.rec.Status = "failed"
+		r.rec.CompletedAt = optNilStr(ts)
+		s.putRun(r)
+		s.settle(r, "failed", ts)
+		return s.head, nil
+	}
+	s.publishShell(th)
 	return s.head, nil
 }
 
@@ -268,7 +317,7 @@ func (s *Server) runInterrupt(c *t3rpc.RunInterruptCommand) (int64, *t3rpc.Tagge
 		return 0, noThread(c.CommandId, "run.interrupt", c.ThreadId)
 	}
 	r := th.run(c.RunId)
-	if r == nil || !r.interruptible() {
+	if r == nil || !r.interruptible() || slices.Contains(th.queued, r) {
 		return 0, dispatchError(c.CommandId, "run.interrupt", "Run "+c.RunId+" is not interruptible.")
 	}
 	reason, _ := c.Reason.Get()

@@ -225,10 +225,6 @@ func TestHangAndInterrupt(t *testing.T) {
 	if st, _ := s.ThreadStatus(tid); st != "running" {
 		t.Fatalf("status %q", st)
 	}
-	e := failOf(t, c.call("orchestration.dispatchCommand", dispatchPayload("c3", tid, "m-2", "second")))
-	if !strings.Contains(e.Message.Value, "already has an active run") {
-		t.Errorf("dispatch on a busy thread: %s", e.Message.Value)
-	}
 	c.success(c.call("orchestration.dispatchCommand", interruptPayload("c4", tid, runID(tid, 1))))
 	c.waitItem(th, 0, isEvent("turn-item.updated", "type", "run_interrupt_request"))
 	if !s.Step() {
@@ -246,7 +242,7 @@ func TestHangAndInterrupt(t *testing.T) {
 	if st, _ := s.ThreadStatus(tid); st != "interrupted" {
 		t.Errorf("status %q", st)
 	}
-	e = failOf(t, c.call("orchestration.dispatchCommand", interruptPayload("c5", tid, runID(tid, 1))))
+	e := failOf(t, c.call("orchestration.dispatchCommand", interruptPayload("c5", tid, runID(tid, 1))))
 	if e.Message.Value != "Run "+runID(tid, 1)+" is not interruptible." || e.CommandType.Value != "run.interrupt" {
 		t.Errorf("second interrupt: %s", mustJSON(&e))
 	}
@@ -762,4 +758,65 @@ func TestInterruptPendingQuestionAndCreateEdges(t *testing.T) {
 	if _, answered := s.Answers(reqID); answered {
 		t.Error("a cancelled request has answers")
 	}
+}
+
+// A busy thread queues what is dispatched to it (fixture 21): the row's status
+// follows the newest run (queued while run 1 runs; cancelled once the newest
+// queued run is cancelled), and after run 1 is interrupted the queued runs
+// start by themselves.
+func TestBusyThreadQueues(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("api", "/srv/api")
+	c := dial(t, s, s.Token(), nil)
+	tid := "t-busy"
+	shell := c.subscribeReady("orchestration.subscribeShell", `{"requestCompletionMarker":true}`)
+	c.success(c.call("orchestration.dispatchCommand", createThreadPayload("c1", tid, pid)))
+	c.success(c.call("orchestration.dispatchCommand", dispatchPayload("c2", tid, "m-1", "Work forever until interrupted.")))
+	s.StepAll()
+	c.success(c.call("orchestration.dispatchCommand", dispatchPayload("c3", tid, "m-2", "Second, queued.")))
+	c.success(c.call("orchestration.dispatchCommand", dispatchPayload("c4", tid, "m-3", "Third, queued then cancelled.")))
+	row := func(status string, active, latest int) func(map[string]any) bool {
+		return func(m map[string]any) bool {
+			th, _ := m["thread"].(map[string]any)
+			if th == nil || th["id"] != tid || th["status"] != status || th["latestRunId"] != runID(tid, latest) {
+				return false
+			}
+			if active == 0 {
+				return th["activeRunId"] == nil
+			}
+			return th["activeRunId"] == runID(tid, active)
+		}
+	}
+	c.waitItem(shell, 0, row("queued", 1, 3))
+	e := failOf(t, c.call("orchestration.dispatchCommand", interruptPayload("c5", tid, runID(tid, 2))))
+	if !strings.Contains(e.Message.Value, "is not interruptible") {
+		t.Errorf("interrupting a queued run: %s", e.Message.Value)
+	}
+	c.success(c.call("orchestration.dispatchCommand", fmt.Sprintf(`{"type":"queued-run.cancel","commandId":"c6","threadId":%q,"runId":%q}`, tid, runID(tid, 3))))
+	c.waitItem(shell, 0, row("cancelled", 1, 3))
+	c.success(c.call("orchestration.dispatchCommand", interruptPayload("c7", tid, runID(tid, 1))))
+	s.StepAll() // run 1 interrupted; run 2 starts and completes
+	c.waitItem(shell, 0, row("cancelled", 2, 3))
+	if st, _ := s.ThreadStatus(tid); st != "cancelled" {
+		t.Errorf("row status %q at the end, want cancelled (the newest run's)", st)
+	}
+	c.waitItem(shell, 0, row("cancelled", 0, 3))
+}
+
+// A refused dispatch (RefuseDispatch) fails with T3's typed error and starts nothing.
+func TestRefuseDispatch(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("api", "/srv/api")
+	c := dial(t, s, s.Token(), nil)
+	c.success(c.call("orchestration.dispatchCommand", createThreadPayload("c1", "t-r", pid)))
+	s.RefuseDispatch("Provider instance codex cannot accept messages.")
+	e := failOf(t, c.call("orchestration.dispatchCommand", dispatchPayload("c2", "t-r", "m-1", "hello")))
+	if e.Tag != "OrchestrationV2DispatchCommandError" || e.Message.Value != "Provider instance codex cannot accept messages." {
+		t.Errorf("refusal %s", mustJSON(&e))
+	}
+	if st, _ := s.ThreadStatus("t-r"); st != "idle" {
+		t.Errorf("status %q after a refused dispatch", st)
+	}
+	s.RefuseDispatch("")
+	c.success(c.call("orchestration.dispatchCommand", dispatchPayload("c3", "t-r", "m-2", "hello")))
 }

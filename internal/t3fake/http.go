@@ -273,7 +273,25 @@ func parseHistoryCursor(c string) (int64, bool) {
 	return n, err == nil
 }
 
+// routeMissing answers as an older build without the route (BoundedRoute).
+func (s *Server) routeMissing(w http.ResponseWriter) bool {
+	switch st := int(s.boundedRoute.Load()); st {
+	case 0:
+		return false
+	case http.StatusNotFound:
+		http.Error(w, "404 page not found", st)
+	default:
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(st)
+		_, _ = io.WriteString(w, "No static directory configured and no dev URL set.")
+	}
+	return true
+}
+
 func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
+	if s.routeMissing(w) {
+		return
+	}
 	s.mu.Lock()
 	th := s.threadByID[r.PathValue("id")]
 	if th == nil {
@@ -316,6 +334,9 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleHistory(w http.ResponseWriter, r *http.Request) {
+	if s.routeMissing(w) {
+		return
+	}
 	before, valid := parseHistoryCursor(r.URL.Query().Get("cursor"))
 	if !valid {
 		writeError(w, http.StatusBadRequest, "EnvironmentRequestInvalidError", "invalid_request", "invalid_history_cursor")

@@ -144,6 +144,11 @@ func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptMod
 	if launched {
 		status = "preparing"
 	}
+	// A busy thread queues the run behind the active one (recorded, 21).
+	queue := th.active != nil
+	if queue {
+		status = "queued"
+	}
 	ts := s.touch(th)
 	r := &run{th: th, prompt: text, kind: chooseScript(text)}
 	r.rec = t3rpc.Run{
@@ -163,7 +168,12 @@ func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptMod
 		r.steps = append([]stepFunc{stepStarting}, r.steps...)
 	}
 	th.runs = append(th.runs, r)
-	th.active = r
+	if queue {
+		th.queued = append(th.queued, r)
+		r.state = runParked
+	} else {
+		th.active = r
+	}
 	s.emit(th, id, "run.created", encode(&r.rec))
 
 	msg := t3rpc.Message{
@@ -181,14 +191,19 @@ func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptMod
 
 	th.shell.Status = status
 	th.shell.LatestRunId = optNilStr(id)
-	th.shell.ActiveRunId = optNilStr(id)
 	th.shell.LatestRunRequestedAt = optNilStr(ts)
 	th.shell.LatestRunStartedAt = null()
 	th.shell.LatestRunCompletedAt = null()
-	th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	th.shell.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(t3rpc.VisibleMessage{
 		ID: messageID, Role: "user", Text: text, UpdatedAt: optStr(ts),
 	})
+	if queue {
+		// The active run keeps its pointer and any question it asks.
+		s.publishShell(th)
+		return r
+	}
+	th.shell.ActiveRunId = optNilStr(id)
+	th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	s.publishShell(th)
 	s.schedule(r)
 	return r
@@ -385,7 +400,7 @@ func stepStarting(s *Server, r *run) stepResult {
 	s.touch(r.th)
 	r.rec.Status = "starting"
 	s.putRun(r)
-	r.th.shell.Status = "starting"
+	r.th.rowStatus(r, "starting")
 	s.publishShell(r.th)
 	return stepNext
 }
@@ -395,7 +410,7 @@ func stepRunning(s *Server, r *run) stepResult {
 	r.rec.Status = "running"
 	r.rec.StartedAt = optNilStr(ts)
 	s.putRun(r)
-	r.th.shell.Status = "running"
+	r.th.rowStatus(r, "running")
 	r.th.shell.LatestRunStartedAt = optNilStr(ts)
 	s.publishShell(r.th)
 	return stepNext
@@ -476,7 +491,7 @@ func stepWaiting(s *Server, r *run) stepResult {
 	s.touch(r.th)
 	r.rec.Status = "waiting"
 	s.putRun(r)
-	r.th.shell.Status = "waiting"
+	r.th.rowStatus(r, "waiting")
 	r.th.shell.ActiveRunId = null()
 	s.publishShell(r.th)
 	return stepNext
@@ -511,12 +526,52 @@ func (s *Server) settle(r *run, status, ts string) {
 	if th.active == r {
 		th.active = nil
 	}
-	th.shell.Status = status
+	th.rowStatus(r, status)
 	th.shell.ActiveRunId = null()
-	th.shell.LatestRunCompletedAt = optNilStr(ts)
+	if th.newest() == r {
+		th.shell.LatestRunCompletedAt = optNilStr(ts)
+	}
 	th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	s.publishShell(th)
 	s.pruneRuns(th)
+	s.startNext(th)
+}
+
+// startNext starts the oldest queued run once nothing is active: after
+// run.interrupt or a run's end, T3 starts the queued runs by itself (21).
+func (s *Server) startNext(th *thread) {
+	if th.active != nil || len(th.queued) == 0 {
+		return
+	}
+	r := th.queued[0]
+	th.queued = th.queued[1:]
+	th.active = r
+	s.touch(th)
+	r.rec.Status = "starting"
+	s.putRun(r)
+	th.shell.ActiveRunId = optNilStr(r.rec.ID)
+	th.rowStatus(r, "starting")
+	s.publishShell(th)
+	s.schedule(r)
+}
+
+// cancelQueued is queued-run.cancel: the run leaves the queue, cancelled.
+func (s *Server) cancelQueued(th *thread, runID string) bool {
+	for i, r := range th.queued {
+		if r.rec.ID != runID {
+			continue
+		}
+		th.queued = append(th.queued[:i], th.queued[i+1:]...)
+		ts := s.touch(th)
+		r.state = runDone
+		r.rec.Status = "cancelled"
+		r.rec.CompletedAt = optNilStr(ts)
+		s.putRun(r)
+		th.rowStatus(r, "cancelled") // recorded: the row says cancelled while run 1 runs on
+		s.publishShell(th)
+		return true
+	}
+	return false
 }
 
 // questions are what the question script asks: one single-select, one multi-select question.

@@ -107,14 +107,16 @@ type Server struct {
 	envID       string
 
 	// Fault switches: atomics, because the hot paths read them on every request and frame.
-	protocol      atomic.Int32
-	unauthorized  atomic.Bool
-	refuseTickets atomic.Bool
-	stopPongs     atomic.Bool
-	stall         atomic.Bool
-	httpFail      atomic.Int32
-	hangMu        sync.Mutex
-	hang          chan struct{} // non-nil while HTTPHang(true); closed to release
+	protocol       atomic.Int32
+	unauthorized   atomic.Bool
+	refuseTickets  atomic.Bool
+	stopPongs      atomic.Bool
+	stall          atomic.Bool
+	httpFail       atomic.Int32
+	boundedRoute   atomic.Int32           // 0: served; 404 or 503: answered as an older build does
+	refuseDispatch atomic.Pointer[string] // non-nil: message.dispatch fails with this message
+	hangMu         sync.Mutex
+	hang           chan struct{} // non-nil while HTTPHang(true); closed to release
 
 	onItemSent atomic.Pointer[ItemSentFunc]
 
@@ -403,6 +405,22 @@ func (s *Server) StallStreams(on bool) {
 // EnvironmentInternalError; 0 turns it off.
 func (s *Server) HTTPFail(status int) { s.httpFail.Store(int32(status)) }
 
+// RefuseDispatch makes every message.dispatch fail with
+// OrchestrationV2DispatchCommandError carrying message (as T3 refuses a
+// provider that cannot take the message); "" turns it off.
+func (s *Server) RefuseDispatch(message string) {
+	if message == "" {
+		s.refuseDispatch.Store(nil)
+		return
+	}
+	s.refuseDispatch.Store(&message)
+}
+
+// BoundedRoute makes /threads/{id}/bounded and /history answer as an older
+// build without them does: 404 (text/plain, no T3 error body) or 503 (T3's
+// headless answer for an unknown path); 0 serves them again.
+func (s *Server) BoundedRoute(status int) { s.boundedRoute.Store(int32(status)) }
+
 // HTTPHang makes the orchestration and project reads block while on; turning it off (or Close)
 // releases them, and they then answer normally. A client's own timeout also ends them.
 func (s *Server) HTTPHang(on bool) {
@@ -508,4 +526,13 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// ArchiveThread archives a thread as thread.archive does (a run under way
+// fails); it reports whether the thread existed and was not archived yet.
+func (s *Server) ArchiveThread(threadID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, fail := s.archive("t3fake-archive-"+threadID, threadID)
+	return fail == nil
 }

@@ -29,8 +29,27 @@ type thread struct {
 	items       []t3rpc.TurnItem
 	checkpoints []t3rpc.Checkpoint
 	updatedAt   string
-	active      *run // the run that keeps the thread busy (until completed/interrupted/failed)
+	active      *run   // the run that keeps the thread busy (until completed/interrupted/failed)
+	queued      []*run // runs dispatched while another was active, in order (fixture 21)
 	runCount    int64
+	archived    bool // thread.archive: its row moves to the archive list
+}
+
+// newest is the thread's latest run (nil before the first).
+func (th *thread) newest() *run {
+	if len(th.runs) == 0 {
+		return nil
+	}
+	return th.runs[len(th.runs)-1]
+}
+
+// rowStatus sets the row's status for run r. The row's status follows the
+// newest run, not the thread (recorded, fixture 21): an older run's progress
+// leaves it alone while a newer run waits in the queue.
+func (th *thread) rowStatus(r *run, status string) {
+	if th.newest() == r {
+		th.shell.Status = status
+	}
 }
 
 // logEntry is one sequence of the global event log. A thread event and the shell row it produced
@@ -191,10 +210,14 @@ func (s *Server) emit(th *thread, runID, typ string, payload jx.Raw) {
 func (s *Server) publishShell(th *thread) {
 	th.shell.UpdatedAt = optStr(th.updatedAt)
 	th.shell.ItemCount = optI64(int64(len(th.items)))
+	location := "active"
+	if th.archived {
+		location = "archive" // recorded (23): archived rows keep coming, marked so
+	}
 	item := t3rpc.ShellStreamItem{
 		Kind:     "thread.updated",
 		Sequence: optI64(s.head),
-		Location: optStr("active"),
+		Location: optStr(location),
 		Thread:   t3rpc.NewOptThreadShell(th.shell),
 	}
 	s.shellItem(item, th.id, true)
@@ -242,12 +265,16 @@ func (s *Server) shellSnapshot() t3rpc.ShellSnapshot {
 	snap := t3rpc.ShellSnapshot{
 		SchemaVersion:    t3rpc.NewOptInt(2),
 		SnapshotSequence: s.head,
-		Threads:          make([]t3rpc.ThreadShell, len(s.threads)),
+		Threads:          make([]t3rpc.ThreadShell, 0, len(s.threads)),
 		ArchivedThreads:  []t3rpc.ThreadShell{},
 		Projects:         make([]t3rpc.Project, len(s.projects)),
 	}
-	for i, th := range s.threads {
-		snap.Threads[i] = th.shell
+	for _, th := range s.threads {
+		if th.archived {
+			snap.ArchivedThreads = append(snap.ArchivedThreads, th.shell)
+		} else {
+			snap.Threads = append(snap.Threads, th.shell)
+		}
 	}
 	for i, p := range s.projects {
 		snap.Projects[i] = p.rec

@@ -8,6 +8,7 @@ package threadview
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -246,6 +247,29 @@ func (v *View) RequestStatus(requestID string) string {
 	return ""
 }
 
+// RequestCapability says whether a runtime request can be answered: T3's
+// responseCapability type ("live", "not_resumable"; "" when T3 did not say)
+// and, for not_resumable, its reason.
+func (v *View) RequestCapability(requestID string) (typ, reason string) {
+	for _, r := range v.p.RuntimeRequests {
+		if r.ID == requestID {
+			if c, ok := r.ResponseCapability.Get(); ok {
+				return c.Type, c.Reason.Or("")
+			}
+			return "", ""
+		}
+	}
+	return "", ""
+}
+
+// NotResumable is the responseCapability type of a request T3 can no longer
+// deliver an answer to: report it, never answer it.
+const NotResumable = "not_resumable"
+
+// ApprovalDecisions are what an approval request is answered with (T3's
+// closed set; cancel also ends the run cancelled).
+var ApprovalDecisions = []string{"accept", "acceptForSession", "decline", "cancel"}
+
 // cutter cuts texts to limits and records what it cut.
 type cutter struct{ notes []mcptools.TruncationNote }
 
@@ -363,6 +387,34 @@ func (v *View) Render(m Meta, turns int, lim Limits) mcptools.ThreadState {
 	return st
 }
 
+// ApprovalText says what an approval request asks permission for, from its
+// approval_request item: the kind of request and the command or change in
+// its prompt (T3 lists no options for it), e.g. "command: cat package.json".
+func ApprovalText(it *t3api.TurnItem, kind string) string {
+	what, _ := it.RequestKind.Get()
+	if what == "" {
+		what = kind
+	}
+	if what == "" {
+		what = "permission"
+	}
+	var parts []string
+	for _, s := range []string{it.Prompt.Or(""), it.Input.Or("")} {
+		if s = strings.TrimSpace(s); s != "" && !slices.Contains(parts, s) {
+			parts = append(parts, s)
+		}
+	}
+	if len(parts) == 0 {
+		if t := strings.TrimSpace(it.Title.Or("")); t != "" {
+			parts = append(parts, t)
+		}
+	}
+	if len(parts) == 0 {
+		return "the agent asks permission for a " + what + " request (T3 did not say more)"
+	}
+	return "the agent asks permission (" + what + "): " + strings.Join(parts, "\n")
+}
+
 // PendingQuestion renders a pending request with its questions and choices.
 func (v *View) PendingQuestion(requestID, kind string, lim Limits, c *cutter) (mcptools.PendingQuestion, bool) {
 	if c == nil {
@@ -372,17 +424,23 @@ func (v *View) PendingQuestion(requestID, kind string, lim Limits, c *cutter) (m
 	if kind != "" && kind != "user_input" {
 		pq.Kind = mcptools.QuestionKindApproval
 	}
+	if typ, reason := v.RequestCapability(requestID); typ == NotResumable {
+		pq.Answerable.SetTo(false)
+		if reason == "" {
+			reason = "the agent session that asked is gone"
+		}
+		pq.NotAnswerableReason.SetTo(c.cut("pending_question.not_answerable_reason", reason, lim.Question))
+	}
 	it, ok := v.Request(requestID)
 	if !ok {
 		return pq, kind != ""
 	}
-	if it.Type == "approval_request" {
+	if it.Type == "approval_request" || pq.Kind == mcptools.QuestionKindApproval {
 		pq.Kind = mcptools.QuestionKindApproval
-		text, _ := it.Prompt.Get()
-		if text == "" {
-			text, _ = it.RequestKind.Get()
-		}
-		pq.Questions = append(pq.Questions, mcptools.Question{ID: requestID, Text: c.cut("pending_question.text", text, lim.Question), Options: []string{"accept", "acceptForSession", "decline", "cancel"}})
+		pq.Questions = append(pq.Questions, mcptools.Question{
+			ID: requestID, Text: c.cut("pending_question.text", ApprovalText(it, kind), lim.Question),
+			Options: append([]string(nil), ApprovalDecisions...),
+		})
 		return pq, true
 	}
 	for i, q := range it.Questions {

@@ -21,7 +21,7 @@ import (
 const interruptReason = "interrupted through t3code-mcp"
 
 // approvalDecisions are what T3 accepts for an approval request.
-var approvalDecisions = []string{"accept", "acceptForSession", "decline", "cancel"}
+var approvalDecisions = threadview.ApprovalDecisions
 
 func answerTool(d *Deps) Handler {
 	return func(ctx context.Context, c *Call) (Result, error) {
@@ -43,16 +43,34 @@ func answerTool(d *Deps) Handler {
 			return Result{}, fmt.Errorf("%s: thread %q has no pending question (status %s); t3_wait returns reason question when it asks one", tool, f.Shell.ID, f.Shell.Status)
 		}
 		c.Audit.Request = pending.ID
-		p, err := m.Projection(ctx, f.Shell.ID)
+		rec, err := m.Recent(ctx, f.Shell.ID)
 		if err != nil {
 			return Result{}, err
 		}
-		item, _ := threadview.New(p).Request(pending.ID)
-		cmd, err := buildResponse(f.Shell.ID, pending, item, in.Answers)
+		view := threadview.New(rec.Projection)
+		item, found := view.Request(pending.ID)
+		if !found && rec.HasMoreHistory {
+			// Older than the bounded window (a request left pending a long
+			// while): read the whole thread for it.
+			p, err := m.Projection(ctx, f.Shell.ID)
+			if err != nil {
+				return Result{}, err
+			}
+			view = threadview.New(p)
+			item, _ = view.Request(pending.ID)
+		}
+		if typ, reason := view.RequestCapability(pending.ID); typ == threadview.NotResumable {
+			// T3 would accept an answer and deliver it nowhere.
+			if reason == "" {
+				reason = "the agent session that asked is gone"
+			}
+			return Result{}, fmt.Errorf("%s: thread %q: request %s cannot be answered any more (T3: not_resumable, %s); stop the run with t3_interrupt, or dispatch the prompt again", tool, f.Shell.ID, pending.ID, reason)
+		}
+		cmd, err := buildResponse(f.Shell.ID, pending, item, in)
 		if err != nil {
 			return Result{}, fmt.Errorf("%s: thread %q: %w", tool, f.Shell.ID, err)
 		}
-		ctx, err = d.approve(ctx, c, tool, m, answerApproval(f, pending, item, in.Answers, cmd))
+		ctx, err = d.approve(ctx, c, tool, m, answerApproval(f, pending, item, in.Answers.Value, cmd))
 		if err != nil {
 			return Result{}, err
 		}
@@ -64,7 +82,7 @@ func answerTool(d *Deps) Handler {
 		if shell.ID == "" {
 			shell = f.Shell
 		}
-		st, err := d.state(ctx, f, shell, 3)
+		st, err := d.state(ctx, f, shell, 3, nil)
 		if err != nil {
 			return Result{}, err
 		}
@@ -72,27 +90,38 @@ func answerTool(d *Deps) Handler {
 	}
 }
 
-// buildResponse validates answers against the pending request: T3 accepts any
-// shape and lets the run go on, so this check is the only one there is.
-func buildResponse(threadID string, pending threadstate.Pending, item *t3api.TurnItem, answers mcptools.AnswerInputAnswers) (t3.Command, error) {
-	if len(answers) == 0 {
-		return nil, fmt.Errorf("answers is empty")
+// isApproval reports whether the pending request asks permission (answered
+// with a decision) rather than a question (answered with answers).
+func isApproval(pending threadstate.Pending, item *t3api.TurnItem) bool {
+	return !pending.IsQuestion() || (item != nil && item.Type == "approval_request")
+}
+
+// buildResponse validates the answer against the pending request: T3 accepts
+// any shape — answers sent to an approval resolve it and the run then hangs
+// for good (fixture 18) — so this check is the only one there is.
+func buildResponse(threadID string, pending threadstate.Pending, item *t3api.TurnItem, in mcptools.AnswerInput) (t3.Command, error) {
+	answers, hasAnswers := in.Answers.Get()
+	decision, hasDecision := in.Decision.Get()
+	if hasAnswers && hasDecision {
+		return nil, fmt.Errorf("pass either answers (a question) or decision (an approval), not both")
 	}
-	if !pending.IsQuestion() || (item != nil && item.Type == "approval_request") {
-		// An approval: one answer, keyed by the request id (the id t3_thread
-		// shows for its one question), naming a decision.
-		if len(answers) != 1 {
-			return nil, fmt.Errorf("approval request %q takes one answer, keyed %q, with one of: %s", pending.ID, pending.ID, strings.Join(approvalDecisions, ", "))
+	if isApproval(pending, item) {
+		if hasDecision {
+			return t3.RespondDecision(threadID, pending.ID, t3rpc.ApprovalDecision(decision)), nil
 		}
-		for k, v := range answers {
-			if k != pending.ID {
-				return nil, fmt.Errorf("unknown question id %q; the approval's question id is %q", k, pending.ID)
-			}
-			if v.Type != mcptools.StringAnswerValue || !slices.Contains(approvalDecisions, v.String) {
-				return nil, fmt.Errorf("answer to %q must be one of: %s", k, strings.Join(approvalDecisions, ", "))
-			}
+		// The older form: one answer keyed by the request id, naming a
+		// decision. Any other answers are refused: T3 would take them and
+		// the run would never go on.
+		if v, ok := answers[pending.ID]; ok && len(answers) == 1 && v.Type == mcptools.StringAnswerValue && slices.Contains(approvalDecisions, v.String) {
 			return t3.RespondDecision(threadID, pending.ID, t3rpc.ApprovalDecision(v.String)), nil
 		}
+		return nil, fmt.Errorf("request %s asks permission (approval, %s): answer it with decision, one of %s, not with answers (T3 would accept answers and the run would then hang)", pending.ID, pending.Kind, strings.Join(approvalDecisions, ", "))
+	}
+	if hasDecision {
+		return nil, fmt.Errorf("request %s is a question (user_input): answer it with answers (question id → answer), not with decision", pending.ID)
+	}
+	if len(answers) == 0 {
+		return nil, fmt.Errorf("answers is empty: pass question id → answer for the pending question")
 	}
 	if item == nil {
 		return nil, fmt.Errorf("the questions of request %q are not readable yet; call t3_thread and try again", pending.ID)
@@ -172,6 +201,7 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 // answerApproval shows a person the request being answered and the
 // answers exactly as they will be sent.
 func answerApproval(f fleet.Found, pending threadstate.Pending, item *t3api.TurnItem, answers mcptools.AnswerInputAnswers, cmd t3.Command) approval {
+	// (answers is nil for a decision.)
 	a := approval{
 		action: config.ApproveAnswer,
 		details: [][2]string{
@@ -183,21 +213,14 @@ func answerApproval(f fleet.Found, pending threadstate.Pending, item *t3api.Turn
 		commands: []t3.Command{cmd},
 	}
 	var b strings.Builder
-	if !pending.IsQuestion() || (item != nil && item.Type == "approval_request") {
+	if isApproval(pending, item) {
 		a.summary = "answering the agent's request for permission on thread " + f.Shell.ID
 		a.bodyTitle = "The agent asks permission for:"
-		asks := ""
+		asks := fmt.Sprintf("(T3 did not say more than: a %s request)", pending.Kind)
 		if item != nil {
-			for _, s := range []string{item.Title.Or(""), item.Prompt.Or(""), item.Input.Or("")} {
-				if strings.TrimSpace(s) != "" {
-					asks += s + "\n"
-				}
-			}
+			asks = threadview.ApprovalText(item, pending.Kind)
 		}
-		if asks == "" {
-			asks = fmt.Sprintf("(T3 did not say more than: a %s request)\n", pending.Kind)
-		}
-		b.WriteString(asks)
+		b.WriteString(asks + "\n")
 		fmt.Fprintf(&b, "\nAnswer that will be sent: %s", commandField(cmd, "decision"))
 		a.body = b.String()
 		return a
@@ -284,7 +307,7 @@ func interruptTool(d *Deps) Handler {
 		if shell.ID == "" {
 			shell = f.Shell
 		}
-		st, err := d.state(ctx, f, shell, 3)
+		st, err := d.state(ctx, f, shell, 3, nil)
 		if err != nil {
 			return Result{}, err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
 
 func dispatchTool(d *Deps) Handler {
@@ -97,10 +98,11 @@ func dispatchTool(d *Deps) Handler {
 		now := time.Now().UTC()
 		tr := store.Thread{
 			ID: threadID, Machine: m.Name, ProjectID: p.ID, ProjectTitle: p.Title, Title: title,
-			Origin: c.Origin, Watch: watch, LastMessageID: msgID, CreatedAt: now, UpdatedAt: now,
+			Origin: c.Origin, Watch: watch, CreatedAt: now, UpdatedAt: now,
 		}
 		// Recorded before T3 hears of it: a crash between the two commands
-		// still leaves a thread the connector knows and can report on.
+		// still leaves a thread the connector knows and can report on. The
+		// message id is recorded only once T3 accepted it (sent below).
 		if err := d.track(m.Name, tr, nil); err != nil {
 			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 		}
@@ -109,11 +111,15 @@ func dispatchTool(d *Deps) Handler {
 			return Result{}, fmt.Errorf("%s: creating the thread on machine %q failed: %w", tool, m.Name, err)
 		}
 		if _, err := m.Dispatch(ctx, send); err != nil {
-			return Result{}, fmt.Errorf("%s: thread %q was created on machine %q but sending the prompt failed: %w (retry with thread_id %q)", tool, threadID, m.Name, err, threadID)
+			return Result{}, fmt.Errorf("%s: thread %q was created on machine %q but T3 did not take the prompt: %w (nothing runs; t3_wait on it returns idle; retry with thread_id %q)", tool, threadID, m.Name, err, threadID)
 		}
+		runID := d.sent(ctx, m, &tr, msgID, "")
 		out := mcptools.DispatchOutput{
 			ThreadID: threadID, Machine: m.Name, Project: mcptools.ProjectRef{ID: p.ID, Title: p.Title},
 			MessageID: msgID, Created: true, Watching: watch,
+		}
+		if runID != "" {
+			out.RunID.SetTo(runID)
 		}
 		return Result{Structured: &out, Text: fmt.Sprintf("started thread %s on %s in %s (%s); call t3_wait with this thread_id for the outcome", threadID, m.Name, p.Title, sel.InstanceId+"/"+sel.Model)}, nil
 	}
@@ -181,18 +187,69 @@ func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, thr
 		tr = store.Thread{ID: threadID, Machine: m.Name, CreatedAt: time.Now().UTC()}
 	}
 	tr.ProjectID, tr.ProjectTitle, tr.Title = found.Project.ID, found.Project.Title, found.Shell.Title
-	tr.Origin, tr.Watch, tr.LastMessageID, tr.UpdatedAt = c.Origin, watch, msgID, time.Now().UTC()
+	// The previous message and run stay recorded until T3 accepts this
+	// prompt: a refused prompt leaves nothing a wait could look for.
+	tr.Origin, tr.Watch, tr.UpdatedAt = c.Origin, watch, time.Now().UTC()
 	if err := d.track(m.Name, tr, &found.Shell); err != nil {
 		return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 	}
-	if _, err := m.Dispatch(ctx, send); err != nil {
-		return Result{}, fmt.Errorf("%s: sending the prompt to thread %q on machine %q failed: %w", tool, threadID, m.Name, err)
+	// The row as it is now: the run T3 makes of the prompt is the next
+	// latest run (queued behind the active one when the thread is busy).
+	before := found.Shell
+	if row, ok := m.Watcher().Thread(threadID); ok {
+		before = row
 	}
+	if _, err := m.Dispatch(ctx, send); err != nil {
+		return Result{}, fmt.Errorf("%s: T3 did not take the prompt for thread %q on machine %q: %w (nothing was started; t3_wait still reports the thread's previous run)", tool, threadID, m.Name, err)
+	}
+	runID := d.sent(ctx, m, &tr, msgID, threadstate.LatestRun(&before))
 	out := mcptools.DispatchOutput{
 		ThreadID: threadID, Machine: m.Name, Project: mcptools.ProjectRef{ID: found.Project.ID, Title: found.Project.Title},
 		MessageID: msgID, Created: false, Watching: watch,
 	}
+	if runID != "" {
+		out.RunID.SetTo(runID)
+	}
 	return Result{Structured: &out, Text: fmt.Sprintf("sent the prompt to thread %s on %s; call t3_wait for the outcome", threadID, m.Name)}, nil
+}
+
+// runGrace bounds how long t3_dispatch waits for the row to show the run T3
+// made of an accepted prompt (T3 emits run.created with the command, so this
+// is the watcher's lag, not the agent's work).
+const runGrace = 3 * time.Second
+
+// sent records a prompt T3 accepted: its message id and, once the machine's
+// row shows it, the run T3 made of it — the row's latest run, once it differs
+// from prevLatest (the latest run before the prompt). With the run known,
+// t3_wait judges it from the row alone and reads nothing while waiting. A row
+// that does not show it in time leaves the run to be found by message id.
+func (d *Deps) sent(ctx context.Context, m *fleet.Machine, tr *store.Thread, msgID, prevLatest string) string {
+	tr.LastMessageID, tr.LastRunID = msgID, ""
+	if w := m.Watcher(); w != nil {
+		timer := time.NewTimer(runGrace)
+		defer timer.Stop()
+	wait:
+		for {
+			row, ok, changed := w.ThreadAndWait(tr.ID)
+			if latest := threadstate.LatestRun(&row); ok && latest != "" && latest != prevLatest {
+				tr.LastRunID = latest
+				break
+			}
+			select {
+			case <-changed:
+			case <-timer.C:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+	}
+	tr.UpdatedAt = time.Now().UTC()
+	if err := d.track(m.Name, *tr, nil); err != nil {
+		// The prompt is running; only the shortcut to its run is lost.
+		d.Logger.Warn("could not record the dispatched message in the state file", "machine", m.Name, "thread", tr.ID, "err", err)
+	}
+	return tr.LastRunID
 }
 
 // modelText shows a model selection as instanceId/model (option=value, …).

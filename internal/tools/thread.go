@@ -9,6 +9,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
@@ -17,11 +18,15 @@ import (
 )
 
 // state renders a found thread's current state from its projection and its
-// (fresher) shell row.
-func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int) (mcptools.ThreadState, error) {
-	p, err := f.Machine.Projection(ctx, shell.ID)
-	if err != nil {
-		return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+// (fresher) shell row. p is a projection already read for this call (nil:
+// one bounded read now, t3.Client.ThreadRecent).
+func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
+	if p == nil {
+		rec, err := f.Machine.Recent(ctx, shell.ID)
+		if err != nil {
+			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+		}
+		p = rec.Projection
 	}
 	meta := threadview.Meta{
 		Machine: f.Machine.Name,
@@ -51,9 +56,22 @@ func stateText(st mcptools.ThreadState) string {
 		}
 	}
 	if q, ok := st.PendingQuestion.Get(); ok {
-		fmt.Fprintf(&b, "\nwaiting for an answer (t3_answer, request %s):", q.RequestID)
-		for _, qq := range q.Questions {
-			fmt.Fprintf(&b, "\n- %s: %s [%s]", qq.ID, qq.Text, strings.Join(qq.Options, " | "))
+		switch {
+		case !q.Answerable.Or(true):
+			fmt.Fprintf(&b, "\nrequest %s can no longer be answered (%s): stop the run with t3_interrupt or dispatch again", q.RequestID, q.NotAnswerableReason.Or("not_resumable"))
+			for _, qq := range q.Questions {
+				fmt.Fprintf(&b, "\n- %s", qq.Text)
+			}
+		case q.Kind == mcptools.QuestionKindApproval:
+			fmt.Fprintf(&b, "\nwaiting for a decision (t3_answer with decision %s, request %s):", strings.Join(threadview.ApprovalDecisions, " | "), q.RequestID)
+			for _, qq := range q.Questions {
+				fmt.Fprintf(&b, "\n- %s", qq.Text)
+			}
+		default:
+			fmt.Fprintf(&b, "\nwaiting for an answer (t3_answer, request %s):", q.RequestID)
+			for _, qq := range q.Questions {
+				fmt.Fprintf(&b, "\n- %s: %s [%s]", qq.ID, qq.Text, strings.Join(qq.Options, " | "))
+			}
 		}
 	}
 	return b.String()
@@ -69,7 +87,7 @@ func threadTool(d *Deps) Handler {
 		if err != nil {
 			return Result{}, err
 		}
-		st, err := d.state(ctx, f, f.Shell, in.Turns.Or(3))
+		st, err := d.state(ctx, f, f.Shell, in.Turns.Or(3), nil)
 		if err != nil {
 			return Result{}, err
 		}
@@ -110,18 +128,19 @@ func waitTool(d *Deps) Handler {
 
 		target := wait.Target{ThreadID: f.Shell.ID, Answered: d.answered.snapshot()}
 		if f.IsTracked {
-			target.MessageID = f.Tracked.LastMessageID
+			// The run t3_dispatch saw T3 make; else the message it sent (the
+			// run is then found with one read).
+			target.RunID = f.Tracked.LastRunID
+			if target.RunID == "" {
+				target.MessageID = f.Tracked.LastMessageID
+			}
 		}
 		m := f.Machine
-		lookup := func(ctx context.Context, msgID string) (string, string, bool, error) {
-			p, err := m.Projection(ctx, f.Shell.ID)
-			if err != nil {
-				return "", "", false, err
-			}
-			r, ok := threadview.New(p).RunByMessage(msgID)
-			return r.ID, r.Status, ok, nil
+		read := func(ctx context.Context) (*t3api.ThreadProjection, error) {
+			rec, err := m.Recent(ctx, f.Shell.ID)
+			return rec.Projection, err
 		}
-		opts := wait.Options{Lookup: lookup, ProgressEvery: d.Limits.ProgressEvery}
+		opts := wait.Options{Read: read, ProgressEvery: d.Limits.ProgressEvery}
 		if tok := progressToken(c.Req); tok != nil {
 			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
 				_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
@@ -136,6 +155,11 @@ func waitTool(d *Deps) Handler {
 		defer cancel()
 		r, err := wait.Wait(wctx, m.Watcher(), target, opts)
 		if err != nil {
+			if ctx.Err() != nil {
+				// The client gave up (cancelled, closed its stream or its
+				// session): nobody reads a result, and the slot is free now.
+				return Result{}, fmt.Errorf("%s: the wait on thread %q was abandoned by the client: %w", tool, f.Shell.ID, context.Cause(ctx))
+			}
 			return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, f.Shell.ID, err)
 		}
 		// Render with a context of its own: a timeout must still report state.
@@ -145,7 +169,7 @@ func waitTool(d *Deps) Handler {
 		if shell.ID == "" {
 			shell = f.Shell
 		}
-		st, err := d.state(rctx, f, shell, 3)
+		st, err := d.state(rctx, f, shell, 3, r.Projection)
 		if err != nil {
 			return Result{}, err
 		}

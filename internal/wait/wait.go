@@ -1,14 +1,28 @@
 // Package wait blocks until a thread's run settles or asks a question. It is
 // woken by the machine's watcher (no polling loop): each wake re-reads the
-// thread's shell row and decides with the rules in package threadstate.
+// thread's shell row and judges the run with threadstate.Judge, from the row's
+// run pointers (activeRunId, latestRunId) first and its status only where the
+// status is about that run.
+//
+// A wait reads nothing from T3 while the row can answer, which is every
+// ordinary case: a dispatched run whose id the dispatch learned from the row,
+// a queued follow-up, a run that completes, fails, is interrupted or asks. It
+// reads the thread (Options.Read, one bounded read) only when the row cannot
+// tell: the run is neither the active nor the latest one (a later run was
+// queued behind it), the row says "idle" or a word this connector does not
+// know after the run ended, or the run of a dispatched message is not known
+// yet. Each such read happens once per distinct row state, never in a loop.
 package wait
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
 // Reason says why a wait returned.
@@ -22,28 +36,39 @@ const (
 	Timeout     Reason = "timeout"
 	// Idle: the thread has no run to wait for.
 	Idle Reason = "idle"
+	// Archived: the thread was archived (it left the machine's active list);
+	// its run, if one was going, does not settle in a way this wait can see.
+	Archived Reason = "archived"
 )
+
+// ErrThreadRemoved is returned when the thread is deleted while waited on.
+var ErrThreadRemoved = errors.New("the thread was deleted on its machine")
 
 // Source is the machine's watcher.
 type Source interface {
 	// ThreadAndWait returns the thread's row and a channel closed at its next
 	// change, atomically.
 	ThreadAndWait(id string) (t3rpc.ThreadShell, bool, <-chan struct{})
+	// Gone reports why a thread the watcher does not list left it: "archive"
+	// (archived) or "removed" (deleted); ok is false for a thread it never saw
+	// leave.
+	Gone(id string) (where string, ok bool)
 }
 
-// RunLookup finds the run T3 created for one of our messages (its
-// userMessageId) and that run's status. found is false while T3 has not
-// created it yet.
-type RunLookup func(ctx context.Context, messageID string) (runID, status string, found bool, err error)
+// Reader reads the thread from T3: the bounded read (every run, recent
+// timeline rows). Called only when the row cannot tell (package comment).
+type Reader func(ctx context.Context) (*t3api.ThreadProjection, error)
 
 // Target says what to wait for.
 type Target struct {
 	ThreadID string
-	// MessageID of the message t3_dispatch sent last; the wait is for the run
-	// T3 made from it, never an earlier run. Empty: wait for the latest run.
-	MessageID string
-	// RunID, when already known for MessageID.
+	// RunID is the run to wait for, when known (t3_dispatch learns it from the
+	// row right after T3 accepted the message).
 	RunID string
+	// MessageID of the message t3_dispatch sent last, when its run is not
+	// known: the wait is for the run T3 made from it, never an earlier run.
+	// Empty with RunID empty: wait for the latest run.
+	MessageID string
 	// Answered lists request ids answered through this connector: T3 may still
 	// show them pending for a moment, and they must not count as questions.
 	Answered map[string]bool
@@ -53,22 +78,27 @@ type Target struct {
 type Result struct {
 	Reason Reason
 	RunID  string
-	// RequestID of the pending question when Reason is Question.
+	// RequestID of the pending request when Reason is Question.
 	RequestID string
 	Shell     t3rpc.ThreadShell
+	// Projection is the thread as read while deciding (nil when the row was
+	// enough): the caller renders from it instead of reading again.
+	Projection *t3api.ThreadProjection
+	// Reads counts the reads of the thread the wait made.
+	Reads int
 }
 
 // Options of one wait.
 type Options struct {
-	Lookup RunLookup
+	Read Reader
 	// Progress, when set, is called about every ProgressEvery while waiting.
 	Progress      func(elapsed time.Duration, shell t3rpc.ThreadShell)
 	ProgressEvery time.Duration
 }
 
-// Wait blocks until the target run settles, a question is pending, or ctx
-// ends. A ctx that ends by deadline yields Reason Timeout; one cancelled by the
-// client yields ctx.Err().
+// Wait blocks until the target run settles, a question of that run is
+// pending, the thread is archived, or ctx ends. A ctx that ends by deadline
+// yields Reason Timeout; one cancelled (the client gave up) yields ctx.Err().
 func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) {
 	start := time.Now()
 	var tick <-chan time.Time
@@ -81,23 +111,30 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 		defer tk.Stop()
 		tick = tk.C
 	}
+	w := &waiter{t: t, read: o.Read}
 	var last t3rpc.ThreadShell
 	for {
 		shell, ok, changed := src.ThreadAndWait(t.ThreadID)
 		if ok {
 			last = shell
-			r, done, err := evaluate(ctx, &t, shell, o.Lookup)
+			r, done, err := w.evaluate(ctx, shell)
 			if err != nil {
 				return Result{}, err
 			}
 			if done {
+				r.Reads = w.reads
 				return r, nil
 			}
+		} else if where, gone := src.Gone(t.ThreadID); gone {
+			if where == "removed" {
+				return Result{}, ErrThreadRemoved
+			}
+			return Result{Reason: Archived, RunID: w.t.RunID, Shell: last, Reads: w.reads}, nil
 		}
 		select {
 		case <-ctx.Done():
-			if ctx.Err() == context.DeadlineExceeded {
-				return Result{Reason: Timeout, RunID: t.RunID, Shell: last}, nil
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return Result{Reason: Timeout, RunID: w.t.RunID, Shell: last, Reads: w.reads}, nil
 			}
 			return Result{}, ctx.Err()
 		case <-changed:
@@ -107,61 +144,112 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 	}
 }
 
+// waiter is one wait's memory between wakes.
+type waiter struct {
+	t     Target
+	read  Reader
+	reads int
+	// readAt is the row state (rowKey) of the last read: a row that has not
+	// changed since cannot make a new read say anything new.
+	readAt string
+	// lastRead is the projection of that read.
+	lastRead *t3api.ThreadProjection
+}
+
+func rowKey(s *t3rpc.ThreadShell) string {
+	return threadstate.ActiveRun(s) + "\x00" + threadstate.LatestRun(s) + "\x00" + s.Status
+}
+
+// readOnce reads the thread unless it was read at this very row state.
+func (w *waiter) readOnce(ctx context.Context, row *t3rpc.ThreadShell) (*t3api.ThreadProjection, bool, error) {
+	if w.read == nil {
+		return nil, false, nil
+	}
+	key := rowKey(row)
+	if key == w.readAt {
+		return w.lastRead, false, nil
+	}
+	p, err := w.read(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	w.reads++
+	w.readAt, w.lastRead = key, p
+	return p, true, nil
+}
+
 // evaluate decides whether the wait is over, from the thread's row.
-func evaluate(ctx context.Context, t *Target, shell t3rpc.ThreadShell, lookup RunLookup) (Result, bool, error) {
-	if p, ok := threadstate.PendingRequest(&shell); ok && !t.Answered[p.ID] {
-		return Result{Reason: Question, RunID: threadstate.LatestRun(&shell), RequestID: p.ID, Shell: shell}, true, nil
-	}
-	latest := threadstate.LatestRun(&shell)
-	if t.MessageID == "" {
-		if latest == "" {
-			if threadstate.Busy(&shell) {
-				return Result{}, false, nil
-			}
-			return Result{Reason: Idle, Shell: shell}, true, nil
-		}
-		t.RunID = latest
-		if out, ok := threadstate.Settled(shell.Status); ok {
-			return Result{Reason: Reason(out), RunID: latest, Shell: shell}, true, nil
-		}
-		return Result{}, false, nil
-	}
-	if t.RunID == "" {
-		if latest == "" || lookup == nil {
-			return Result{}, false, nil // T3 has not made our run yet
-		}
-		runID, status, found, err := lookup(ctx, t.MessageID)
+func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, bool, error) {
+	if w.t.RunID == "" && w.t.MessageID != "" {
+		// Which run did T3 make of our message? Not on the row: read.
+		p, fresh, err := w.readOnce(ctx, &row)
 		if err != nil {
 			return Result{}, false, err
 		}
-		if !found {
-			return Result{}, false, nil
-		}
-		t.RunID = runID
-		if runID != latest {
-			// A later run exists, so ours is over; its own status says how.
-			if out, ok := threadstate.Settled(status); ok {
-				return Result{Reason: Reason(out), RunID: runID, Shell: shell}, true, nil
+		if p != nil {
+			if r, ok := threadview.New(p).RunByMessage(w.t.MessageID); ok {
+				w.t.RunID = r.ID
+			} else if fresh && !threadstate.Busy(&row) {
+				// T3 has no run for it and nothing is under way: the message
+				// never made a run (refused, or dispatched by a connector
+				// that did not say). Report what there is.
+				return Result{Reason: Idle, RunID: threadstate.LatestRun(&row), Shell: row, Projection: p}, true, nil
 			}
+		}
+		if w.t.RunID == "" {
 			return Result{}, false, nil
 		}
 	}
-	if latest == t.RunID {
-		if out, ok := threadstate.Settled(shell.Status); ok {
-			return Result{Reason: Reason(out), RunID: t.RunID, Shell: shell}, true, nil
+	if w.t.RunID == "" {
+		latest := threadstate.LatestRun(&row)
+		if latest == "" {
+			if threadstate.Busy(&row) {
+				return Result{}, false, nil
+			}
+			return Result{Reason: Idle, Shell: row}, true, nil
 		}
+		// Waiting for "the latest run": the one the row shows now.
+		w.t.RunID = latest
+	}
+	run := w.t.RunID
+	if p, ok := threadstate.PendingRequest(&row); ok && !w.t.Answered[p.ID] && asksFor(&row, run) {
+		return Result{Reason: Question, RunID: run, RequestID: p.ID, Shell: row}, true, nil
+	}
+	out, verdict := threadstate.Judge(&row, run)
+	switch verdict {
+	case threadstate.RunSettled:
+		return Result{Reason: Reason(out), RunID: run, Shell: row}, true, nil
+	case threadstate.RunBusy:
 		return Result{}, false, nil
 	}
-	if lookup == nil {
-		return Result{}, false, nil
-	}
-	// The thread moved past our run (another run started): read ours.
-	_, status, found, err := lookup(ctx, t.MessageID)
-	if err != nil || !found {
+	// RunUnknown (a later run is queued or running; ours may be over or still
+	// queued) or RunSettledUnreadable (over, the row does not say how): the
+	// run's own record tells.
+	p, _, err := w.readOnce(ctx, &row)
+	if err != nil || p == nil {
 		return Result{}, false, err
 	}
-	if out, ok := threadstate.Settled(status); ok {
-		return Result{Reason: Reason(out), RunID: t.RunID, Shell: shell}, true, nil
+	r, found := threadview.New(p).Run(run)
+	if !found {
+		if verdict == threadstate.RunSettledUnreadable {
+			return Result{Reason: Idle, RunID: run, Shell: row, Projection: p}, true, nil
+		}
+		return Result{}, false, nil
+	}
+	if o, ok := threadstate.Settled(r.Status); ok {
+		return Result{Reason: Reason(o), RunID: run, Shell: row, Projection: p}, true, nil
 	}
 	return Result{}, false, nil
+}
+
+// asksFor reports whether the row's pending request belongs to run: only the
+// active run can ask, so a request while another run is active (ours queued
+// behind it) is not ours.
+func asksFor(row *t3rpc.ThreadShell, run string) bool {
+	if active := threadstate.ActiveRun(row); active != "" {
+		return active == run
+	}
+	// A row without an active pointer (an older server, or the pointer
+	// cleared a moment early): the request is the latest run's.
+	return threadstate.LatestRun(row) == run
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 )
 
@@ -20,6 +21,7 @@ type rows struct {
 	mu    sync.Mutex
 	row   t3rpc.ThreadShell
 	ok    bool
+	gone  string
 	wake  chan struct{}
 	reads int
 }
@@ -33,37 +35,85 @@ func (r *rows) ThreadAndWait(string) (t3rpc.ThreadShell, bool, <-chan struct{}) 
 	return r.row, r.ok, r.wake
 }
 
-func (r *rows) set(status, latest string, pending *t3rpc.PendingRuntimeRequest) {
+func (r *rows) Gone(string) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.row = t3rpc.ThreadShell{ID: "t1", Status: status}
-	if latest != "" {
-		r.row.LatestRunId = t3rpc.NewOptNilString(latest)
+	return r.gone, r.gone != ""
+}
+
+// set puts a row without an activeRunId field (an older server's row).
+func (r *rows) set(status, latest string, pending *t3rpc.PendingRuntimeRequest) {
+	r.put(row{status: status, latest: latest, pending: pending, noActive: true})
+}
+
+// row is a shell row by its run pointers.
+type row struct {
+	status, active, latest string
+	noActive               bool // leave activeRunId out (not even null)
+	pending                *t3rpc.PendingRuntimeRequest
+}
+
+func (r *rows) put(x row) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.row = t3rpc.ThreadShell{ID: "t1", Status: x.status}
+	if x.latest != "" {
+		r.row.LatestRunId = t3rpc.NewOptNilString(x.latest)
 	}
-	if pending != nil {
-		r.row.PendingRuntimeRequest = t3rpc.NewOptNilPendingRuntimeRequest(*pending)
+	switch {
+	case x.active != "":
+		r.row.ActiveRunId = t3rpc.NewOptNilString(x.active)
+	case !x.noActive:
+		r.row.ActiveRunId = t3rpc.OptNilString{Set: true, Null: true}
+	}
+	if x.pending != nil {
+		r.row.PendingRuntimeRequest = t3rpc.NewOptNilPendingRuntimeRequest(*x.pending)
 	}
 	r.ok = true
 	close(r.wake)
 	r.wake = make(chan struct{})
 }
 
-type runs struct {
-	mu sync.Mutex
-	m  map[string][2]string // message id → run id, status
+// leave makes the thread leave the watcher's list (archive or removed).
+func (r *rows) leave(where string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ok, r.gone = false, where
+	close(r.wake)
+	r.wake = make(chan struct{})
 }
 
-func (rs *runs) lookup(_ context.Context, msg string) (string, string, bool, error) {
+// runs is the thread as T3 would answer a read: runs by id, with the message
+// that made each.
+type runs struct {
+	mu    sync.Mutex
+	list  []t3api.Run
+	reads int
+}
+
+func (rs *runs) read(context.Context) (*t3api.ThreadProjection, error) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	v, ok := rs.m[msg]
-	return v[0], v[1], ok, nil
+	rs.reads++
+	return &t3api.ThreadProjection{Thread: t3api.AppThread{ID: "t1"}, Runs: append([]t3api.Run(nil), rs.list...)}, nil
 }
 
 func (rs *runs) put(msg, run, status string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	rs.m[msg] = [2]string{run, status}
+	for i := range rs.list {
+		if rs.list[i].ID == run {
+			rs.list[i].Status = status
+			return
+		}
+	}
+	rs.list = append(rs.list, t3api.Run{ID: run, Ordinal: int64(len(rs.list) + 1), Status: status, UserMessageId: t3api.NewOptNilString(msg)})
+}
+
+func (rs *runs) count() int {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.reads
 }
 
 type result struct {
@@ -127,8 +177,10 @@ func TestWaitingIsNotCompleted(t *testing.T) {
 func TestWaitsForDispatchedRunNotThePreviousOne(t *testing.T) {
 	src := newRows()
 	src.set("completed", "run-1", nil)
-	rs := &runs{m: map[string][2]string{"msg-0": {"run-1", "completed"}}}
-	ch := start(context.Background(), src, Target{ThreadID: "t1", MessageID: "msg-2"}, Options{Lookup: rs.lookup})
+	rs := &runs{}
+	rs.put("msg-0", "run-1", "completed")
+	src.put(row{status: "running", active: "run-0", latest: "run-0"}) // an unrelated run is busy: T3 has not made ours yet
+	ch := start(context.Background(), src, Target{ThreadID: "t1", MessageID: "msg-2"}, Options{Read: rs.read})
 	expectPending(t, ch)
 	rs.put("msg-2", "run-2", "running")
 	src.set("running", "run-2", nil)
@@ -146,8 +198,9 @@ func TestWaitsForDispatchedRunNotThePreviousOne(t *testing.T) {
 func TestOurRunSettledBehindALaterRun(t *testing.T) {
 	src := newRows()
 	src.set("running", "run-3", nil)
-	rs := &runs{m: map[string][2]string{"msg-2": {"run-2", "interrupted"}}}
-	r := receive(t, start(context.Background(), src, Target{ThreadID: "t1", MessageID: "msg-2"}, Options{Lookup: rs.lookup}))
+	rs := &runs{}
+	rs.put("msg-2", "run-2", "interrupted")
+	r := receive(t, start(context.Background(), src, Target{ThreadID: "t1", MessageID: "msg-2"}, Options{Read: rs.read}))
 	if r.r.Reason != Interrupted || r.r.RunID != "run-2" {
 		t.Fatalf("got %+v", r.r)
 	}
@@ -215,5 +268,161 @@ func TestProgress(t *testing.T) {
 	src.set("completed", "run-1", nil)
 	if r := receive(t, ch); r.r.Reason != Completed {
 		t.Fatalf("got %+v", r.r)
+	}
+}
+
+// waitOn starts a wait for run on the rows, reading through rs.
+func waitOn(src *rows, rs *runs, tg Target) chan result {
+	tg.ThreadID = "t1"
+	return start(context.Background(), src, tg, Options{Read: rs.read})
+}
+
+// A follow-up sent to a busy thread is queued (fixture 21): the row's status
+// says "queued" (it follows the newest run) while run 1 still runs. The wait
+// for the queued run holds through run 1's end and its own start, ends when it
+// completes, and reads nothing: the row says it all.
+func TestQueuedFollowUpNeedsNoRead(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	src.put(row{status: "queued", active: "run-1", latest: "run-2"})
+	ch := waitOn(src, rs, Target{RunID: "run-2"})
+	expectPending(t, ch)
+	src.put(row{status: "queued", latest: "run-2"}) // run 1 over, run 2 not started yet
+	expectPending(t, ch)
+	src.put(row{status: "running", active: "run-2", latest: "run-2"})
+	expectPending(t, ch)
+	src.put(row{status: "completed", latest: "run-2"})
+	r := receive(t, ch)
+	if r.err != nil || r.r.Reason != Completed || r.r.RunID != "run-2" {
+		t.Fatalf("got %+v %v", r.r, r.err)
+	}
+	if n := rs.count(); n != 0 || r.r.Reads != 0 {
+		t.Errorf("%d reads (result says %d), want 0", n, r.r.Reads)
+	}
+}
+
+// The wait for run 1 while run 2 is queued behind it: the row's status is
+// about run 2, so run 1's end is read from its own record, once.
+func TestActiveRunEndsBehindAQueuedOne(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	rs.put("m1", "run-1", "running")
+	rs.put("m2", "run-2", "queued")
+	src.put(row{status: "queued", active: "run-1", latest: "run-2"})
+	ch := waitOn(src, rs, Target{RunID: "run-1"})
+	expectPending(t, ch)
+	if n := rs.count(); n != 0 {
+		t.Fatalf("%d reads while run 1 is the active run", n)
+	}
+	rs.put("m1", "run-1", "interrupted")
+	rs.put("m2", "run-2", "starting")
+	src.put(row{status: "starting", active: "run-2", latest: "run-2"})
+	r := receive(t, ch)
+	if r.err != nil || r.r.Reason != Interrupted || r.r.RunID != "run-1" || r.r.Projection == nil {
+		t.Fatalf("got %+v %v", r.r, r.err)
+	}
+	if n := rs.count(); n != 1 {
+		t.Errorf("%d reads, want 1", n)
+	}
+}
+
+// The newest queued run cancelled while run 1 runs on: the row says
+// "cancelled" with run 1 still active. The wait for run 2 ends (cancelled
+// reads as interrupted); the wait for run 1 does not.
+func TestCancelledNewestQueuedRun(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	src.put(row{status: "cancelled", active: "run-1", latest: "run-2"})
+	r := receive(t, waitOn(src, rs, Target{RunID: "run-2"}))
+	if r.err != nil || r.r.Reason != Interrupted || r.r.RunID != "run-2" {
+		t.Fatalf("run 2: got %+v %v", r.r, r.err)
+	}
+	ch := waitOn(src, rs, Target{RunID: "run-1"})
+	expectPending(t, ch)
+	src.put(row{status: "completed", latest: "run-1"}) // (a server that drops the cancelled run's pointer)
+	if r := receive(t, ch); r.r.Reason != Completed || r.r.RunID != "run-1" {
+		t.Fatalf("run 1: got %+v %v", r.r, r.err)
+	}
+}
+
+// A server that reports "idle" after a run: the row cannot say how the run
+// ended, so the run is read once and the read is handed back for rendering.
+func TestIdleAfterAFinishedRun(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	rs.put("m1", "run-1", "running")
+	src.put(row{status: "running", active: "run-1", latest: "run-1"})
+	ch := waitOn(src, rs, Target{RunID: "run-1"})
+	expectPending(t, ch)
+	rs.put("m1", "run-1", "failed")
+	src.put(row{status: "idle", latest: "run-1"})
+	r := receive(t, ch)
+	if r.err != nil || r.r.Reason != Failed || r.r.Projection == nil || r.r.Reads != 1 {
+		t.Fatalf("got %+v %v", r.r, r.err)
+	}
+}
+
+// Status and active run disagree: the row says "completed" (about the newest
+// run) while our run is still active; the wait holds until the pointer moves.
+func TestStatusAndActiveRunDisagree(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	rs.put("m1", "run-1", "running")
+	src.put(row{status: "completed", active: "run-1", latest: "run-2"})
+	ch := waitOn(src, rs, Target{RunID: "run-1"})
+	expectPending(t, ch)
+	rs.put("m1", "run-1", "completed")
+	src.put(row{status: "completed", latest: "run-2"})
+	if r := receive(t, ch); r.r.Reason != Completed || r.r.RunID != "run-1" {
+		t.Fatalf("got %+v %v", r.r, r.err)
+	}
+}
+
+// A question of the active run is not the queued run's: the wait for the
+// queued run holds, and returns question only once its own run asks.
+func TestQuestionOfAnotherRunIsNotOurs(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	other := &t3rpc.PendingRuntimeRequest{ID: "req-run-1", Kind: "user_input"}
+	src.put(row{status: "queued", active: "run-1", latest: "run-2", pending: other})
+	ch := waitOn(src, rs, Target{RunID: "run-2"})
+	expectPending(t, ch)
+	// The same request seen by a wait on run 1 is a question.
+	if r := receive(t, waitOn(src, rs, Target{RunID: "run-1"})); r.r.Reason != Question || r.r.RequestID != "req-run-1" {
+		t.Fatalf("run 1: got %+v %v", r.r, r.err)
+	}
+	mine := &t3rpc.PendingRuntimeRequest{ID: "req-run-2", Kind: "command"}
+	src.put(row{status: "running", active: "run-2", latest: "run-2", pending: mine})
+	r := receive(t, ch)
+	if r.r.Reason != Question || r.r.RequestID != "req-run-2" || r.r.RunID != "run-2" {
+		t.Fatalf("run 2: got %+v %v", r.r, r.err)
+	}
+}
+
+// A thread archived while waited on ends the wait with archived, not a
+// timeout; a deleted one ends it with an error.
+func TestArchivedAndRemoved(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	src.put(row{status: "running", active: "run-1", latest: "run-1"})
+	ch := waitOn(src, rs, Target{RunID: "run-1"})
+	expectPending(t, ch)
+	src.leave("archive")
+	if r := receive(t, ch); r.err != nil || r.r.Reason != Archived || r.r.RunID != "run-1" || r.r.Shell.ID != "t1" {
+		t.Fatalf("archived: got %+v %v", r.r, r.err)
+	}
+	src2 := newRows()
+	src2.put(row{status: "running", active: "run-1", latest: "run-1"})
+	ch = waitOn(src2, rs, Target{RunID: "run-1"})
+	expectPending(t, ch)
+	src2.leave("removed")
+	if r := receive(t, ch); !errors.Is(r.err, ErrThreadRemoved) {
+		t.Fatalf("removed: got %+v %v", r.r, r.err)
+	}
+}
+
+// A message T3 made no run of (a dispatch refused by an older connector that
+// kept its message id) on an idle thread: the wait returns at once with what
+// there is instead of waiting for a run that will never exist.
+func TestMessageWithoutARunOnAnIdleThread(t *testing.T) {
+	src, rs := newRows(), &runs{}
+	rs.put("m1", "run-1", "completed")
+	src.put(row{status: "completed", latest: "run-1"})
+	r := receive(t, waitOn(src, rs, Target{MessageID: "never-made-a-run"}))
+	if r.err != nil || r.r.Reason != Idle || r.r.RunID != "run-1" || r.r.Reads != 1 {
+		t.Fatalf("got %+v %v", r.r, r.err)
 	}
 }

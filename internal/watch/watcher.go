@@ -69,8 +69,10 @@ type Options struct {
 
 // Status is the machine's connection state as the watcher sees it.
 type Status struct {
-	Online      bool
-	Synced      bool // the initial snapshot or replay has completed
+	Online bool
+	// Synced: this session's snapshot or replay has been applied (reset when
+	// the socket drops, set again by the next "synchronized" item).
+	Synced      bool
 	Cursor      int64
 	LastError   error
 	ConnectedAt time.Time
@@ -90,10 +92,15 @@ type Watcher struct {
 	models   models
 	projects map[string]t3rpc.Project
 	waiters  map[string]chan struct{} // per thread, closed on its next change
-	anyWait  chan struct{}            // closed on any change (status, snapshot)
-	status   Status
-	conn     *effectrpc.Conn
-	connWait chan struct{} // closed when a conn becomes available
+	// gone remembers why threads left the list ("archive" or "removed"), so a
+	// wait on one ends with that reason instead of waiting for a row that
+	// will not come back. Bounded: the oldest entries are forgotten.
+	gone      map[string]string
+	goneOrder []string
+	anyWait   chan struct{} // closed on any change (status, snapshot)
+	status    Status
+	conn      *effectrpc.Conn
+	connWait  chan struct{} // closed when a conn becomes available
 }
 
 // New makes a watcher; call Run to start it.
@@ -117,6 +124,7 @@ func New(name string, connect Connect, opts Options) *Watcher {
 		models:   models{},
 		projects: map[string]t3rpc.Project{},
 		waiters:  map[string]chan struct{}{},
+		gone:     map[string]string{},
 		anyWait:  make(chan struct{}),
 		connWait: make(chan struct{}),
 	}
@@ -265,8 +273,9 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 		case "thread.updated":
 			if t, ok := it.Thread.Get(); ok {
 				if loc, _ := it.Location.Get(); loc == "archive" {
-					w.removeLocked(t.ID, &change, touched)
+					w.removeLocked(t.ID, "archive", &change, touched)
 				} else {
+					delete(w.gone, t.ID) // unarchived, or a thread id seen again
 					w.putLocked(&t)
 					w.touchLocked(t.ID)
 					if idx, ok := touched[t.ID]; ok {
@@ -279,7 +288,12 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 			}
 		case "thread.removed":
 			if id, ok := it.ThreadId.Get(); ok {
-				w.removeLocked(id, &change, touched)
+				where := "removed"
+				if loc, _ := it.Location.Get(); loc != "" && loc != "active" {
+					// Leaving another list (the archive) is not a deletion.
+					where = ""
+				}
+				w.removeLocked(id, where, &change, touched)
 			}
 		case "project.updated":
 			if p, ok := it.Project.Get(); ok {
@@ -340,6 +354,14 @@ func (w *Watcher) applyToSink(ctx context.Context, c Change) error {
 }
 
 func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
+	// A thread archived while the socket was down shows up only in the
+	// snapshot's archived list: remember it, as a live archive item would.
+	for i := range snap.ArchivedThreads {
+		id := snap.ArchivedThreads[i].ID
+		if _, listed := w.threads[id]; listed {
+			w.removeLocked(id, "archive", &Change{}, map[string]int{})
+		}
+	}
 	w.threads = make(map[string]*row, len(snap.Threads))
 	for i := range snap.Threads {
 		w.putLocked(&snap.Threads[i])
@@ -367,11 +389,24 @@ func (w *Watcher) putLocked(t *t3rpc.ThreadShell) {
 	r.set(t, w.intern, w.models)
 }
 
-func (w *Watcher) removeLocked(id string, change *Change, touched map[string]int) {
+// goneLimit bounds the memory of threads that left the list.
+const goneLimit = 10_000
+
+func (w *Watcher) removeLocked(id, where string, change *Change, touched map[string]int) {
 	if _, ok := w.threads[id]; !ok {
 		return
 	}
 	delete(w.threads, id)
+	if where != "" {
+		if _, seen := w.gone[id]; !seen {
+			w.goneOrder = append(w.goneOrder, id)
+		}
+		w.gone[id] = where
+		for len(w.goneOrder) > goneLimit {
+			delete(w.gone, w.goneOrder[0])
+			w.goneOrder = w.goneOrder[1:]
+		}
+	}
 	w.touchLocked(id)
 	if idx, ok := touched[id]; ok {
 		change.Threads = append(change.Threads[:idx], change.Threads[idx+1:]...)
@@ -416,6 +451,10 @@ func (w *Watcher) setOffline(err error) {
 	}
 	w.conn = nil
 	w.status.Online = false
+	// Synced again only once the next session's replay or snapshot is in:
+	// until then the rows may be stale, and the machine must not be reported
+	// online (fleet.Machine.Info) as if they were current.
+	w.status.Synced = false
 	if err != nil {
 		w.status.LastError = err
 	}
@@ -448,6 +487,19 @@ func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
 		return t3rpc.ThreadShell{}, false
 	}
 	return t.shell(id), true
+}
+
+// Gone reports why a thread that is not in the list left it: "archive" when it
+// was archived, "removed" when it was deleted; ok is false when the watcher did
+// not see it leave (or has forgotten: it keeps the newest 10,000).
+func (w *Watcher) Gone(id string) (where string, ok bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if _, listed := w.threads[id]; listed {
+		return "", false
+	}
+	where, ok = w.gone[id]
+	return where, ok
 }
 
 // ThreadAndWait returns the thread's row and a channel closed at its next

@@ -1,0 +1,221 @@
+package app_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+)
+
+// Thread reads by route, as the fake counts them.
+const (
+	routeFull    = "GET /api/orchestration/threads/{id}"
+	routeBounded = "GET /api/orchestration/threads/{id}/bounded"
+	routeHistory = "GET /api/orchestration/threads/{id}/history"
+)
+
+type threadReads struct{ full, bounded, history int64 }
+
+func readsOf(s *t3fake.Server) threadReads {
+	st := s.Stats().HTTPRequests
+	return threadReads{st[routeFull], st[routeBounded], st[routeHistory]}
+}
+
+func (a threadReads) minus(b threadReads) threadReads {
+	return threadReads{a.full - b.full, a.bounded - b.bounded, a.history - b.history}
+}
+
+// manualHarness is a connector on one fake machine whose runs move only when
+// the test steps them.
+func manualHarness(t *testing.T) *harness {
+	t.Helper()
+	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", ManualSteps: true})
+	fk.AddProject("api", "/srv/api")
+	h := newHarness(t, harnessOpts{fake: fk})
+	h.waitOnline("mac")
+	return h
+}
+
+// waitAsync runs t3_wait in the background.
+func waitAsync(c *client, args map[string]any) chan map[string]any {
+	out := make(chan map[string]any, 1)
+	go func() {
+		sc, text, isErr := c.call("t3_wait", args)
+		if isErr {
+			sc = map[string]any{"error": text}
+		}
+		out <- sc
+	}()
+	return out
+}
+
+// TestDispatchAndWaitReadCounts: a dispatch and a wait for its run read the
+// thread at most once, with the bounded read, and not at all while waiting
+// (issue 12.3; a dispatch+wait used to make three full reads). The dispatch
+// learns the run from the shell row, so the wait judges the row alone.
+func TestDispatchAndWaitReadCounts(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("reads")
+	before := readsOf(h.fake)
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+	tid := str(d, "thread_id")
+	if str(d, "run_id") == "" {
+		t.Fatalf("the dispatch did not learn its run from the row: %v", d)
+	}
+	done := waitAsync(c, map[string]any{"thread_id": tid, "timeout": 60})
+	eventually(t, 10*time.Second, "the wait to block", func() bool { return h.app.Deps.ActiveWaits() == 1 }, nil)
+	if got := readsOf(h.fake).minus(before); got != (threadReads{}) {
+		t.Fatalf("reads before the run moved: %+v, want none", got)
+	}
+	h.fake.StepAll()
+	res := <-done
+	if str(res, "reason") != "completed" || str(res, "state", "latest_run", "id") != str(d, "run_id") {
+		t.Fatalf("wait result %v", res)
+	}
+	if str(res, "state", "status") != "completed" || !strings.Contains(dump(res, "state", "runs"), "Done: "+promptDone) {
+		t.Fatalf("state %v", res["state"])
+	}
+	if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
+		t.Fatalf("dispatch + wait read %+v, want exactly one bounded read", got)
+	}
+
+	// A wait on the settled run returns at once with one bounded read too.
+	before = readsOf(h.fake)
+	if r := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 5}); str(r, "reason") != "completed" {
+		t.Fatalf("second wait %v", r)
+	}
+	if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
+		t.Fatalf("a wait on a settled run read %+v", got)
+	}
+}
+
+// TestFollowUpOnABusyThreadIsQueuedAndWaitedFor: T3 queues a prompt sent to a
+// busy thread (fixture 21). The wait targets the queued run, holds through the
+// first run's end, and ends with the follow-up's outcome, reading only once.
+func TestFollowUpOnABusyThreadIsQueuedAndWaitedFor(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("queue")
+	d1 := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptHang})
+	tid := str(d1, "thread_id")
+	h.fake.StepAll() // run 1 hangs
+	d2 := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "thread_id": tid, "prompt": promptDone})
+	run1, run2 := str(d1, "run_id"), str(d2, "run_id")
+	if run2 == "" || run2 == run1 {
+		t.Fatalf("the follow-up's run %q (first run %q)", run2, run1)
+	}
+	done := waitAsync(c, map[string]any{"thread_id": tid, "timeout": 60})
+	eventually(t, 10*time.Second, "the wait to block", func() bool { return h.app.Deps.ActiveWaits() == 1 }, nil)
+	c.ok("t3_interrupt", map[string]any{"thread_id": tid})
+	// The interrupt's own state read is not the wait's.
+	before := readsOf(h.fake)
+	h.fake.StepAll() // run 1 interrupted; run 2 starts and completes
+	res := <-done
+	if str(res, "reason") != "completed" || str(res, "state", "latest_run", "id") != run2 {
+		t.Fatalf("wait result %v", res)
+	}
+	if got := readsOf(h.fake).minus(before); got.full != 0 || got.bounded > 1 {
+		t.Fatalf("the wait read %+v, want at most one bounded read", got)
+	}
+}
+
+// TestRefusedDispatchLeavesNothingToWaitFor: T3 refuses message.dispatch. The
+// caller gets T3's reason; a wait on the thread returns at once with what
+// there is (idle for a new thread, the previous run's outcome for a follow-up)
+// instead of waiting for a run that will never exist (issue 13.1).
+func TestRefusedDispatchLeavesNothingToWaitFor(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("refused")
+	const reason = "Provider instance codex is not ready to take messages."
+	h.fake.RefuseDispatch(reason)
+	c.fails("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone}, reason, "t3_wait on it returns idle")
+	ids := h.fake.ThreadIDs()
+	if len(ids) != 1 {
+		t.Fatalf("threads %v", ids)
+	}
+	if r := c.ok("t3_wait", map[string]any{"thread_id": ids[0], "timeout": 600}); str(r, "reason") != "idle" {
+		t.Fatalf("wait on the thread of a refused first prompt: %v", r)
+	}
+
+	h.fake.RefuseDispatch("")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "thread_id": ids[0], "prompt": promptDone})
+	h.fake.StepAll()
+	if r := c.ok("t3_wait", map[string]any{"thread_id": ids[0], "timeout": 60}); str(r, "reason") != "completed" {
+		t.Fatalf("wait %v", r)
+	}
+	h.fake.RefuseDispatch(reason)
+	c.fails("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "thread_id": ids[0], "prompt": "again"}, reason, "nothing was started")
+	r := c.ok("t3_wait", map[string]any{"thread_id": ids[0], "timeout": 600})
+	if str(r, "reason") != "completed" || str(r, "state", "latest_run", "id") != str(d, "run_id") {
+		t.Fatalf("wait after a refused follow-up: %v", r)
+	}
+}
+
+// TestBoundedRouteMissingFallsBack: a machine without /bounded (older builds
+// answer 404 or 503 there) is read whole instead; a thread that does not
+// exist is still an error, not a fallback.
+func TestBoundedRouteMissingFallsBack(t *testing.T) {
+	for _, status := range []int{404, 503} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			leakCheck(t)
+			h := manualHarness(t)
+			c := h.client("fallback")
+			d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+			h.fake.StepAll()
+			c.ok("t3_wait", map[string]any{"thread_id": str(d, "thread_id"), "timeout": 60})
+			h.fake.BoundedRoute(status)
+			before := readsOf(h.fake)
+			st := c.ok("t3_thread", map[string]any{"thread_id": str(d, "thread_id")})
+			if str(st, "status") != "completed" || !strings.Contains(dump(st, "runs"), "Done: "+promptDone) {
+				t.Fatalf("t3_thread %v", st)
+			}
+			if got := readsOf(h.fake).minus(before); got.bounded != 1 || got.full != 1 {
+				t.Fatalf("reads %+v, want the bounded try and one full read", got)
+			}
+			// Remembered: the next read goes straight to the full route.
+			before = readsOf(h.fake)
+			c.ok("t3_wait", map[string]any{"thread_id": str(d, "thread_id"), "timeout": 5})
+			if got := readsOf(h.fake).minus(before); got.bounded != 0 || got.full != 1 {
+				t.Fatalf("reads after the fallback %+v", got)
+			}
+		})
+	}
+}
+
+// TestArchivedWhileWaiting: a thread archived while a wait is on it ends the
+// wait with reason archived, not a timeout (issue 13.6).
+func TestArchivedWhileWaiting(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("archive")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptHang})
+	h.fake.StepAll()
+	done := waitAsync(c, map[string]any{"thread_id": str(d, "thread_id"), "timeout": 3600})
+	eventually(t, 10*time.Second, "the wait to block", func() bool { return h.app.Deps.ActiveWaits() == 1 }, nil)
+	if !h.fake.ArchiveThread(str(d, "thread_id")) {
+		t.Fatal("archive refused")
+	}
+	res := <-done
+	if str(res, "reason") != "archived" {
+		t.Fatalf("wait result %v", res)
+	}
+	eventually(t, 10*time.Second, "the wait slot to be free", func() bool { return h.app.Deps.ActiveWaits() == 0 }, nil)
+}
+
+// dump is the value at path, printed (for lists and objects).
+func dump(m map[string]any, path ...string) string {
+	var cur any = m
+	for _, p := range path {
+		mm, ok := cur.(map[string]any)
+		if !ok {
+			return ""
+		}
+		cur = mm[p]
+	}
+	return fmt.Sprint(cur)
+}
