@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 )
 
 func (c *cli) deadLettersCommand() *cobra.Command {
@@ -46,7 +48,7 @@ func (c *cli) listDeadLetters() error {
 	for _, e := range dead {
 		fmt.Fprintf(c.stdout, "%s\t%s\t%s\tattempts=%d\t%s\n", e.ID, e.Stream, e.DeadAt.Format(time.RFC3339), e.Attempts, strings.ReplaceAll(e.LastError, "\n", " "))
 	}
-	fmt.Fprintln(c.stdout, plural(len(dead), "dead letter"))
+	fmt.Fprintln(c.stdout, plural.Count(len(dead), "dead letter"))
 	return nil
 }
 
@@ -66,6 +68,6 @@ func (c *cli) retryDeadLetters(ids []string) error {
 		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
 		return exitFailed
 	}
-	fmt.Fprintf(c.stdout, "requeued %s; a running connector delivers them on its next pass\n", plural(n, "dead letter"))
+	fmt.Fprintf(c.stdout, "requeued %s; a running connector delivers them on its next pass\n", plural.Count(n, "dead letter"))
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
+	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 )
@@ -83,7 +84,7 @@ func (c *cli) doctor(ctx context.Context) error {
 		fmt.Fprintln(stdout, "\ndoctor: problems found (FAIL lines above)")
 		return exitFailed
 	case r.warns > 0:
-		fmt.Fprintf(stdout, "\ndoctor: all good, %s above\n", plural(r.warns, "warning"))
+		fmt.Fprintf(stdout, "\ndoctor: all good, %s above\n", plural.Count(r.warns, "warning"))
 	default:
 		fmt.Fprintln(stdout, "\ndoctor: all good")
 	}
@@ -103,7 +104,7 @@ func checkConfig(ctx context.Context, r *report, s app.Settings) {
 		r.fail("%v", err)
 		return
 	}
-	r.section("config: %s (%s)", path, plural(len(cfg.Machines), "machine"))
+	r.section("config: %s (%s)", path, plural.Count(len(cfg.Machines), "machine"))
 	if len(cfg.Machines) == 0 {
 		r.fail("no [machines.NAME] table: add one (see t3code.example.toml)")
 	}
@@ -192,7 +193,7 @@ func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time
 		}
 	}
 	if len(admitted) == 0 {
-		r.warn("the allowlist (projects = %q) admits none of the %d projects on this machine: agents will see no project there", m.Projects, len(projects))
+		r.warn("the allowlist (projects = %q) admits none of the %s on this machine: agents will see no project there", m.Projects, plural.Count(len(projects), "project"))
 	} else {
 		r.ok("the allowlist (projects = %q) admits %d of %d projects: %s", m.Projects, len(admitted), len(projects), strings.Join(admitted, ", "))
 	}
@@ -441,16 +442,8 @@ func checkState(r *report, s app.Settings) {
 		r.fail("reading %s: %v", path, err)
 		return
 	}
-	r.ok("%s: %s tracked, %s pending", path, plural(len(threads), "thread"), plural(pending, "event"))
+	r.ok("%s: %s tracked, %s pending", path, plural.Count(len(threads), "thread"), plural.Count(pending, "event"))
 	if dead > 0 {
-		r.warn("%s (events the hook never accepted): `t3code-mcp dead-letters` lists them, `t3code-mcp dead-letters retry` requeues them", plural(dead, "dead letter"))
+		r.warn("%s (events the hook never accepted): `t3code-mcp dead-letters` lists them, `t3code-mcp dead-letters retry` requeues them", plural.Count(dead, "dead letter"))
 	}
-}
-
-// plural is "1 thing" or "n things".
-func plural(n int, thing string) string {
-	if n == 1 {
-		return "1 " + thing
-	}
-	return fmt.Sprintf("%d %ss", n, thing)
 }

@@ -311,6 +311,9 @@ func TestServeDemoThroughTheBinary(t *testing.T) {
 	if sc["reason"] != "completed" {
 		t.Fatalf("wait = %v", sc)
 	}
+	if _, text := c.ok("t3_projects", map[string]any{"machine": "demo"}); !strings.Contains(text, ", 1 thread)") {
+		t.Errorf("t3_projects after one dispatch: %q, want \"1 thread\"", text)
+	}
 	sc, _ = c.ok("t3_thread", map[string]any{"thread_id": done})
 	if sc["status"] != "completed" {
 		t.Fatalf("thread = %v", sc)

@@ -19,6 +19,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/demo"
+	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
@@ -241,7 +242,7 @@ func banner(w io.Writer, k *connector, addr *net.TCPAddr) {
 		fmt.Fprintln(w, "then copy t3code.example.toml to t3code.toml, set url and token_env, export the token, and restart.")
 		fmt.Fprintf(w, "\nTry it: point an MCP client at %s/mcp (docs/clients.md), or in the repository run\n  go run ./scripts/smoke %s/mcp demo demo\n", base, base)
 	} else {
-		fmt.Fprintf(w, "  config:  %s (%s)\n", k.Config.Path, plural(len(k.Config.Machines), "machine"))
+		fmt.Fprintf(w, "  config:  %s (%s)\n", k.Config.Path, plural.Count(len(k.Config.Machines), "machine"))
 	}
 }
 

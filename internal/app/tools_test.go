@@ -148,7 +148,7 @@ func TestQuestionAnswerValidationAndResume(t *testing.T) {
 	c.fails("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{sid: "Bogus", mid: []any{ml}}}, `"Bogus" is not an option`, sl)
 	c.fails("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{sid: []any{sl}, mid: []any{ml}}}, "takes one answer, not a list")
 	c.fails("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{sid: sl}}, "missing answers", mid)
-	c.fails("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{sid: 5}}, "invalid arguments")
+	c.fails("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{sid: 5}}, `argument "answers.`+sid+`" must be a string or an array of strings; got the number 5`)
 	c.ok("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{sid: sl, mid: []any{ml}}})
 	got, ok := h.fake.Answers(pq["request_id"].(string))
 	if !ok || got[sid][0] != sl || got[mid][0] != ml {
@@ -216,7 +216,7 @@ func TestToolErrorsNameTheFault(t *testing.T) {
 	c.fails("t3_answer", map[string]any{"thread_id": hidden, "answers": map[string]any{"a": "b"}}, "not found")
 	c.fails("t3_watch", map[string]any{"thread_id": hidden, "enabled": true}, "not found")
 	c.fails("t3_watch", map[string]any{"thread_id": hidden}, "pass both")
-	c.fails("t3_thread", map[string]any{"thread_id": 42}, "invalid arguments")
+	c.fails("t3_thread", map[string]any{"thread_id": 42}, `argument "thread_id" must be a string; got the number 42`)
 	c.fails("t3_wait", map[string]any{"thread_id": "x", "timeout": 999999}, "timeout")
 	// The server is still healthy after all of that.
 	if h.health()["ok"] != true {

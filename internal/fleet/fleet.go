@@ -353,9 +353,10 @@ func (f *Fleet) Thread(id string) (Found, error) {
 			candidates = []*Machine{m}
 		}
 	}
-	var offline []string
+	var unchecked []string // machines that could not be searched, with their state
 	for _, m := range candidates {
 		if m.watcher == nil {
+			unchecked = append(unchecked, fmt.Sprintf("%s (%s)", m.Name, Misconfigured))
 			continue
 		}
 		shell, ok := m.watcher.Thread(id)
@@ -366,7 +367,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 		}
 		if !ok {
 			if !m.watcher.Status().Synced {
-				offline = append(offline, m.Name)
+				unchecked = append(unchecked, fmt.Sprintf("%s (%s)", m.Name, m.Info().Status))
 			}
 			continue
 		}
@@ -376,12 +377,13 @@ func (f *Fleet) Thread(id string) (Found, error) {
 		}
 		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked}, nil
 	}
-	if len(offline) > 0 {
-		sort.Strings(offline)
-		if tracked {
-			return Found{}, fmt.Errorf("thread %q is on machine %q, which is not reachable now: %v", id, tr.Machine, f.byName[tr.Machine].Ready())
+	if len(unchecked) > 0 {
+		if m, ok := f.byName[tr.Machine]; tracked && ok {
+			// The problem names the machine and says what to do.
+			return Found{}, fmt.Errorf("thread %q cannot be read now: %v", id, m.Ready())
 		}
-		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not checked, because offline: %s", Quoted(id), strings.Join(offline, ", "))
+		sort.Strings(unchecked)
+		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not searched: %s (see t3_machines)", Quoted(id), strings.Join(unchecked, ", "))
 	}
 	return Found{}, notFound
 }

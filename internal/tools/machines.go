@@ -7,6 +7,7 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 )
 
 func machinesTool(d *Deps) Handler {
@@ -81,7 +82,7 @@ func projectsTool(d *Deps) Handler {
 		var b strings.Builder
 		for _, p := range m.Projects() {
 			out.Projects = append(out.Projects, mcptools.Project{ID: p.ID, Title: p.Title, Path: p.WorkspaceRoot, DefaultModel: modelString(p), ThreadCount: counts[p.ID]})
-			fmt.Fprintf(&b, "%s — %s (id %s, %d threads)\n", p.Title, p.WorkspaceRoot, p.ID, counts[p.ID])
+			fmt.Fprintf(&b, "%s — %s (id %s, %s)\n", p.Title, p.WorkspaceRoot, p.ID, plural.Count(counts[p.ID], "thread"))
 		}
 		if len(out.Projects) == 0 {
 			fmt.Fprintf(&b, "no project on machine %q is allowed by its projects patterns %q", m.Name, m.Config.Projects)

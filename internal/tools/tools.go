@@ -332,15 +332,21 @@ func decodeArgs(tool string, raw json.RawMessage, v decoder) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		raw = json.RawMessage("{}")
 	}
-	if err := v.UnmarshalJSON(raw); err != nil {
-		return fmt.Errorf("%s: invalid arguments: %v (see the tool's input schema)", tool, err)
-	}
-	if val, ok := v.(interface{ Validate() error }); ok {
-		if err := val.Validate(); err != nil {
-			return fmt.Errorf("%s: invalid arguments: %v (see the tool's input schema)", tool, err)
+	err := v.UnmarshalJSON(raw)
+	if err == nil {
+		if val, ok := v.(interface{ Validate() error }); ok {
+			err = val.Validate()
 		}
 	}
-	return nil
+	if err == nil {
+		return nil
+	}
+	// The decoder's words are byte offsets and Go type names: say instead
+	// which argument is wrong, what it must be and what was sent.
+	if msg := explainArgs(tool, raw); msg != "" {
+		return fmt.Errorf("%s: %s (see the tool's input schema)", tool, msg)
+	}
+	return fmt.Errorf("%s: invalid arguments: %v (see the tool's input schema)", tool, err)
 }
 
 // requireText checks a required string argument is not blank.

@@ -1,0 +1,21 @@
+// Package plural writes counts in words: "1 thread", "2 threads". Every
+// message that counts something goes through it, so none says "1 threads".
+package plural
+
+import "strconv"
+
+// Count is "1 thing" or "n things" (regular English plurals only).
+func Count(n int, thing string) string {
+	if n == 1 || n == -1 {
+		return strconv.Itoa(n) + " " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
+}
+
+// Is is "1 thing is" or "n things are".
+func Is(n int, thing string) string {
+	if n == 1 {
+		return Count(n, thing) + " is"
+	}
+	return Count(n, thing) + " are"
+}

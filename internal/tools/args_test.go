@@ -1,0 +1,42 @@
+package tools
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+)
+
+// A wrong argument is named with what it must be and what was sent, never
+// with the decoder's byte offsets.
+func TestArgumentErrorsNameTheFieldTheTypeAndTheValue(t *testing.T) {
+	cases := []struct {
+		tool, raw, want string
+		v               decoder
+	}{
+		{mcptools.ToolDispatch, `{"machine":"demo","project":"demo","prompt":1}`,
+			`t3_dispatch: argument "prompt" must be a string; got the number 1 (see the tool's input schema)`, &mcptools.DispatchInput{}},
+		{mcptools.ToolDispatch, `{"machine":"demo","project":"demo","prompt":"x","watch":"yes"}`,
+			`t3_dispatch: argument "watch" must be true or false; got the string "yes" (see the tool's input schema)`, &mcptools.DispatchInput{}},
+		{mcptools.ToolDispatch, `{"machine":"demo","project":"demo","prompt":"x","bogus":1}`,
+			`t3_dispatch: unknown argument "bogus"; this tool takes: `, &mcptools.DispatchInput{}},
+		{mcptools.ToolDispatch, `[1]`,
+			`t3_dispatch: the arguments must be a JSON object; got an array (see the tool's input schema)`, &mcptools.DispatchInput{}},
+		{mcptools.ToolWait, `{"thread_id":"t","timeout":"30"}`,
+			`t3_wait: argument "timeout" must be a whole number; got the string "30" (see the tool's input schema)`, &mcptools.WaitInput{}},
+		{mcptools.ToolWait, `{"thread_id":"t","timeout":1.5}`,
+			`t3_wait: argument "timeout" must be a whole number; got the number 1.5 (see the tool's input schema)`, &mcptools.WaitInput{}},
+		{mcptools.ToolWait, `{"timeout":30}`,
+			`t3_wait: missing argument "thread_id" (a string) (see the tool's input schema)`, &mcptools.WaitInput{}},
+		{mcptools.ToolAnswer, `{"thread_id":"t","answers":{"q":5}}`,
+			`t3_answer: argument "answers.q" must be a string or an array of strings; got the number 5 (see the tool's input schema)`, &mcptools.AnswerInput{}},
+		{mcptools.ToolAnswer, `{"thread_id":"t","answers":"Workspace"}`,
+			`t3_answer: argument "answers" must be an object; got the string "Workspace" (see the tool's input schema)`, &mcptools.AnswerInput{}},
+	}
+	for _, tc := range cases {
+		err := decodeArgs(tc.tool, json.RawMessage(tc.raw), tc.v)
+		if err == nil || len(err.Error()) < len(tc.want) || err.Error()[:len(tc.want)] != tc.want {
+			t.Errorf("%s %s:\n got %v\nwant %s…", tc.tool, tc.raw, err, tc.want)
+		}
+	}
+}
