@@ -70,11 +70,17 @@ type loop struct {
 	last    uint64    // the highest sequence number taken into the queues
 	more    bool      // the last scan hit scanLimit: look again without sleeping
 
-	inflight int
-	jobs     sync.WaitGroup
-	toRec    chan outcome // workers → recorder
-	fromRec  chan outcome // recorder → loop
-	recDone  chan struct{}
+	// inflight counts the workers (at most Concurrency: the bound on requests in flight); a
+	// worker frees its slot once its outcome is handed to the recorder, so the next stream's
+	// request does not wait for this one's fsync. unsettled counts the outcomes not yet back
+	// from the recorder (their streams are busy until then).
+	inflight  int
+	unsettled int
+	jobs      sync.WaitGroup
+	freed     chan struct{} // worker → loop: a slot is free
+	toRec     chan outcome  // workers → recorder
+	fromRec   chan outcome  // recorder → loop
+	recDone   chan struct{}
 }
 
 // Run delivers events until ctx is done, then cancels the requests in flight, records the
@@ -91,6 +97,7 @@ func (o *Outbox) Run(ctx context.Context) {
 		o: o, ctx: ctx, streams: map[string]*stream{},
 		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
 		// ever blocks on a loop that is busy elsewhere.
+		freed:   make(chan struct{}, o.cfg.Concurrency),
 		toRec:   make(chan outcome, o.cfg.Concurrency),
 		fromRec: make(chan outcome, o.cfg.Concurrency),
 		recDone: make(chan struct{}),
@@ -98,8 +105,13 @@ func (o *Outbox) Run(ctx context.Context) {
 	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec) }()
 	defer func() {
 		cancel()
-		for l.inflight > 0 { // the workers return at once now; their outcomes are still recorded
-			l.finish(<-l.fromRec)
+		for l.unsettled > 0 { // the workers return at once now; their outcomes are still recorded
+			select {
+			case r := <-l.fromRec:
+				l.finish(r)
+			case <-l.freed:
+				l.inflight--
+			}
 		}
 		l.jobs.Wait()
 		close(l.toRec)
@@ -161,6 +173,8 @@ func (o *Outbox) Run(ctx context.Context) {
 					drained = true
 				}
 			}
+		case <-l.freed:
+			l.inflight--
 		case <-o.wake:
 		case <-timer.C:
 		}
@@ -329,11 +343,13 @@ func (l *loop) dispatch(now time.Time) {
 		}
 		s.busy = true
 		l.inflight++
+		l.unsettled++
 		l.jobs.Add(1)
 		j := job{s: s, seq: s.queue[0], bo: s.bo, ebo: s.ebo}
 		go func() {
 			defer l.jobs.Done()
 			l.toRec <- l.o.work(l.ctx, j)
+			l.freed <- struct{}{}
 		}()
 	}
 	// Drop the consumed front of the ready queue's backing array now and then.
@@ -344,7 +360,7 @@ func (l *loop) dispatch(now time.Time) {
 
 // finish takes a recorded outcome back into the stream's state.
 func (l *loop) finish(r outcome) {
-	l.inflight--
+	l.unsettled--
 	s := r.job.s
 	s.busy = false
 	log := l.o.log.With("stream", s.name, "seq", r.job.seq)

@@ -180,7 +180,12 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		c := *cfg.HTTPClient // a copy: the caller's client keeps its own redirect policy
 		o.client = &c
 	} else {
-		o.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// One kept-alive connection per request in flight: the default (2 per host) would
+		// close and re-dial most of them after every request.
+		tr.MaxIdleConnsPerHost = cfg.Concurrency
+		tr.MaxIdleConns = max(tr.MaxIdleConns, cfg.Concurrency)
+		o.client = &http.Client{Transport: tr}
 	}
 	// A redirect is answered like any other non-2xx status (dead letter: fix the URL). Following
 	// it would turn 301/302/303 into a GET without the body, and send the event to a host the

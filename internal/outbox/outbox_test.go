@@ -167,7 +167,13 @@ func (s *syncBuffer) String() string {
 
 func start(t *testing.T, cfg Config) *harness {
 	t.Helper()
-	st, err := store.Open(t.TempDir())
+	return startOn(t, t.TempDir(), cfg, nil)
+}
+
+// startOn runs an outbox over the store in dir, through wrap's Queue when wrap is not nil.
+func startOn(t *testing.T, dir string, cfg Config, wrap func(*store.Store) Queue) *harness {
+	t.Helper()
+	st, err := store.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +194,11 @@ func start(t *testing.T, cfg Config) *harness {
 		}
 	}
 	h.m = cfg.Metrics
-	h.ob, err = New(st, cfg)
+	var q Queue = st
+	if wrap != nil {
+		q = wrap(st)
+	}
+	h.ob, err = New(q, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +241,12 @@ func (h *harness) event(t *testing.T, id string) store.Event {
 // eventually polls cond; the bound is generous because it only matters when the test is broken.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	eventuallyWithin(t, 20*time.Second, what, cond)
+}
+
+func eventuallyWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

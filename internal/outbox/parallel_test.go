@@ -1,0 +1,338 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+)
+
+// inflightGauge counts the receiver's concurrent requests, overall and per stream.
+type inflightGauge struct {
+	mu         sync.Mutex
+	cur, peak  int
+	perStream  map[string]int
+	streamPeak int
+}
+
+func (g *inflightGauge) enter(stream string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.perStream == nil {
+		g.perStream = map[string]int{}
+	}
+	g.cur++
+	g.peak = max(g.peak, g.cur)
+	g.perStream[stream]++
+	g.streamPeak = max(g.streamPeak, g.perStream[stream])
+}
+
+func (g *inflightGauge) leave(stream string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cur--
+	g.perStream[stream]--
+}
+
+func (g *inflightGauge) get() (cur, peak, streamPeak int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cur, g.peak, g.streamPeak
+}
+
+func backlog(streams, perStream int) []store.Event {
+	var evs []store.Event
+	for n := 1; n <= perStream; n++ {
+		for s := range streams {
+			evs = append(evs, mkEvent(fmt.Sprintf("m/t%04d", s), n))
+		}
+	}
+	return evs
+}
+
+// checkOrder fails unless every stream's events were accepted exactly once each, in order.
+func checkOrder(t *testing.T, rc *receiver, streams, perStream int) {
+	t.Helper()
+	for s := range streams {
+		name := fmt.Sprintf("m/t%04d", s)
+		if got := rc.acceptedBy(name); !reflect.DeepEqual(got, seq(perStream)) {
+			t.Fatalf("stream %s arrived as %v", name, got)
+		}
+	}
+}
+
+// Many streams at once: several are delivered in parallel, never two events of one stream, and
+// each stream's events arrive in order.
+func TestParallelDeliveryKeepsPerThreadOrder(t *testing.T) {
+	rc := newReceiver(t)
+	var g inflightGauge
+	rc.setHandle(func(_ http.ResponseWriter, _ *http.Request, req request) int {
+		g.enter(req.Stream)
+		defer g.leave(req.Stream)
+		return http.StatusNoContent
+	})
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: 8})
+	const streams, per = 60, 8
+	h.commit(t, backlog(streams, per)...)
+	eventually(t, "all delivered", func() bool { p, _, dl := h.counts(); return p == 0 && dl == streams*per })
+	checkOrder(t, rc, streams, per)
+	if _, peak, streamPeak := g.get(); peak > 8 || streamPeak != 1 {
+		t.Fatalf("peak in flight %d (limit 8), per stream %d (want 1)", peak, streamPeak)
+	}
+	if n := len(rc.requests()); n != streams*per {
+		t.Fatalf("%d requests for %d events", n, streams*per)
+	}
+}
+
+// The limit on requests in flight holds, and is reached: the receiver holds every request until
+// as many as the limit are waiting.
+func TestConcurrencyLimit(t *testing.T) {
+	rc := newReceiver(t)
+	var g inflightGauge
+	gate := make(chan struct{})
+	rc.setHandle(func(_ http.ResponseWriter, r *http.Request, req request) int {
+		g.enter(req.Stream)
+		defer g.leave(req.Stream)
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+		}
+		return http.StatusOK
+	})
+	const limit = 5
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: limit})
+	h.commit(t, backlog(40, 2)...)
+	eventually(t, "the limit in flight", func() bool { cur, _, _ := g.get(); return cur == limit })
+	close(gate)
+	eventually(t, "all delivered", func() bool { _, _, dl := h.counts(); return dl == 80 })
+	if _, peak, streamPeak := g.get(); peak != limit || streamPeak != 1 {
+		t.Fatalf("peak in flight = %d, want %d; per stream %d", peak, limit, streamPeak)
+	}
+	checkOrder(t, rc, 40, 2)
+}
+
+// One thread's receiver never answers (until the test ends): every other thread's backlog
+// drains meanwhile, and the hung thread's later events are not sent.
+func TestHungReceiverForOneThreadDoesNotHoldOthers(t *testing.T) {
+	rc := newReceiver(t)
+	release := make(chan struct{})
+	rc.setHandle(func(_ http.ResponseWriter, r *http.Request, req request) int {
+		if req.Stream == "m/t0000" {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		return http.StatusOK
+	})
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: 4})
+	const streams, per = 100, 5
+	h.commit(t, backlog(streams, per)...)
+	eventually(t, "every other thread delivered", func() bool { _, _, dl := h.counts(); return dl == (streams-1)*per })
+	for _, r := range rc.requests() {
+		if r.Stream == "m/t0000" && r.N != 1 {
+			t.Fatalf("event %d of the hung thread sent while event 1 hangs", r.N)
+		}
+	}
+	close(release)
+	eventually(t, "the hung thread delivered", func() bool { _, _, dl := h.counts(); return dl == streams*per })
+	checkOrder(t, rc, streams, per)
+}
+
+// A backlog of 20,000 events over 2,000 threads drains completely, in order per thread.
+func TestLargeBacklogDrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20,000 deliveries")
+	}
+	rc := newReceiver(t)
+	dir := t.TempDir()
+	const streams, per = 2000, 10
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := backlog(streams, per)
+	for i := 0; i < len(evs); i += 1000 {
+		if err := st.Commit(store.Batch{Events: evs[i:min(i+1000, len(evs))]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	h := startOn(t, dir, Config{URL: rc.srv.URL}, nil)
+	// A safety net only (this machine may be loaded, and -race slows every request).
+	eventuallyWithin(t, 5*time.Minute, "the backlog drained", func() bool { p, _, dl := h.counts(); return p == 0 && dl == streams*per })
+	checkOrder(t, rc, streams, per)
+	if n := len(rc.requests()); n != streams*per {
+		t.Fatalf("%d requests for %d events", n, streams*per)
+	}
+	if v := value(h.m.recordBatch); v >= streams*per {
+		t.Fatalf("%v record transactions for %d outcomes: no group commit", v, streams*per)
+	}
+}
+
+// The counts (/healthz, gauges) are right after a restart and after a dead-letter requeue.
+func TestCountsAfterRestartAndRequeue(t *testing.T) {
+	rc := newReceiver(t)
+	var reject atomic.Bool
+	reject.Store(true)
+	rc.setHandle(func(_ http.ResponseWriter, _ *http.Request, req request) int {
+		if reject.Load() && req.N == 1 {
+			return http.StatusBadRequest
+		}
+		return http.StatusOK
+	})
+	dir := t.TempDir()
+	h := startOn(t, dir, Config{URL: rc.srv.URL}, nil)
+	h.commit(t, backlog(3, 2)...) // event 1 of each stream dies, event 2 is delivered
+	eventually(t, "first run settled", func() bool { p, d, dl := h.counts(); return p == 0 && d == 3 && dl == 3 })
+	eventually(t, "gauges", func() bool { return value(h.m.dead) == 3 && value(h.m.pending) == 0 })
+	h.stop()
+	h.st.Close()
+
+	reject.Store(false)
+	h = startOn(t, dir, Config{URL: rc.srv.URL}, nil)
+	if p, d, dl := h.counts(); p != 0 || d != 3 || dl != 3 {
+		t.Fatalf("after restart: %d %d %d", p, d, dl)
+	}
+	eventually(t, "gauges after restart", func() bool { return value(h.m.dead) == 3 })
+	if n, err := h.ob.RetryDead(); n != 3 || err != nil {
+		t.Fatalf("RetryDead = %d %v", n, err)
+	}
+	eventually(t, "requeued delivered", func() bool { p, d, dl := h.counts(); return p == 0 && d == 0 && dl == 6 })
+	eventually(t, "gauges after requeue", func() bool { return value(h.m.dead) == 0 && value(h.m.pending) == 0 })
+}
+
+// crashingQueue makes Record "crash" from its n-th call on: the batch never becomes durable and
+// the call only returns (with an error) once the test releases it, as if the process had died
+// in the middle of the fsync.
+type crashingQueue struct {
+	*store.Store
+	n       atomic.Int32
+	crashAt int32
+	crashed chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+var errCrashed = errors.New("crashed")
+
+func (q *crashingQueue) Record(ops []store.Op) ([]error, error) {
+	if q.n.Add(1) >= q.crashAt {
+		q.once.Do(func() { close(q.crashed) })
+		<-q.release
+		return nil, errCrashed
+	}
+	return q.Store.Record(ops)
+}
+
+// Outcomes recorded in batches survive a crash: after a restart nothing recorded as delivered is
+// sent again; only events of the batch being written when the process died (and those never
+// attempted) are, with the same webhook-id.
+func TestBatchedRecordsSurviveCrash(t *testing.T) {
+	rc := newReceiver(t)
+	dir := t.TempDir()
+	q := &crashingQueue{crashAt: 4, crashed: make(chan struct{}), release: make(chan struct{})}
+	h := startOn(t, dir, Config{URL: rc.srv.URL, Concurrency: 8}, func(st *store.Store) Queue { q.Store = st; return q })
+	const streams, per = 30, 4
+	h.commit(t, backlog(streams, per)...)
+	<-q.crashed
+	// The "dead" process delivers nothing more: wait until its workers are all stuck on the
+	// recorder, then stop it.
+	firstRun := func() map[string]int {
+		got := map[string]int{}
+		for _, r := range rc.requests() {
+			got[r.ID]++
+		}
+		return got
+	}
+	close(q.release)
+	h.stop()
+	sentBefore := firstRun()
+	durable, _ := h.st.Pending(0)
+	pendingAfterCrash := map[string]bool{}
+	for _, e := range durable {
+		pendingAfterCrash[e.ID] = true
+	}
+	h.st.Close()
+	if len(pendingAfterCrash) == 0 || len(pendingAfterCrash) == streams*per {
+		t.Fatalf("%d pending after the crash: the test did not crash mid-drain", len(pendingAfterCrash))
+	}
+
+	rc2 := newReceiver(t)
+	h2 := startOn(t, dir, Config{URL: rc2.srv.URL}, nil)
+	eventually(t, "drained after restart", func() bool { p, _, dl := h2.counts(); return p == 0 && dl == streams*per })
+	for _, r := range rc2.requests() {
+		if !pendingAfterCrash[r.ID] {
+			t.Fatalf("%s was recorded delivered before the crash and sent again", r.ID)
+		}
+	}
+	resent := 0
+	for _, r := range rc2.requests() {
+		if sentBefore[r.ID] > 0 {
+			resent++ // an unrecorded delivery: sent once more, same webhook-id
+		}
+	}
+	// Unrecorded at the crash: the batch being written and the outcomes waiting for it, at most
+	// the workers' (8), the recorder's queue (8) and what it took from there (8).
+	if resent > 3*8 {
+		t.Fatalf("%d events sent again: more than could be waiting for their record", resent)
+	}
+	t.Logf("%d of %d events sent again after the crash", resent, streams*per)
+	// Order holds across the crash: per stream, the first run's accepted events and the
+	// second run's continue each other.
+	for s := range streams {
+		name := fmt.Sprintf("m/t%04d", s)
+		var ns []int
+		for _, n := range append(rc.acceptedBy(name), rc2.acceptedBy(name)...) {
+			if len(ns) == 0 || n != ns[len(ns)-1] { // a resent event repeats the last one
+				ns = append(ns, n)
+			}
+		}
+		if !reflect.DeepEqual(ns, seq(per)) {
+			t.Fatalf("stream %s: %v", name, ns)
+		}
+	}
+}
+
+// failingQueue fails Record n times (a full disk), then works.
+type failingQueue struct {
+	*store.Store
+	fails atomic.Int32
+}
+
+func (q *failingQueue) Record(ops []store.Op) ([]error, error) {
+	if q.fails.Add(-1) >= 0 {
+		return nil, errors.New("write t3code-mcp.db: no space left on device")
+	}
+	return q.Store.Record(ops)
+}
+
+// When the outcome cannot be recorded the event stays pending and is sent again, after a pause,
+// not in a hot loop.
+func TestRecordFailurePausesAndResends(t *testing.T) {
+	rc := newReceiver(t)
+	q := &failingQueue{}
+	q.fails.Store(2)
+	h := startOn(t, t.TempDir(), Config{URL: rc.srv.URL}, func(st *store.Store) Queue { q.Store = st; return q })
+	e := mkEvent("m/a", 1)
+	h.commit(t, e)
+	eventually(t, "delivered", func() bool { return h.event(t, e.ID).State == store.StateDelivered })
+	if n := len(rc.requests()); n != 3 {
+		t.Fatalf("%d requests: want 3 (two unrecorded, one recorded)", n)
+	}
+	for _, r := range rc.requests() {
+		if r.ID != e.ID {
+			t.Fatalf("webhook-id %s", r.ID)
+		}
+	}
+	if !strings.Contains(h.logs.String(), "outbox: recording the attempt") {
+		t.Fatal("the failure is not logged")
+	}
+}
