@@ -146,14 +146,18 @@ func TestHungReceiverForOneThreadDoesNotHoldOthers(t *testing.T) {
 	checkOrder(t, rc, streams, per)
 }
 
-// A backlog of 20,000 events over 2,000 threads drains completely, in order per thread.
+// A backlog of 20,000 events over 2,000 threads drains completely, in order per thread (4,000
+// over 2,000 under the race detector).
 func TestLargeBacklogDrains(t *testing.T) {
 	if testing.Short() {
 		t.Skip("20,000 deliveries")
 	}
 	rc := newReceiver(t)
 	dir := t.TempDir()
-	const streams, per = 2000, 10
+	streams, per := 2000, 10
+	if raceEnabled {
+		per = 2
+	}
 	st, err := store.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +176,7 @@ func TestLargeBacklogDrains(t *testing.T) {
 	if n := len(rc.requests()); n != streams*per {
 		t.Fatalf("%d requests for %d events", n, streams*per)
 	}
-	if v := value(h.m.recordBatch); v >= streams*per {
+	if v := value(h.m.recordBatch); v >= float64(streams*per) {
 		t.Fatalf("%v record transactions for %d outcomes: no group commit", v, streams*per)
 	}
 }
