@@ -691,7 +691,11 @@ func (h *harness) threadTool(ctx context.Context) error {
 			direct, size = append(direct, time.Since(t0)), n
 		}
 	}
-	h.rep.ThreadTool = &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5), Bytes: size, Latency: dist(lat), Direct: dist(direct), Usage: usage,
+	bounded, err := h.big.get(ctx, "/api/orchestration/threads/"+tid+"/bounded")
+	if err != nil {
+		return err
+	}
+	h.rep.ThreadTool = &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5), Bytes: size, BoundedBytes: bounded, Latency: dist(lat), Direct: dist(direct), Usage: usage,
 		CPUPerCall: usage.CPU / time.Duration(h.cfg.ThreadCalls+1)}
 	h.logf("t3_thread: %s; the fake's GET alone: %s", h.rep.ThreadTool.Latency, h.rep.ThreadTool.Direct)
 	return nil

@@ -229,7 +229,12 @@ func (m *machine) bigThread(runs int) error {
 // getThread reads GET /api/orchestration/threads/{id} and returns the body's size: the fake's
 // side of a thread read, without any decoding.
 func (m *machine) getThread(ctx context.Context, tid string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.fk.URL()+"/api/orchestration/threads/"+tid, nil)
+	return m.get(ctx, "/api/orchestration/threads/"+tid)
+}
+
+// get reads one of the fake's orchestration routes and returns the body's size.
+func (m *machine) get(ctx context.Context, path string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.fk.URL()+path, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -242,7 +247,7 @@ func (m *machine) getThread(ctx context.Context, tid string) (int, error) {
 	defer res.Body.Close()
 	n, err := io.Copy(io.Discard, res.Body)
 	if err == nil && res.StatusCode != http.StatusOK {
-		err = fmt.Errorf("GET thread %s: %s", tid, res.Status)
+		err = fmt.Errorf("GET %s: %s", path, res.Status)
 	}
 	return int(n), err
 }

@@ -120,11 +120,13 @@ type Startup struct {
 
 // ThreadTool is t3_thread on the big thread.
 type ThreadTool struct {
-	Items   int   `json:"items"`
-	Bytes   int   `json:"bytes"`   // the thread's GET body
-	Latency Dist  `json:"latency"` // t3_thread through MCP
-	Direct  Dist  `json:"direct"`  // the same GET straight from the fake T3, body read, not decoded
-	Usage   Usage `json:"usage"`   // the connector during the t3_thread calls
+	Items int `json:"items"`
+	Bytes int `json:"bytes"` // the thread's GET body
+	// BoundedBytes is the body of GET …/threads/{id}/bounded, the read t3_thread makes.
+	BoundedBytes int   `json:"bounded_bytes"`
+	Latency      Dist  `json:"latency"` // t3_thread through MCP
+	Direct       Dist  `json:"direct"`  // the same GET straight from the fake T3, body read, not decoded
+	Usage        Usage `json:"usage"`   // the connector during the t3_thread calls
 	// CPUPerCall is the connector's CPU (utime+stime) per t3_thread call.
 	CPUPerCall time.Duration `json:"cpu_per_call_ns"`
 }
@@ -237,7 +239,7 @@ func (r *Report) Text() string {
 	p("           RSS once synced and idle: %s (anonymous %s, file-backed %s; Go heap in use %s, idle not returned %s, next GC at %s; state file %s)",
 		mb(s.IdleRSS), mb(s.RssAnonKB), mb(s.RssFileKB), mb(s.HeapInuseKB), mb(s.HeapRetainKB), mb(s.NextGCKB), mb(s.StateFileKB))
 	if t := r.ThreadTool; t != nil {
-		p("t3_thread  %d-item thread (%.1f MiB): %s", t.Items, float64(t.Bytes)/(1<<20), t.Latency)
+		p("t3_thread  %d-item thread (%.1f MiB; its bounded read %.1f MiB): %s", t.Items, float64(t.Bytes)/(1<<20), float64(t.BoundedBytes)/(1<<20), t.Latency)
 		p("           the fake T3's GET of it alone:  %s", t.Direct)
 		p("           connector: %s; %s CPU per call", t.Usage, ms(t.CPUPerCall))
 	}

@@ -46,7 +46,7 @@ var reportFields = []string{
 	"startup", "startup.seed_ns", "startup.ready_ns", "startup.synced_ns", "startup.idle_rss_kb", "startup.rss_anon_kb",
 	"startup.rss_file_kb", "startup.heap_inuse_kb", "startup.heap_retained_kb", "startup.next_gc_kb", "startup.state_file_kb",
 	"startup.threads", "startup.watched",
-	"thread_tool", "thread_tool.items", "thread_tool.bytes",
+	"thread_tool", "thread_tool.items", "thread_tool.bytes", "thread_tool.bounded_bytes",
 	"thread_tool.latency", "thread_tool.latency.n", "thread_tool.latency.p50_ns", "thread_tool.latency.p99_ns", "thread_tool.latency.max_ns", "thread_tool.latency.mean_ns",
 	"thread_tool.direct", "thread_tool.direct.n", "thread_tool.direct.p50_ns", "thread_tool.direct.p99_ns", "thread_tool.direct.max_ns", "thread_tool.direct.mean_ns",
 	"thread_tool.usage", "thread_tool.usage.wall_ns", "thread_tool.usage.cpu_ns", "thread_tool.usage.cores", "thread_tool.usage.max_rss_kb", "thread_tool.usage.harness_cores", "thread_tool.usage.loadavg",
