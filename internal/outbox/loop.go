@@ -83,6 +83,18 @@ type loop struct {
 	recDone   chan struct{}
 }
 
+func (o *Outbox) newLoop(ctx context.Context) *loop {
+	return &loop{
+		o: o, ctx: ctx, streams: map[string]*stream{},
+		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
+		// ever blocks on a loop that is busy elsewhere.
+		freed:   make(chan struct{}, o.cfg.Concurrency),
+		toRec:   make(chan outcome, o.cfg.Concurrency),
+		fromRec: make(chan outcome, o.cfg.Concurrency),
+		recDone: make(chan struct{}),
+	}
+}
+
 // Run delivers events until ctx is done, then cancels the requests in flight, records the
 // outcomes already known, waits for its goroutines and returns. An event whose request was
 // cancelled by the shutdown is not counted as an attempt; it is sent again on the next Run.
@@ -93,15 +105,7 @@ func (o *Outbox) Run(ctx context.Context) {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	l := &loop{
-		o: o, ctx: ctx, streams: map[string]*stream{},
-		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
-		// ever blocks on a loop that is busy elsewhere.
-		freed:   make(chan struct{}, o.cfg.Concurrency),
-		toRec:   make(chan outcome, o.cfg.Concurrency),
-		fromRec: make(chan outcome, o.cfg.Concurrency),
-		recDone: make(chan struct{}),
-	}
+	l := o.newLoop(ctx)
 	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec) }()
 	defer func() {
 		cancel()

@@ -193,3 +193,49 @@ func BenchmarkCommitEventLargeStore(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
+
+// benchRecord records b.N deliveries, perTx outcomes per transaction (the outbox's recorder
+// batches whatever outcomes wait for it): ns/op is per event.
+func benchRecord(b *testing.B, perTx int) {
+	s := openBench(b)
+	var batch []store.Event
+	for i := 0; i < b.N; i++ {
+		batch = append(batch, benchEvent(i))
+		if len(batch) == 256 || i == b.N-1 {
+			if err := s.Commit(store.Batch{Events: batch}); err != nil {
+				b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	now := time.Now()
+	ops := make([]store.Op, 0, perTx)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ops = append(ops, store.Op{ID: "evt_" + strconv.Itoa(i), Kind: store.OpDelivered, At: now})
+		if len(ops) == perTx || i == b.N-1 {
+			errs, err := s.Record(ops)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, err := range errs {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			ops = ops[:0]
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkRecord1: one delivery per transaction (what MarkDelivered does).
+func BenchmarkRecord1(b *testing.B) { benchRecord(b, 1) }
+
+// BenchmarkRecord32: 32 deliveries per transaction (a full round of the default concurrency).
+func BenchmarkRecord32(b *testing.B) { benchRecord(b, 32) }
+
+// BenchmarkRecord256: 256 deliveries per transaction (a drained backlog's batches).
+func BenchmarkRecord256(b *testing.B) { benchRecord(b, 256) }
