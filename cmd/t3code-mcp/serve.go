@@ -21,6 +21,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/demo"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/tools"
 )
 
 // configPath is the machines file to use: T3CODE_MCP_CONFIG (--config), else
@@ -282,15 +283,12 @@ func cancelOnStop(srv *mcp.Server) (stop func()) {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			ctx, cancel := context.WithCancelCause(ctx)
 			defer cancel(nil)
-			defer context.AfterFunc(stopped, func() { cancel(errShuttingDown) })()
+			defer context.AfterFunc(stopped, func() { cancel(tools.ErrShuttingDown) })()
 			return next(ctx, method, req)
 		}
 	})
 	return stop
 }
-
-// errShuttingDown is the cause of calls ended by a shutdown.
-var errShuttingDown = errors.New("the connector is shutting down; the thread goes on in T3: call t3_wait again once the connector is back")
 
 // refuseStdio answers every JSON-RPC request on in (the first is the
 // client's initialize) with an error carrying msg until the client closes

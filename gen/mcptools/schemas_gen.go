@@ -303,19 +303,17 @@ const inputDispatch = `{
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
-    "machine",
-    "project",
     "prompt"
   ],
   "additionalProperties": false,
   "properties": {
     "machine": {
       "type": "string",
-      "description": "Machine name from t3_machines; the machine must be online."
+      "description": "Machine name from t3_machines; the machine must be online. Required for a new thread; may be left out with thread_id."
     },
     "project": {
       "type": "string",
-      "description": "The project to work in, from t3_projects: its id, its title or its workspace path."
+      "description": "The project to work in, from t3_projects: its id, its title or its workspace path. Required for a new thread; may be left out with thread_id."
     },
     "prompt": {
       "type": "string",
@@ -332,7 +330,7 @@ const inputDispatch = `{
     },
     "thread_id": {
       "type": "string",
-      "description": "Continue this existing thread (on the same machine and project) instead of creating one; it must be idle."
+      "description": "Continue this existing thread instead of creating one (then prompt is all it needs); it must be idle."
     },
     "watch": {
       "type": "boolean",

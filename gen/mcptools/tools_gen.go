@@ -245,10 +245,12 @@ func (s *ChangedFile) SetDeletions(val OptInt) {
 
 // Ref: #/$defs/DispatchInput
 type DispatchInput struct {
-	// Machine name from t3_machines; the machine must be online.
-	Machine string `json:"machine"`
-	// The project to work in, from t3_projects: its id, its title or its workspace path.
-	Project string `json:"project"`
+	// Machine name from t3_machines; the machine must be online. Required for a new thread; may be left
+	// out with thread_id.
+	Machine OptString `json:"machine"`
+	// The project to work in, from t3_projects: its id, its title or its workspace path. Required for a
+	// new thread; may be left out with thread_id.
+	Project OptString `json:"project"`
 	// What the coding agent should do, written as you would to a capable engineer who sees only this
 	// message and the workspace: the goal, constraints, and how to check the result.
 	Prompt string `json:"prompt"`
@@ -257,7 +259,7 @@ type DispatchInput struct {
 	// Model for a new thread as instanceId/model, e.g. codex/gpt-5.6-sol (default: the project's
 	// default_model). Ignored with thread_id.
 	Model OptString `json:"model"`
-	// Continue this existing thread (on the same machine and project) instead of creating one; it must be
+	// Continue this existing thread instead of creating one (then prompt is all it needs); it must be
 	// idle.
 	ThreadID OptString `json:"thread_id"`
 	// Send webhook events for this thread (default true).
@@ -265,12 +267,12 @@ type DispatchInput struct {
 }
 
 // GetMachine returns the value of Machine.
-func (s *DispatchInput) GetMachine() string {
+func (s *DispatchInput) GetMachine() OptString {
 	return s.Machine
 }
 
 // GetProject returns the value of Project.
-func (s *DispatchInput) GetProject() string {
+func (s *DispatchInput) GetProject() OptString {
 	return s.Project
 }
 
@@ -300,12 +302,12 @@ func (s *DispatchInput) GetWatch() OptBool {
 }
 
 // SetMachine sets the value of Machine.
-func (s *DispatchInput) SetMachine(val string) {
+func (s *DispatchInput) SetMachine(val OptString) {
 	s.Machine = val
 }
 
 // SetProject sets the value of Project.
-func (s *DispatchInput) SetProject(val string) {
+func (s *DispatchInput) SetProject(val OptString) {
 	s.Project = val
 }
 
@@ -4020,12 +4022,16 @@ func (s *DispatchInput) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *DispatchInput) encodeFields(e *jx.Encoder) {
 	{
-		e.FieldStart("machine")
-		e.Str(s.Machine)
+		if s.Machine.Set {
+			e.FieldStart("machine")
+			s.Machine.Encode(e)
+		}
 	}
 	{
-		e.FieldStart("project")
-		e.Str(s.Project)
+		if s.Project.Set {
+			e.FieldStart("project")
+			s.Project.Encode(e)
+		}
 	}
 	{
 		e.FieldStart("prompt")
@@ -4078,11 +4084,9 @@ func (s *DispatchInput) Decode(d *jx.Decoder) error {
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
 		case "machine":
-			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
-				v, err := d.Str()
-				s.Machine = string(v)
-				if err != nil {
+				s.Machine.Reset()
+				if err := s.Machine.Decode(d); err != nil {
 					return err
 				}
 				return nil
@@ -4090,11 +4094,9 @@ func (s *DispatchInput) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"machine\"")
 			}
 		case "project":
-			requiredBitSet[0] |= 1 << 1
 			if err := func() error {
-				v, err := d.Str()
-				s.Project = string(v)
-				if err != nil {
+				s.Project.Reset()
+				if err := s.Project.Decode(d); err != nil {
 					return err
 				}
 				return nil
@@ -4163,7 +4165,7 @@ func (s *DispatchInput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [1]uint8{
-		0b00000111,
+		0b00000100,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.

@@ -398,3 +398,30 @@ func TestToolsListAnnotations(t *testing.T) {
 		}
 	}
 }
+
+// A follow-up needs only thread_id and prompt: the thread knows its machine
+// and project. A machine or project that does not match is refused, saying
+// they can be left out; a new thread without them says what it needs.
+func TestFollowUpNeedsOnlyThreadIDAndPrompt(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	h.waitOnline("mac")
+	c := h.client("")
+	tid := str(c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "first"}), "thread_id")
+	if w := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 30}); w["reason"] != "completed" {
+		t.Fatalf("first wait = %v", w)
+	}
+	if got := str(c.ok("t3_dispatch", map[string]any{"thread_id": tid, "prompt": "second"}), "thread_id"); got != tid {
+		t.Fatalf("follow-up went to %q, want %q", got, tid)
+	}
+	w := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 30})
+	runs, _ := w["state"].(map[string]any)["runs"].([]any)
+	if w["reason"] != "completed" || len(runs) == 0 || !strings.HasPrefix(str(runs[len(runs)-1].(map[string]any), "reply"), "Done: second") {
+		t.Fatalf("follow-up wait = %v", w)
+	}
+	c.fails("t3_dispatch", map[string]any{"thread_id": tid, "machine": "other", "prompt": "x"},
+		`t3_dispatch: thread "`+tid+`" is on machine "mac", not "other"; with thread_id, machine and project can be left out`)
+	c.fails("t3_dispatch", map[string]any{"thread_id": tid, "project": "web", "prompt": "x"},
+		`belongs to project "api" (/srv/api), not "web"; with thread_id, machine and project can be left out`)
+	c.fails("t3_dispatch", map[string]any{"machine": "mac", "prompt": "x"},
+		"t3_dispatch: a new thread needs machine and project (from t3_machines and t3_projects); to continue a thread, pass its thread_id and the prompt only")
+}

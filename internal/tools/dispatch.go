@@ -25,16 +25,12 @@ func dispatchTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
+		machine, project := strings.TrimSpace(in.Machine.Or("")), strings.TrimSpace(in.Project.Or(""))
+		threadID := strings.TrimSpace(in.ThreadID.Or(""))
 		// Recorded as asked until resolved below.
-		c.Audit.Machine, c.Audit.Project = strings.TrimSpace(in.Machine), strings.TrimSpace(in.Project)
-		if tid, ok := in.ThreadID.Get(); ok {
-			c.Audit.Thread = strings.TrimSpace(tid)
-		}
+		c.Audit.Machine, c.Audit.Project, c.Audit.Thread = machine, project, threadID
 		if in.Prompt != "" {
 			c.Audit.SetPrompt(in.Prompt)
-		}
-		if err := requireText(tool, "machine", in.Machine); err != nil {
-			return Result{}, err
 		}
 		if err := requireText(tool, "prompt", in.Prompt); err != nil {
 			return Result{}, err
@@ -42,7 +38,18 @@ func dispatchTool(d *Deps) Handler {
 		if n := utf8.RuneCountInString(in.Prompt); n > d.Limits.MaxPromptChars {
 			return Result{}, fmt.Errorf("%s: prompt is %d characters, more than the limit of %d (T3CODE_MCP_MAX_PROMPT_CHARS); shorten it or put the details in a file in the workspace", tool, n, d.Limits.MaxPromptChars)
 		}
-		m, err := d.Fleet.Machine(in.Machine)
+		watch := in.Watch.Or(true)
+		if threadID != "" {
+			// A follow-up: the thread knows its machine and project.
+			return continueThread(ctx, d, c, threadID, in, watch)
+		}
+		if machine == "" || project == "" {
+			return Result{}, fmt.Errorf("%s: a new thread needs machine and project (from t3_machines and t3_projects); to continue a thread, pass its thread_id and the prompt only", tool)
+		}
+		if err := requireText(tool, "machine", in.Machine.Or("")); err != nil {
+			return Result{}, err
+		}
+		m, err := d.Fleet.Machine(machine)
 		if err != nil {
 			return Result{}, err
 		}
@@ -53,14 +60,7 @@ func dispatchTool(d *Deps) Handler {
 		if err := m.Ready(); err != nil {
 			return Result{}, err
 		}
-		watch := in.Watch.Or(true)
-		if tid, ok := in.ThreadID.Get(); ok && strings.TrimSpace(tid) != "" {
-			return continueThread(ctx, d, c, m, strings.TrimSpace(tid), in, watch)
-		}
-		if err := requireText(tool, "project", in.Project); err != nil {
-			return Result{}, err
-		}
-		p, err := m.Project(in.Project)
+		p, err := m.Project(project)
 		if err != nil {
 			return Result{}, err
 		}
@@ -126,17 +126,28 @@ func dispatchTool(d *Deps) Handler {
 }
 
 // continueThread sends the prompt as the next run of an existing thread.
-func continueThread(ctx context.Context, d *Deps, c *Call, m *fleet.Machine, threadID string, in mcptools.DispatchInput, watch bool) (Result, error) {
+func continueThread(ctx context.Context, d *Deps, c *Call, threadID string, in mcptools.DispatchInput, watch bool) (Result, error) {
 	const tool = mcptools.ToolDispatch
+	if strings.ContainsRune(threadID, 0) {
+		return Result{}, fmt.Errorf("%s: thread_id contains a NUL character", tool)
+	}
 	found, err := d.Fleet.Thread(threadID)
 	if err != nil {
 		return Result{}, err
 	}
-	if found.Machine != m {
-		return Result{}, fmt.Errorf("%s: thread %q is on machine %q, not %q; pass machine %q", tool, threadID, found.Machine.Name, m.Name, found.Machine.Name)
+	m := found.Machine
+	c.Audit.Machine = m.Name
+	if name := strings.TrimSpace(in.Machine.Or("")); name != "" && name != m.Name {
+		return Result{}, fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, fleet.Quoted(name))
 	}
-	if ref := strings.TrimSpace(in.Project); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
-		return Result{}, fmt.Errorf("%s: thread %q belongs to project %q (%s), not %q; leave project empty or pass that one", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, ref)
+	if ref := strings.TrimSpace(in.Project.Or("")); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
+		return Result{}, fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, fleet.Quoted(ref))
+	}
+	if m.Config.ReadOnly() {
+		return Result{}, refuseReadOnly(tool, m, "start threads or send prompts")
+	}
+	if err := m.Ready(); err != nil {
+		return Result{}, err
 	}
 	c.Audit.Project = found.Project.Title
 	current := "the thread's own"

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -155,6 +156,9 @@ func waitTool(d *Deps) Handler {
 		defer cancel()
 		r, err := wait.Wait(wctx, m.Watcher(), target, opts)
 		if err != nil {
+			if cause := context.Cause(ctx); errors.Is(cause, ErrShuttingDown) {
+				return Result{}, fmt.Errorf("%s: thread %q: %w", tool, f.Shell.ID, ErrShuttingDown)
+			}
 			if ctx.Err() != nil {
 				// The client gave up (cancelled, closed its stream or its
 				// session): nobody reads a result, and the slot is free now.

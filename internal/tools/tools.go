@@ -30,6 +30,10 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
+// ErrShuttingDown is the cause a connector that is stopping gives the calls
+// still running (see cmd/t3code-mcp): a wait ended by it says so.
+var ErrShuttingDown = errors.New("the connector is shutting down; the run goes on in T3: call t3_wait again once the connector is back")
+
 // OriginHeader carries the caller's conversation origin; it is recorded with
 // every thread the call dispatches and travels back on every event.
 const OriginHeader = "X-Conversation-Origin"
