@@ -23,7 +23,7 @@ const goldenDir = "testdata/toolschemas"
 var toolArgs = map[string]struct{ all, required []string }{
 	mcptools.ToolMachines:  {nil, nil},
 	mcptools.ToolProjects:  {[]string{"machine"}, []string{"machine"}},
-	mcptools.ToolDispatch:  {[]string{"machine", "project", "prompt", "title", "model", "thread_id", "watch"}, []string{"machine", "project", "prompt"}},
+	mcptools.ToolDispatch:  {[]string{"machine", "project", "prompt", "title", "model", "thread_id", "watch"}, []string{"prompt"}},
 	mcptools.ToolThread:    {[]string{"thread_id", "turns"}, []string{"thread_id"}},
 	mcptools.ToolWait:      {[]string{"thread_id", "timeout"}, []string{"thread_id"}},
 	mcptools.ToolAnswer:    {[]string{"thread_id", "answers", "decision"}, []string{"thread_id"}},
