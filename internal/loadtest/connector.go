@@ -70,6 +70,12 @@ func startConnector(bin, dir string, env []string) (*connector, error) {
 	if err != nil {
 		return nil, err
 	}
+	if strings.ContainsRune(bin, filepath.Separator) {
+		// The child runs in dir: a relative path such as ./t3code-mcp is the caller's.
+		if abs, err := filepath.Abs(bin); err == nil {
+			bin = abs
+		}
+	}
 	cmd := exec.Command(bin, "serve")
 	cmd.Dir = dir
 	cmd.Env = append([]string{
