@@ -287,7 +287,8 @@ func New(s Settings, o Options) (*App, error) {
 	a.MCP = server.NewMCPServer(a.Deps, o.Version)
 	a.Handler = server.Handler(a.MCP, fl, server.Options{Version: o.Version,
 		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
-		Health: func() map[string]any { return server.OutboxHealth(st, s.HookURL != "") },
+		Health:       func() map[string]any { return server.OutboxHealth(st, s.HookURL != "") },
+		OnSessionEnd: a.Deps.EndSession,
 	})
 	return a, nil
 }

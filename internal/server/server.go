@@ -54,6 +54,10 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Health adds fields to /healthz (events, outbox).
 	Health func() map[string]any
+	// OnSessionEnd, when set, is called with the session id of a DELETE /mcp
+	// before the SDK closes the session (which waits for the session's calls
+	// to return): tools end their long calls (t3_wait) there.
+	OnSessionEnd func(sessionID string)
 }
 
 // Handler serves /mcp, /healthz and /metrics.
@@ -69,9 +73,19 @@ func Handler(srv *mcp.Server, f *fleet.Fleet, o Options) http.Handler {
 		MaxRequestBodyBytes: o.MaxBodyBytes,
 		Logger:              sdkLogger(o.Logger),
 	})
+	var mcpEntry = abandonedCalls(mcpHandler, o.MaxBodyBytes)
+	if o.OnSessionEnd != nil {
+		inner := mcpEntry
+		mcpEntry = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if id := r.Header.Get("Mcp-Session-Id"); r.Method == http.MethodDelete && id != "" {
+				o.OnSessionEnd(id)
+			}
+			inner.ServeHTTP(w, r)
+		})
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", requireBearer(o.Token, mcpHandler))
-	mux.Handle("/mcp/", requireBearer(o.Token, mcpHandler))
+	mux.Handle("/mcp", requireBearer(o.Token, mcpEntry))
+	mux.Handle("/mcp/", requireBearer(o.Token, mcpEntry))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")

@@ -341,6 +341,14 @@ func (s *Server) respond(c *t3rpc.RuntimeRequestRespondCommand) (int64, *t3rpc.T
 	if r == nil || r.requestID != rr.ID || r.interrupting {
 		return 0, dispatchError(c.CommandId, "runtime-request.respond", "Runtime request "+c.RequestId+" is cancelled.")
 	}
+	if rc, ok := rr.ResponseCapability.Get(); ok && rc.Type == "not_resumable" {
+		// Not recorded: t3fake refuses, where T3 may accept and deliver nothing.
+		return 0, dispatchError(c.CommandId, "runtime-request.respond", "Runtime request "+rr.ID+" cannot be resumed.")
+	}
+	if rr.Kind != "user_input" {
+		s.decide(r, c)
+		return s.head, nil
+	}
 	// Like T3, the answers are not checked against the questions; they are recorded as sent.
 	answers := map[string][]string{}
 	if a, set := c.Answers.Get(); set {

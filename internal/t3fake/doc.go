@@ -6,7 +6,8 @@
 //
 // It has three users, which is why it looks the way it does:
 //   - the connector's tests: fault switches (DropConnections, RefuseTickets, SetUnauthorized,
-//     StopPongs, StallStreams, HTTPFail, HTTPHang, Restart, SetProtocol) and, with
+//     StopPongs, StallStreams, HTTPFail, HTTPHang, Restart, SetProtocol, RefuseDispatch,
+//     BoundedRoute, ArchiveThread) and, with
 //     Options.ManualSteps, runs that advance only when the test calls Step;
 //   - benchmarks and the load harness: one mutex-guarded state machine, every stream item encoded
 //     once and shared by all subscribers, a bounded replay log, AddThread for bulk seeding, Stats
@@ -39,6 +40,23 @@
 //	fail               fail      starting → running → an error turn item {failure: {class:
 //	                             "provider_error", message: "Simulated provider failure: <prompt>"}}
 //	                             → failed
+//	approv…, permission approval starting → running → command_execution `cat server/package.json`
+//	                             and a pending approval of kind command (fixture 18: an
+//	                             approval_request item with requestKind and the command as prompt, no
+//	                             options). A decision resolves it: accept/acceptForSession/decline →
+//	                             the run goes on and completes; cancel → the run ends cancelled.
+//	                             Answers instead of a decision resolve it too, and the run then hangs
+//	                             until run.interrupt, as T3's does
+//	elicit             elicitation a form elicitation as a user_input question (fixture 19: id
+//	                             "approved", "Approve this request?", options true|false) → completed
+//	stale              stale     a user_input request whose responseCapability is not_resumable;
+//	                             answering it fails (not recorded: T3 may accept and deliver nothing);
+//	                             only run.interrupt ends the run
+//
+// A message.dispatch on a busy thread queues the run (fixture 21): run.created with status queued,
+// the row's latestRunId on it while activeRunId stays on the running run, and the row's status
+// following the newest run (queued; cancelled after queued-run.cancel of the newest). The queued
+// runs start by themselves, in order, once the active run ends.
 //
 // Any run in preparing, starting, running or waiting (including a question waiting for its
 // answer, whose request is then cancelled) can be interrupted. Runs are numbered like T3's:
@@ -64,9 +82,9 @@
 //     Chunk waits for its Ack, as T3 does;
 //   - the replay window is one number for shell and thread streams: a gap (head − afterSequence)
 //     larger than Options.ReplayLimit gives a snapshot instead of a replay;
-//   - message.dispatch on a thread with an active run is refused instead of queued, and only
-//     thread.create, message.dispatch, run.interrupt, runtime-request.respond and
-//     thread.model-selection.set are implemented; the other T3 command types fail with
+//   - only thread.create, message.dispatch (start_immediately and queue_after_active, which both
+//     queue on a busy thread), run.interrupt, runtime-request.respond, thread.model-selection.set,
+//     queued-run.cancel and thread.archive are implemented; the other T3 command types fail with
 //     OrchestrationV2DispatchCommandError, unknown ones with T3's Die;
 //   - getThreadProjection and /threads/{id} return the whole projection; /bounded returns the
 //     newest Options.HistoryPage turn items with a history cursor for the rest;

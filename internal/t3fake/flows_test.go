@@ -676,12 +676,16 @@ func TestScriptChoice(t *testing.T) {
 		"this hangs":        "hang",
 		"failing test":      "fail",
 		"unfailing":/* not a prefix */ "default",
+		"Approve it first": "approval",
+		"needs permission": "approval",
+		"Elicit a form":    "elicitation",
+		"a stale request":  "stale",
 	} {
 		if got := ScriptFor(prompt); got != want {
 			t.Errorf("ScriptFor(%q) = %s, want %s", prompt, got, want)
 		}
 	}
-	if len(Scripts) != 4 || Scripts[0].Name != "default" {
+	if len(Scripts) != 7 || Scripts[0].Name != "default" {
 		t.Errorf("Scripts %v", Scripts)
 	}
 }

@@ -28,6 +28,16 @@ var scripts = [...]Script{
 		"run.interrupt → run_interrupt_request, run_interrupt_result → interrupted"},
 	{Name: "fail", Words: []string{"fail"}, Steps: "starting → running → error turn item {failure: {class: provider_error, " +
 		"message: \"Simulated provider failure: <prompt>\"}} → failed"},
+	{Name: "approval", Words: []string{"approv", "permission"}, Steps: "starting → running → command_execution " +
+		"`cat server/package.json` (running) and a pending command approval (fixture 18: approval_request item with requestKind " +
+		"command and the command as prompt, no options); decision accept/acceptForSession → command completes, decline → approval " +
+		"cancelled, the run goes on: reply → waiting → checkpoint → completed; cancel → run cancelled; answers instead of a " +
+		"decision resolve it and the run hangs until run.interrupt (as T3 does)"},
+	{Name: "elicitation", Words: []string{"elicit"}, Steps: "starting → running → a form elicitation as a user_input request " +
+		"(fixture 19: one question approved, \"Approve this request?\", options true|false) → after the answer: reply → waiting → " +
+		"checkpoint → completed"},
+	{Name: "stale", Words: []string{"stale"}, Steps: "starting → running → a user_input request whose responseCapability is " +
+		"not_resumable (the provider session that asked is gone): answering it fails; only run.interrupt ends the run"},
 }
 
 // Scripts lists the scripted runs in the order they are matched (default matches when no other
@@ -48,6 +58,9 @@ const (
 	scriptQuestion
 	scriptHang
 	scriptFail
+	scriptApproval
+	scriptElicitation
+	scriptStale
 	scriptSeeded // a run made by AddThread: no steps, waits for run.interrupt
 )
 
@@ -87,6 +100,10 @@ var scriptSteps = map[scriptKind][]stepFunc{
 	scriptQuestion: {stepRunning, stepAsk, stepReply, stepWaiting, stepComplete},
 	scriptHang:     {stepRunning, stepHang},
 	scriptFail:     {stepRunning, stepFail},
+	// After the decision: the command ends, then the run goes on as the mock did.
+	scriptApproval:    {stepRunning, stepApprove, stepCommandDone, stepReply, stepWaiting, stepComplete},
+	scriptElicitation: {stepRunning, stepElicit, stepReply, stepWaiting, stepComplete},
+	scriptStale:       {stepRunning, stepAskStale},
 }
 
 type runState int
@@ -595,26 +612,78 @@ func questions() []t3rpc.Question {
 	}
 }
 
+// elicitationQuestions is what a form elicitation becomes (recorded, 19).
+func elicitationQuestions() []t3rpc.Question {
+	return []t3rpc.Question{{
+		ID: "approved", Header: optStr("Approved"), Question: "Approve this request?",
+		Options: []t3rpc.QuestionOption{{Label: "true"}, {Label: "false"}},
+	}}
+}
+
+// ApprovalCommand is the command the approval script asks permission for (fixture 18's).
+const ApprovalCommand = "cat server/package.json"
+
+// NotResumableReason is the reason the stale script's request gives.
+const NotResumableReason = "provider session ended before the request was answered"
+
 func stepAsk(s *Server, r *run) stepResult {
+	return s.ask(r, "user_input", questions(), "live")
+}
+
+func stepElicit(s *Server, r *run) stepResult {
+	return s.ask(r, "user_input", elicitationQuestions(), "live")
+}
+
+func stepAskStale(s *Server, r *run) stepResult {
+	return s.ask(r, "user_input", questions(), "not_resumable")
+}
+
+// stepApprove starts the command the agent wants to run and asks permission
+// for it, as fixture 18 recorded: kind command, the command in the item's
+// prompt, no options; the row's status stays running.
+func stepApprove(s *Server, r *run) stepResult {
+	s.touch(r.th)
+	it := s.newItem(r, "command:1", "command_execution", "running", "Terminal", false)
+	it.Input = optStr(ApprovalCommand)
+	r.commandItem = it.ID
+	s.putItem(r, it)
+	return s.ask(r, "command", nil, "live")
+}
+
+// ask raises a pending runtime request of kind for r: a user_input request
+// with questions, or an approval (any other kind) whose approval_request item
+// names the command. capability is the request's responseCapability type.
+func (s *Server) ask(r *run, kind string, qs []t3rpc.Question, capability string) stepResult {
 	ts := s.touch(r.th)
 	esc := pathEscapeColons(r.rec.ID)
-	rr := t3rpc.RuntimeRequest{
-		ID:     fmt.Sprintf("runtime-request:run:%s:question:1", esc),
-		NodeId: optNilStr(fmt.Sprintf("node:run:%s:question:1", esc)),
-		Kind:   "user_input",
-		Status: "pending",
+	rc := t3rpc.ResponseCapability{Type: capability}
+	if capability == "live" {
 		// The provider session waits for the answer, as in every recorded request (18, 19).
-		ResponseCapability: t3rpc.NewOptResponseCapability(t3rpc.ResponseCapability{
-			Type: "live", ProviderSessionId: optStr("provider-session:" + esc),
-		}),
-		CreatedAt:  optStr(ts),
-		ResolvedAt: null(),
+		rc.ProviderSessionId = optStr("provider-session:" + esc)
+	} else {
+		rc.Reason = optStr(NotResumableReason)
+	}
+	rr := t3rpc.RuntimeRequest{
+		ID:                 fmt.Sprintf("runtime-request:run:%s:question:1", esc),
+		NodeId:             optNilStr(fmt.Sprintf("node:run:%s:question:1", esc)),
+		Kind:               kind,
+		Status:             "pending",
+		ResponseCapability: t3rpc.NewOptResponseCapability(rc),
+		CreatedAt:          optStr(ts),
+		ResolvedAt:         null(),
 	}
 	r.th.upsertRequest(rr)
 	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
-	it := s.newItem(r, "question:1", "user_input_request", "waiting", "", false)
+	var it t3rpc.TurnItem
+	if kind == "user_input" {
+		it = s.newItem(r, "question:1", "user_input_request", "waiting", "", false)
+		it.Questions = qs
+	} else {
+		it = s.newItem(r, "approval:1", "approval_request", "waiting", "", false)
+		it.RequestKind = optStr(kind)
+		it.Prompt = optStr(ApprovalCommand)
+	}
 	it.RequestId = optStr(rr.ID)
-	it.Questions = questions()
 	s.putItem(r, it)
 	r.requestID, r.questionItem = rr.ID, it.ID
 	r.requests = append(r.requests, rr.ID)
@@ -640,6 +709,52 @@ func (s *Server) answer(r *run, answers map[string][]string) {
 	s.answers[rr.ID] = answers
 	r.requestID = ""
 	s.schedule(r)
+}
+
+// decide answers a pending approval as T3 did in fixture 18. A decision
+// resolves it: accept and acceptForSession complete the approval item,
+// decline and cancel cancel it; the run goes on, except after cancel, which
+// ends it cancelled. Answers instead of a decision also resolve it, but the
+// agent never hears back: the run hangs until run.interrupt.
+func (s *Server) decide(r *run, c *t3rpc.RuntimeRequestRespondCommand) {
+	ts := s.touch(r.th)
+	rr, _ := r.th.request(r.requestID)
+	rr.Status = "resolved"
+	rr.ResolvedAt = optNilStr(ts)
+	r.th.upsertRequest(rr)
+	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	r.th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
+	answers := map[string][]string{}
+	decision, hasDecision := c.Decision.Get()
+	if hasDecision {
+		answers["decision"] = []string{string(decision)}
+	} else if a, set := c.Answers.Get(); set {
+		for q := range a {
+			answers[q] = []string{"(answers to an approval)"}
+		}
+	}
+	s.answers[rr.ID] = answers
+	r.requestID = ""
+	itemStatus := "completed"
+	if decision == t3rpc.ApprovalDecisionDecline || decision == t3rpc.ApprovalDecisionCancel {
+		itemStatus = "cancelled"
+	}
+	s.finishItem(r, r.questionItem, itemStatus, nil)
+	switch {
+	case !hasDecision:
+		s.publishShell(r.th) // resolved, and the run hangs
+	case decision == t3rpc.ApprovalDecisionCancel:
+		s.finishItem(r, r.commandItem, "completed", nil)
+		r.commandItem = ""
+		r.state = runDone
+		r.rec.Status = "cancelled"
+		r.rec.CompletedAt = optNilStr(ts)
+		s.putRun(r)
+		s.settle(r, "cancelled", ts)
+	default:
+		s.publishShell(r.th)
+		s.schedule(r)
+	}
 }
 
 func stepHang(s *Server, r *run) stepResult {

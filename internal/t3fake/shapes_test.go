@@ -41,6 +41,7 @@ var omittedKeys = map[string][]string{
 	"TurnItem.run_interrupt_request": {"nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	"TurnItem.run_interrupt_result":  {"nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	"TurnItem.user_input_request":    {"nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
+	"TurnItem.approval_request":      {"nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	"TurnItem.user_message":          {"attachments", "createdBy", "creationSource", "inputIntent", "nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	"TurnItem.file_change":           {"nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	// The projection's arrays the connector does not read.
@@ -553,6 +554,36 @@ func fakeSession(t *testing.T) []doc {
 	a.call("orchestration.dispatchCommand", dispatchPayload("c-f2", "t-fail", "m-f", "This prompt will fail."))
 	s.StepAll()
 	a.waitItem(tf, 0, isEvent("run.updated", "status", "failed"))
+
+	// 18: command approvals answered accept, decline and cancel; 19: a form elicitation.
+	decisionPayload := func(cmd, tid, reqID, decision string) string {
+		return fmt.Sprintf(`{"type":"runtime-request.respond","commandId":%q,"threadId":%q,"requestId":%q,"decision":%q}`, cmd, tid, reqID, decision)
+	}
+	for i, decision := range []string{"accept", "decline", "cancel"} {
+		tid := fmt.Sprintf("t-approval-%d", i)
+		a.call("orchestration.dispatchCommand", createThreadPayload("c-a1-"+decision, tid, pid))
+		ta := a.subscribeReady("orchestration.subscribeThread", fmt.Sprintf(`{"threadId":%q,"requestCompletionMarker":true}`, tid))
+		a.call("orchestration.dispatchCommand", dispatchPayload("c-a2-"+decision, tid, "m-a-"+decision, "Ask for approval first."))
+		s.StepAll()
+		a.waitItem(ta, 0, isEvent("turn-item.updated", "type", "approval_request"))
+		req := lastEvent(t, a, ta, "runtime-request.updated", "")["id"].(string)
+		a.call("orchestration.dispatchCommand", decisionPayload("c-a3-"+decision, tid, req, decision))
+		s.StepAll()
+		want := "completed"
+		if decision == "cancel" {
+			want = "cancelled"
+		}
+		a.waitItem(ta, 0, isEvent("run.updated", "status", want))
+	}
+	a.call("orchestration.dispatchCommand", createThreadPayload("c-e1", "t-elicit", pid))
+	te := a.subscribeReady("orchestration.subscribeThread", `{"threadId":"t-elicit","requestCompletionMarker":true}`)
+	a.call("orchestration.dispatchCommand", dispatchPayload("c-e2", "t-elicit", "m-e", "Elicit a form."))
+	s.StepAll()
+	a.waitItem(te, 0, isEvent("turn-item.updated", "type", "user_input_request"))
+	ereq := lastEvent(t, a, te, "runtime-request.updated", "")["id"].(string)
+	a.call("orchestration.dispatchCommand", fmt.Sprintf(`{"type":"runtime-request.respond","commandId":"c-e3","threadId":"t-elicit","requestId":%q,"answers":{"approved":"true"}}`, ereq))
+	s.StepAll()
+	a.waitItem(te, 0, isEvent("run.updated", "status", "completed"))
 
 	// 10: launchThread, its run, and a launch onto an existing thread.
 	launch := `{"commandId":"c-l","creationSource":"web","threadId":"t-launch","projectId":"` + pid + `","title":"launch","generateTitle":false,"modelSelection":{"instanceId":"codex","model":"gpt-5.6-sol"},"runtimeMode":"full-access","interactionMode":"default","workspaceStrategy":{"type":"root"},"initialMessage":{"text":"Launched with a first message.","attachments":[]}}`

@@ -303,6 +303,11 @@ func interruptTool(d *Deps) Handler {
 		if _, err := m.Dispatch(ctx, cmd); err != nil {
 			return Result{}, fmt.Errorf("%s: interrupting run %q of thread %q failed: %w", tool, run, f.Shell.ID, err)
 		}
+		if p, ok := threadstate.PendingRequest(&f.Shell); ok {
+			// The interrupt cancels the run's pending request; a wait right
+			// after must not report it from a row that has not caught up.
+			d.answered.add(p.ID)
+		}
 		shell, _ := m.Watcher().Thread(f.Shell.ID)
 		if shell.ID == "" {
 			shell = f.Shell

@@ -126,6 +126,11 @@ func waitTool(d *Deps) Handler {
 			return Result{}, err
 		}
 		defer release()
+		// The wait ends when its client goes: a cancelled call, a dropped
+		// connection (the SDK cancels ctx), or an ended session (EndSession).
+		ctx, cancelWait := context.WithCancelCause(ctx)
+		defer cancelWait(nil)
+		defer d.waits.track(session, cancelWait)()
 
 		target := wait.Target{ThreadID: f.Shell.ID, Answered: d.answered.snapshot()}
 		if f.IsTracked {

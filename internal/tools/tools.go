@@ -364,11 +364,55 @@ func requireText(tool, field, v string) error {
 	return nil
 }
 
-// waitCounter bounds concurrent waits overall and per MCP session.
+// waitCounter bounds concurrent waits overall and per MCP session, and ends
+// a session's waits when the session ends (EndSession).
 type waitCounter struct {
 	mu        sync.Mutex
 	total     int
 	bySession map[string]int
+	// cancels holds each running wait's cancel, by session.
+	cancels map[string]map[*context.CancelCauseFunc]struct{}
+}
+
+// ErrSessionEnded is the cause of a wait ended because its MCP session ended.
+var ErrSessionEnded = errors.New("the MCP session ended")
+
+// track registers a running wait's cancel under its session until the
+// returned func is called.
+func (w *waitCounter) track(session string, cancel context.CancelCauseFunc) func() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cancels == nil {
+		w.cancels = map[string]map[*context.CancelCauseFunc]struct{}{}
+	}
+	if w.cancels[session] == nil {
+		w.cancels[session] = map[*context.CancelCauseFunc]struct{}{}
+	}
+	key := &cancel
+	w.cancels[session][key] = struct{}{}
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.cancels[session], key)
+		if len(w.cancels[session]) == 0 {
+			delete(w.cancels, session)
+		}
+	}
+}
+
+// EndSession ends every wait of an MCP session at once (its client closed
+// it): the SDK closes a session only after its calls return, so without this
+// a closing client's waits would hold their slots until their own timeouts.
+func (d *Deps) EndSession(session string) {
+	d.waits.mu.Lock()
+	var cancels []context.CancelCauseFunc
+	for key := range d.waits.cancels[session] {
+		cancels = append(cancels, *key)
+	}
+	d.waits.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(ErrSessionEnded)
+	}
 }
 
 func (w *waitCounter) acquire(session string, l Limits) (func(), error) {

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+)
+
+// abandonedCalls cancels the tool calls of a POST /mcp whose client went away
+// (dropped connection, closed stream) before their answers were written. The
+// SDK keeps running such a call until it returns — for t3_wait up to its
+// timeout, an hour at most, holding a slot of T3CODE_MCP_MAX_WAITS — because
+// a stateful session might resume the stream. No resumption is offered here
+// (no event store), so a call whose stream is gone has no reader: it is
+// cancelled through the SDK's own path, a notifications/cancelled for each
+// call id posted into the session, exactly as a client that cancels sends.
+func abandonedCalls(next http.Handler, maxBody int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		session := r.Header.Get("Mcp-Session-Id")
+		if r.Method != http.MethodPost || session == "" || r.Body == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+		_ = r.Body.Close()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		ids := toolCallIDs(body)
+		if err != nil || len(ids) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		answered := make(chan struct{})
+		gone := make(chan struct{})
+		go func() {
+			defer close(gone)
+			select {
+			case <-answered:
+			case <-r.Context().Done():
+				// The connection closed while the call ran (the server
+				// cancels a request's context only then, before the
+				// handler returns).
+				for _, id := range ids {
+					cancelCall(next, r.Header, id)
+				}
+			}
+		}()
+		next.ServeHTTP(w, r)
+		close(answered)
+		<-gone
+	})
+}
+
+// toolCallIDs returns the JSON-RPC ids of the tools/call requests in a POST
+// body (one message or a batch); nil when there are none.
+func toolCallIDs(body []byte) []json.RawMessage {
+	type msg struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+	}
+	var msgs []msg
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) > 0 && trimmed[0] == '[' {
+		if json.Unmarshal(trimmed, &msgs) != nil {
+			return nil
+		}
+	} else {
+		var m msg
+		if json.Unmarshal(trimmed, &m) != nil {
+			return nil
+		}
+		msgs = []msg{m}
+	}
+	var ids []json.RawMessage
+	for _, m := range msgs {
+		if m.Method == "tools/call" && len(m.ID) > 0 && string(m.ID) != "null" {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}
+
+// cancelCall posts notifications/cancelled for call id into the session the
+// headers name, through the SDK handler.
+func cancelCall(h http.Handler, header http.Header, id json.RawMessage) {
+	body, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0", "method": "notifications/cancelled",
+		"params": map[string]any{"requestId": id, "reason": "the client's connection closed"},
+	})
+	req, err := http.NewRequest(http.MethodPost, "/mcp", bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	for _, k := range []string{"Mcp-Session-Id", "Mcp-Protocol-Version", "Authorization", "Host"} {
+		if v := header.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	req.Host = header.Get("Host")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	h.ServeHTTP(discard{header: http.Header{}}, req)
+}
+
+// discard is a ResponseWriter that keeps nothing.
+type discard struct{ header http.Header }
+
+func (d discard) Header() http.Header         { return d.header }
+func (d discard) Write(p []byte) (int, error) { return len(p), nil }
+func (d discard) WriteHeader(int)             {}
