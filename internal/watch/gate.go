@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -20,8 +21,10 @@ import (
 // The gate is one per process, not per Fleet: memory is the process's.
 var snapshots = newGate(4, 500*time.Millisecond, debug.FreeOSMemory)
 
-// bigChunk is the size from which a chunk goes through the gate even after start-up (T3 answers a
-// resubscription with a snapshot when the gap is too large).
+// bigChunk is the size from which a snapshot goes through the gate even after start-up (T3 answers
+// a resubscription with a snapshot when the gap is too large). Other chunks never do: a lagging
+// connector gets big chunks of ordinary items, and gating those would cap how many machines'
+// chunks are committed together.
 const bigChunk = 64 << 10
 
 type gate struct {
@@ -132,17 +135,13 @@ func (p *pass) holding() bool {
 }
 
 // chunk runs apply for one chunk: under the first-chunk place when held (and gives it back
-// after), else through the gate when the chunk is big.
+// after), else through the gate when the chunk holds a big snapshot.
 func (p *pass) chunk(ctx context.Context, values []jx.Raw, apply func() error) error {
 	if p.holding() {
 		defer p.release()
 		return apply()
 	}
-	size := 0
-	for _, v := range values {
-		size += len(v)
-	}
-	if size < bigChunk {
+	if !hasSnapshot(values) {
 		return apply()
 	}
 	if err := p.g.enter(ctx); err != nil {
@@ -150,4 +149,31 @@ func (p *pass) chunk(ctx context.Context, values []jx.Raw, apply func() error) e
 	}
 	defer p.g.leave()
 	return apply()
+}
+
+// errKnown stops a scan once the item's kind is known.
+var errKnown = errors.New("kind known")
+
+// hasSnapshot reports whether one of values is a big shell snapshot item. It reads only up to
+// each big item's "kind" (T3 and the fake write it first; otherwise the item is scanned, not
+// decoded).
+func hasSnapshot(values []jx.Raw) bool {
+	for _, v := range values {
+		if len(v) < bigChunk {
+			continue
+		}
+		snapshot := false
+		_ = jx.DecodeBytes(v).ObjBytes(func(d *jx.Decoder, k []byte) error {
+			if string(k) != "kind" {
+				return d.Skip()
+			}
+			kind, err := d.Str()
+			snapshot = err == nil && kind == "snapshot"
+			return errKnown
+		})
+		if snapshot {
+			return true
+		}
+	}
+	return false
 }

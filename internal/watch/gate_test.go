@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +17,7 @@ import (
 func TestGateBoundsAndFreesOnce(t *testing.T) {
 	freed := make(chan struct{}, 20)
 	g := newGate(3, time.Hour, func() { freed <- struct{}{} })
-	big := []jx.Raw{make(jx.Raw, bigChunk)}
+	big := []jx.Raw{bigSnapshot()}
 	var in, most atomic.Int32
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -60,10 +61,18 @@ func TestGateBoundsAndFreesOnce(t *testing.T) {
 	}
 	g.fire() // the quiet period ends
 	g.fire() // nothing went through since: nothing to free
-	// Small chunks do not go through the gate and free nothing.
+	// Small chunks and big chunks of other items do not go through the gate and free nothing.
 	p := &pass{g: g}
-	if err := p.chunk(context.Background(), []jx.Raw{jx.Raw(`{}`)}, func() error { return nil }); err != nil {
-		t.Fatal(err)
+	bigItems := jx.Raw(`{"kind":"thread.updated","sequence":9,"thread":{"title":"` + strings.Repeat("x", bigChunk) + `"}}`)
+	for _, c := range [][]jx.Raw{{jx.Raw(`{"kind":"snapshot","snapshot":{}}`)}, {bigItems, bigItems}} {
+		if err := p.chunk(context.Background(), c, func() error {
+			if len(g.sem) != 0 {
+				t.Error("an ordinary chunk went through the gate")
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	g.mu.Lock()
 	busy, frees := g.busy, g.frees
@@ -74,6 +83,11 @@ func TestGateBoundsAndFreesOnce(t *testing.T) {
 	if busy != 0 || frees != 1 || len(freed) != 1 {
 		t.Errorf("after the storm: busy %d, freed %d times (%d calls), want 0, 1 and 1", busy, frees, len(freed))
 	}
+}
+
+// bigSnapshot is a snapshot item past bigChunk, its kind written last (the scan must find it).
+func bigSnapshot() jx.Raw {
+	return jx.Raw(`{"snapshot":{"threads":[],"pad":"` + strings.Repeat("x", bigChunk) + `"},"kind":"snapshot"}`)
 }
 
 // TestGateEnterCancelled leaves no place taken when the wait is cancelled.
