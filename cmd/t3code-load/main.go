@@ -45,7 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	inProcess := fs.Bool("inprocess", false, "run the connector inside this process (for profiles; its CPU and RSS then include the harness)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (implies -inprocess)")
 	blockProfile := fs.String("blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
-	memProfile := fs.String("memprofile", "", "write a heap profile once the connector is synced and idle (implies -inprocess)")
+	memProfile := fs.String("memprofile", "", "write a heap profile once the connector is synced and idle, and FILE.backlog when the outage phase's receiver comes back (implies -inprocess)")
 	harnessProfile := fs.String("harness-cpuprofile", "", "write a CPU profile of the harness alone (fakes, clients, receiver); the connector stays the binary")
 	threadCalls := fs.Int("thread-calls", 0, "t3_thread calls on the big thread (full 50, short 20)")
 
@@ -151,6 +151,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cfg.AfterStartup = func() {
 			runtime.GC()
 			if err := writeProfile(*memProfile, "heap"); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		}
+		// The outage phase's backlog: the second heap profile, under lag.
+		cfg.AtBacklog = func() {
+			if err := writeProfile(*memProfile+".backlog", "heap"); err != nil {
 				fmt.Fprintln(stderr, err)
 			}
 		}

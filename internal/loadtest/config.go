@@ -111,6 +111,9 @@ type Config struct {
 	// AfterStartup, when set, is called once the connector is synced and idle (a heap profile
 	// of an in-process connector is taken here).
 	AfterStartup func()
+	// AtBacklog, when set, is called in the outage phase as the receiver comes back, with the
+	// outbox at its fullest (a heap profile of an in-process connector under lag is taken here).
+	AtBacklog func()
 }
 
 // Full is the profile of `make load`: the targets' scale.

@@ -87,6 +87,9 @@ func (h *harness) outage(ctx context.Context) error {
 	rep.Refused = h.rec.refused.Load() - refused0
 	rep.DownUsage = h.usageSince(u)
 
+	if cfg.AtBacklog != nil {
+		cfg.AtBacklog()
+	}
 	h.logf("outage phase: backlog %d; receiver back", rep.Backlog)
 	u = h.mark()
 	back := time.Now()
