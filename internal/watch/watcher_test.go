@@ -377,3 +377,45 @@ func TestLogsSayLinkLostOnlyForALinkThatWasUp(t *testing.T) {
 		t.Errorf("a machine that was never up is said to have lost its link:\n%s", out)
 	}
 }
+
+// After a reconnect the machine is not synced (so fleet does not call it
+// online) until that session's replay or snapshot is in: with T3's streams
+// stalled, the socket is up again but Synced stays false; once the stream
+// flows, the replay arrives and Synced is set (issue 13.6).
+func TestReconnectIsNotSyncedBeforeItsReplay(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{ManualSteps: true})
+	fk.AddProject("api", "/srv/api")
+	r := start(t, fk, &recorder{})
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	before := r.watcher.Status().Reconnects
+	fk.StallStreams(true)
+	fk.DropConnections()
+	eventually(t, "the socket up again", func() bool {
+		st := r.watcher.Status()
+		return st.Online && st.Reconnects > before
+	})
+	if st := r.watcher.Status(); st.Synced {
+		t.Fatalf("synced before the replay arrived: %+v", st)
+	}
+	fk.StallStreams(false)
+	eventually(t, "synced after the replay", func() bool { return r.watcher.Status().Synced })
+}
+
+// An archived thread leaves the list, and Gone says why: a wait on it ends
+// with archived instead of waiting for a row that does not come back.
+func TestArchivedThreadIsGone(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{ManualSteps: true})
+	pid := fk.AddProject("api", "/srv/api")
+	r := start(t, fk, &recorder{})
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	tid := fk.AddThread(pid, "t", "idle")
+	eventually(t, "the row", func() bool { _, ok := r.watcher.Thread(tid); return ok })
+	if _, gone := r.watcher.Gone(tid); gone {
+		t.Fatal("a listed thread is gone")
+	}
+	fk.ArchiveThread(tid)
+	eventually(t, "archived", func() bool { where, gone := r.watcher.Gone(tid); return gone && where == "archive" })
+	if _, ok := r.watcher.Thread(tid); ok {
+		t.Fatal("an archived thread is still listed")
+	}
+}
