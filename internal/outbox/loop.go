@@ -24,13 +24,17 @@ type stream struct {
 	due   bool         // its scheduled wake-up came: start the head even if NextAttempt says later
 	gen   uint64       // bumped whenever a scheduled wake-up of this stream becomes stale
 
+	// waitsOutOutage: the head waits for a retry after a failure of the receiver as a whole
+	// (no answer, a 5xx without Retry-After); it is in loop.outageWaiters.
+	waitsOutOutage bool
+
 	bo  backoff.BackOff // delivery delays of the current head, created at its first dispatch
 	ebo backoff.BackOff // enrichment delays of the current head
 }
 
 // newHead forgets everything about the previous head.
 func (s *stream) newHead() {
-	s.head, s.bo, s.ebo, s.due = nil, nil, nil, false
+	s.head, s.bo, s.ebo, s.due, s.waitsOutOutage = nil, nil, nil, false, false
 	s.gen++
 }
 
@@ -69,6 +73,16 @@ type loop struct {
 	mono    wakeHeap  // by the real monotonic clock (time.Now with its monotonic reading)
 	last    uint64    // the highest sequence number taken into the queues
 	more    bool      // the last scan hit scanLimit: look again without sleeping
+
+	// Receiver outages. After outageAfter failed attempts in a row (across all streams) with no
+	// success between them, the receiver counts as down; the first delivery after that ends the
+	// outage and wakes every head waiting out a retry of it at once, instead of each one waiting
+	// for its backoff (up to 5 minutes): the backlog an outage leaves drains as soon as the
+	// receiver is back. One failing thread among working ones never counts as an outage (the
+	// others' successes reset the count), so its backoff stands.
+	failsInARow   int
+	outage        bool
+	outageWaiters []*stream
 
 	// inflight counts the workers (at most Concurrency: the bound on requests in flight); a
 	// worker frees its slot once its outcome is handed to the recorder, so the next stream's
@@ -383,6 +397,9 @@ func (l *loop) finish(r outcome) {
 		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)
 	case r.final:
 		l.advance(s, r.job.seq)
+		if r.delivered {
+			l.receiverUp()
+		}
 	default: // retry, or enrichment retry
 		if len(s.queue) == 0 || s.queue[0] != r.job.seq {
 			l.makeReady(s) // the head changed meanwhile (a requeue put an older event first)
@@ -391,6 +408,53 @@ func (l *loop) finish(r outcome) {
 		h := r.event
 		s.head = &h
 		l.schedule(s, r.retryAt, r.retryIn)
+		if r.outage {
+			l.receiverFailed(s)
+		}
+	}
+}
+
+// outageAfter is how many failed attempts in a row make an outage of the receiver.
+const outageAfter = 5
+
+func (l *loop) receiverFailed(s *stream) {
+	l.failsInARow++
+	if l.failsInARow >= outageAfter && !l.outage {
+		l.outage = true
+		l.o.log.Warn("outbox: the receiver is failing for every thread; retrying with backoff until it answers again", "failed_in_a_row", l.failsInARow)
+	}
+	if !s.waitsOutOutage {
+		s.waitsOutOutage = true
+		l.outageWaiters = append(l.outageWaiters, s)
+	}
+}
+
+func (l *loop) receiverUp() {
+	l.failsInARow = 0
+	if len(l.outageWaiters) == 0 {
+		return
+	}
+	// Not an outage (a success came before enough failures): the waiters keep their backoff.
+	// Either way the list starts over; it holds the failures since the last success only.
+	wasOutage := l.outage
+	l.outage = false
+	woken := 0
+	for _, s := range l.outageWaiters {
+		if !s.waitsOutOutage {
+			continue // its head changed since
+		}
+		s.waitsOutOutage = false
+		if !wasOutage || s.busy || s.ready {
+			continue
+		}
+		s.gen++ // its scheduled retry is stale now
+		s.due = true
+		l.makeReady(s)
+		woken++
+	}
+	l.outageWaiters = l.outageWaiters[:0]
+	if wasOutage {
+		l.o.log.Info("outbox: the receiver answers again; retrying the waiting threads now", "threads", woken)
 	}
 }
 

@@ -340,3 +340,53 @@ func TestRecordFailurePausesAndResends(t *testing.T) {
 		t.Fatal("the failure is not logged")
 	}
 }
+
+// After an outage of the receiver (every thread failing), the first success wakes every thread
+// waiting for a retry: the backlog drains without waiting out the backoff (an hour here, on a
+// clock that does not move).
+func TestOutageEndsWakesWaitingThreads(t *testing.T) {
+	rc := newReceiver(t)
+	var down atomic.Bool
+	down.Store(true)
+	rc.setHandle(func(http.ResponseWriter, *http.Request, request) int {
+		if down.Load() {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusNoContent
+	})
+	h := start(t, Config{URL: rc.srv.URL, Backoff: constBackoff(time.Hour), Concurrency: 4})
+	const streams, per = 20, 3
+	h.commit(t, backlog(streams, per)...)
+	eventually(t, "every thread failed once", func() bool { return value(h.m.retries.WithLabelValues(causeReceiver)) == streams })
+	down.Store(false)
+	// A new thread's first event is attempted at once and succeeds: the receiver is back.
+	h.commit(t, mkEvent("m/new", 1))
+	eventually(t, "the backlog drained", func() bool { p, _, _ := h.counts(); return p == 0 })
+	checkOrder(t, rc, streams, per)
+	if !strings.Contains(h.logs.String(), "the receiver answers again") {
+		t.Fatal("the end of the outage is not logged")
+	}
+}
+
+// One thread failing among working ones is no outage: its retry keeps its backoff.
+func TestOneFailingThreadKeepsItsBackoff(t *testing.T) {
+	rc := newReceiver(t)
+	rc.setHandle(func(_ http.ResponseWriter, _ *http.Request, req request) int {
+		if req.Stream == "m/t0000" {
+			return http.StatusInternalServerError
+		}
+		return http.StatusNoContent
+	})
+	h := start(t, Config{URL: rc.srv.URL, Backoff: constBackoff(time.Hour), Concurrency: 2})
+	h.commit(t, backlog(30, 2)...)
+	eventually(t, "the others delivered", func() bool { _, _, dl := h.counts(); return dl == 29*2 })
+	n := 0
+	for _, r := range rc.requests() {
+		if r.Stream == "m/t0000" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the failing thread was tried %d times within its hour of backoff", n)
+	}
+}

@@ -28,6 +28,10 @@ type outcome struct {
 	final     bool        // delivered or dead: the stream moves on to its next event
 	retryAt   time.Time   // retry (or enrichment retry) at this wall time…
 	retryIn   time.Duration
+	delivered bool // the receiver accepted it (2xx)
+	// outage: a failed attempt that says nothing about this event (no answer, or a 5xx without
+	// Retry-After): when the receiver comes back, such retries need not wait for their backoff.
+	outage    bool
 	cancelled bool  // shutdown interrupted the job
 	err       error // reading the event, or recording the op, failed
 }
@@ -83,7 +87,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 		o.m.deliveries.WithLabelValues(outcomeDelivered).Inc()
 		o.m.lag.Observe(max(0, now.Sub(e.CreatedAt).Seconds()))
 		log.Info("event delivered", "status", r.status, "lag_ms", max(0, now.Sub(e.CreatedAt).Milliseconds()))
-		out.final = true
+		out.final, out.delivered = true, true
 		return &store.Op{ID: e.ID, Kind: store.OpDelivered, At: now}
 
 	case !r.retryable:
@@ -127,6 +131,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 	out.event.Body = nil
 	out.event.Attempts, out.event.NextAttempt, out.event.LastError = attempt, next, r.msg
 	out.retryAt, out.retryIn = next, next.Sub(now)
+	out.outage = r.retryAfter < 0 && (r.network || r.status >= 500)
 	return &store.Op{ID: e.ID, Kind: store.OpRetry, Next: next, Error: r.msg}
 }
 
