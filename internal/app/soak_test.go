@@ -236,7 +236,13 @@ func TestSoak(t *testing.T) {
 	// event per settled run and one per question asked.
 	w = wantFromT3(t, h, w)
 	repeats := hl.settle(t, h, w)
+	// Idle connections close asynchronously (the outbox drops its burst pool once its queue is
+	// empty, just after the last outcome is on disk): sample until quiescent, within a safety net.
 	end := takeSample(start)
+	for deadline := time.Now().Add(10 * time.Second); end.goroutines > base.goroutines+8 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		end = takeSample(start)
+	}
 	t.Logf("SOAK %v: %d cycles, %d socket drops, %d events, %d redeliveries, %d tool errors retried; rss %d→%d kB, heap %d→%d kB, goroutines %d→%d",
 		dur, cycles.Load(), drops.Load(), countEvents(w), repeats, toolErrors.Load(), base.rss, end.rss, base.heapKB, end.heapKB, base.goroutines, end.goroutines)
 	if cycles.Load() < workers {

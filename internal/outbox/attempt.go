@@ -28,7 +28,7 @@ type result struct {
 }
 
 // attempt sends one event once.
-func (o *Outbox) attempt(ctx context.Context, e store.Event) result {
+func (o *Outbox) attempt(ctx context.Context, client *http.Client, e store.Event) result {
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.url, bytes.NewReader(e.Body))
@@ -47,7 +47,7 @@ func (o *Outbox) attempt(ctx context.Context, e store.Event) result {
 		req.Header.Set("Authorization", "Bearer "+o.cfg.Token)
 	}
 
-	resp, err := o.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return result{network: true, retryable: true, retryAfter: -1, msg: o.networkError(ctx, err)}
 	}

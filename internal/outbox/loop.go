@@ -116,6 +116,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	o.running.Lock()
 	defer o.running.Unlock()
 	defer o.client.CloseIdleConnections()
+	defer o.burst.CloseIdleConnections()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -163,6 +164,9 @@ func (o *Outbox) Run(ctx context.Context) {
 		l.due(now)
 		l.dispatch(now)
 		o.updateGauges()
+		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && o.burst != o.client {
+			o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
+		}
 
 		// Sleep until woken (Notify, an outcome, shutdown) or the next due time: the next
 		// prune at the latest, or the earliest scheduled wake-up.
@@ -363,7 +367,10 @@ func (l *loop) dispatch(now time.Time) {
 		l.inflight++
 		l.unsettled++
 		l.jobs.Add(1)
-		j := job{s: s, seq: s.queue[0], bo: s.bo, ebo: s.ebo}
+		j := job{s: s, seq: s.queue[0], bo: s.bo, ebo: s.ebo, client: l.o.client}
+		if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
+			j.client = l.o.burst
+		}
 		go func() {
 			defer l.jobs.Done()
 			l.toRec <- l.o.work(l.ctx, j)
@@ -413,6 +420,9 @@ func (l *loop) finish(r outcome) {
 		}
 	}
 }
+
+// baseRequests is how many requests in flight use the base client's connections (see New).
+const baseRequests = 2
 
 // outageAfter is how many failed attempts in a row make an outage of the receiver.
 const outageAfter = 5

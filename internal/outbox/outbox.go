@@ -122,8 +122,9 @@ type Outbox struct {
 	q       Queue
 	cfg     Config
 	url     string
-	key     []byte // decoded signing secret; nil: unsigned
-	client  *http.Client
+	key     []byte       // decoded signing secret; nil: unsigned
+	client  *http.Client // the first baseRequests requests in flight
+	burst   *http.Client // the others (the same client when Config.HTTPClient is set)
 	log     *slog.Logger
 	m       *Metrics
 	redact  *strings.Replacer
@@ -176,21 +177,28 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics, _ = NewMetrics(nil)
 	}
-	if cfg.HTTPClient != nil {
-		c := *cfg.HTTPClient // a copy: the caller's client keeps its own redirect policy
-		o.client = &c
-	} else {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		// One kept-alive connection per request in flight: the default (2 per host) would
-		// close and re-dial most of them after every request.
-		tr.MaxIdleConnsPerHost = cfg.Concurrency
-		tr.MaxIdleConns = max(tr.MaxIdleConns, cfg.Concurrency)
-		o.client = &http.Client{Transport: tr}
-	}
 	// A redirect is answered like any other non-2xx status (dead letter: fix the URL). Following
 	// it would turn 301/302/303 into a GET without the body, and send the event to a host the
 	// operator never configured.
-	o.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	if cfg.HTTPClient != nil {
+		c := *cfg.HTTPClient // a copy: the caller's client keeps its own redirect policy
+		c.CheckRedirect = noRedirect
+		o.client, o.burst = &c, &c
+	} else {
+		// Two pools of kept-alive connections. Up to baseRequests requests in flight use the
+		// base client, whose few idle connections stay open between events however sparse
+		// they are (http.Transport's default of 2 per host). Requests beyond those, while a
+		// backlog drains, use the burst client, which keeps one connection per request in
+		// flight (2 would have most of them closed and dialled again after every request) and
+		// drops them once the queue is idle, so a burst leaves no pool of idle connections.
+		base := http.DefaultTransport.(*http.Transport).Clone()
+		burst := http.DefaultTransport.(*http.Transport).Clone()
+		burst.MaxIdleConnsPerHost = cfg.Concurrency
+		burst.MaxIdleConns = max(burst.MaxIdleConns, cfg.Concurrency)
+		o.client = &http.Client{Transport: base, CheckRedirect: noRedirect}
+		o.burst = &http.Client{Transport: burst, CheckRedirect: noRedirect}
+	}
 
 	var olds []string
 	for _, s := range []string{cfg.Token, cfg.Secret, strings.TrimPrefix(cfg.Secret, "whsec_")} {

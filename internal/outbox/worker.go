@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -17,6 +18,7 @@ type job struct {
 	s       *stream // the loop's; the worker never touches it
 	seq     uint64
 	bo, ebo backoff.BackOff
+	client  *http.Client // the pool this request's connection comes from
 }
 
 // outcome is what a worker did with a job: the op to record, and what the loop does once it is
@@ -61,7 +63,7 @@ func (o *Outbox) work(ctx context.Context, j job) outcome {
 		enriched, e.Body, e.Enrich = body, body, false
 	}
 
-	r := o.attempt(ctx, e)
+	r := o.attempt(ctx, j.client, e)
 	if !r.ok && r.network && ctx.Err() != nil {
 		// Shutting down: not the receiver's fault, not an attempt. The enriched body is kept,
 		// though: the receiver may have seen it, and a retry must send the same bytes.
