@@ -14,6 +14,7 @@ const (
 	ToolAnswer    = "t3_answer"
 	ToolInterrupt = "t3_interrupt"
 	ToolWatch     = "t3_watch"
+	ToolThreads   = "t3_threads"
 )
 
 // ToolSpec is one MCP tool as declared in the tool schema: what tools/list shows for it.
@@ -114,6 +115,16 @@ var Tools = []ToolSpec{
 		InputSchema:  json.RawMessage(inputWatch),
 		OutputSchema: json.RawMessage(outputWatch),
 	},
+	{
+		Name:         ToolThreads,
+		Title:        "List threads on a machine",
+		Description:  "List a machine's threads, newest activity first, including threads started in the T3 app: status, latest run, pending question, branch, and whether this connector tracks and watches it. Filter by project, status or message text (query); archived adds archived threads. Page with cursor. Adopt one with t3_watch, read it with t3_thread.",
+		ReadOnly:     true,
+		Destructive:  false,
+		Idempotent:   true,
+		InputSchema:  json.RawMessage(inputThreads),
+		OutputSchema: json.RawMessage(outputThreads),
+	},
 }
 
 // InputSchemas maps a tool name to the JSON Schema of its arguments. Do not modify the values.
@@ -126,6 +137,7 @@ var InputSchemas = map[string]json.RawMessage{
 	ToolAnswer:    json.RawMessage(inputAnswer),
 	ToolInterrupt: json.RawMessage(inputInterrupt),
 	ToolWatch:     json.RawMessage(inputWatch),
+	ToolThreads:   json.RawMessage(inputThreads),
 }
 
 // OutputSchemas maps a tool name to the JSON Schema of its structured result. Do not modify the
@@ -139,6 +151,7 @@ var OutputSchemas = map[string]json.RawMessage{
 	ToolAnswer:    json.RawMessage(outputAnswer),
 	ToolInterrupt: json.RawMessage(outputInterrupt),
 	ToolWatch:     json.RawMessage(outputWatch),
+	ToolThreads:   json.RawMessage(outputThreads),
 }
 
 // inputMachines is the input schema of t3_machines (Go type MachinesInput).
@@ -417,6 +430,14 @@ const inputThread = `{
       "maximum": 20,
       "default": 3,
       "description": "How many of the latest runs to show (1 to 20, default 3)."
+    },
+    "diff": {
+      "type": "boolean",
+      "description": "Add the files a run changed and its unified diff (cut to a size limit)."
+    },
+    "run_id": {
+      "type": "string",
+      "description": "The run to diff (default: the latest)."
     }
   }
 }`
@@ -644,6 +665,70 @@ const outputThread = `{
         "not_answerable_reason": {
           "type": "string",
           "description": "Why it cannot be answered, as T3 says."
+        }
+      }
+    },
+    "branch": {
+      "type": "string",
+      "description": "The git branch the thread works on, when T3 knows one."
+    },
+    "worktree": {
+      "type": "string",
+      "description": "The thread's own git worktree, when it has one."
+    },
+    "diff": {
+      "type": "object",
+      "description": "A run's changes. unavailable says why T3 could not give the diff.",
+      "required": [
+        "run_id",
+        "files",
+        "diff",
+        "total_bytes"
+      ],
+      "properties": {
+        "run_id": {
+          "type": "string",
+          "description": "The run diffed."
+        },
+        "files": {
+          "type": "array",
+          "items": {
+            "type": "object",
+            "required": [
+              "path"
+            ],
+            "properties": {
+              "path": {
+                "type": "string",
+                "description": "Path of the file, relative to the workspace root."
+              },
+              "kind": {
+                "type": "string",
+                "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
+              },
+              "additions": {
+                "type": "integer",
+                "description": "Lines added, when known."
+              },
+              "deletions": {
+                "type": "integer",
+                "description": "Lines deleted, when known."
+              }
+            }
+          },
+          "description": "Files in the diff."
+        },
+        "diff": {
+          "type": "string",
+          "description": "Unified diff; when cut, it ends with a marker."
+        },
+        "total_bytes": {
+          "type": "integer",
+          "description": "Size of the whole diff."
+        },
+        "unavailable": {
+          "type": "string",
+          "description": "Why T3 gave no diff."
         }
       }
     },
@@ -938,6 +1023,70 @@ const outputWait = `{
             "not_answerable_reason": {
               "type": "string",
               "description": "Why it cannot be answered, as T3 says."
+            }
+          }
+        },
+        "branch": {
+          "type": "string",
+          "description": "The git branch the thread works on, when T3 knows one."
+        },
+        "worktree": {
+          "type": "string",
+          "description": "The thread's own git worktree, when it has one."
+        },
+        "diff": {
+          "type": "object",
+          "description": "A run's changes. unavailable says why T3 could not give the diff.",
+          "required": [
+            "run_id",
+            "files",
+            "diff",
+            "total_bytes"
+          ],
+          "properties": {
+            "run_id": {
+              "type": "string",
+              "description": "The run diffed."
+            },
+            "files": {
+              "type": "array",
+              "items": {
+                "type": "object",
+                "required": [
+                  "path"
+                ],
+                "properties": {
+                  "path": {
+                    "type": "string",
+                    "description": "Path of the file, relative to the workspace root."
+                  },
+                  "kind": {
+                    "type": "string",
+                    "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
+                  },
+                  "additions": {
+                    "type": "integer",
+                    "description": "Lines added, when known."
+                  },
+                  "deletions": {
+                    "type": "integer",
+                    "description": "Lines deleted, when known."
+                  }
+                }
+              },
+              "description": "Files in the diff."
+            },
+            "diff": {
+              "type": "string",
+              "description": "Unified diff; when cut, it ends with a marker."
+            },
+            "total_bytes": {
+              "type": "integer",
+              "description": "Size of the whole diff."
+            },
+            "unavailable": {
+              "type": "string",
+              "description": "Why T3 gave no diff."
             }
           }
         },
@@ -1239,6 +1388,70 @@ const outputAnswer = `{
         }
       }
     },
+    "branch": {
+      "type": "string",
+      "description": "The git branch the thread works on, when T3 knows one."
+    },
+    "worktree": {
+      "type": "string",
+      "description": "The thread's own git worktree, when it has one."
+    },
+    "diff": {
+      "type": "object",
+      "description": "A run's changes. unavailable says why T3 could not give the diff.",
+      "required": [
+        "run_id",
+        "files",
+        "diff",
+        "total_bytes"
+      ],
+      "properties": {
+        "run_id": {
+          "type": "string",
+          "description": "The run diffed."
+        },
+        "files": {
+          "type": "array",
+          "items": {
+            "type": "object",
+            "required": [
+              "path"
+            ],
+            "properties": {
+              "path": {
+                "type": "string",
+                "description": "Path of the file, relative to the workspace root."
+              },
+              "kind": {
+                "type": "string",
+                "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
+              },
+              "additions": {
+                "type": "integer",
+                "description": "Lines added, when known."
+              },
+              "deletions": {
+                "type": "integer",
+                "description": "Lines deleted, when known."
+              }
+            }
+          },
+          "description": "Files in the diff."
+        },
+        "diff": {
+          "type": "string",
+          "description": "Unified diff; when cut, it ends with a marker."
+        },
+        "total_bytes": {
+          "type": "integer",
+          "description": "Size of the whole diff."
+        },
+        "unavailable": {
+          "type": "string",
+          "description": "Why T3 gave no diff."
+        }
+      }
+    },
     "truncated": {
       "type": "array",
       "items": {
@@ -1527,6 +1740,70 @@ const outputInterrupt = `{
             }
           }
         },
+        "branch": {
+          "type": "string",
+          "description": "The git branch the thread works on, when T3 knows one."
+        },
+        "worktree": {
+          "type": "string",
+          "description": "The thread's own git worktree, when it has one."
+        },
+        "diff": {
+          "type": "object",
+          "description": "A run's changes. unavailable says why T3 could not give the diff.",
+          "required": [
+            "run_id",
+            "files",
+            "diff",
+            "total_bytes"
+          ],
+          "properties": {
+            "run_id": {
+              "type": "string",
+              "description": "The run diffed."
+            },
+            "files": {
+              "type": "array",
+              "items": {
+                "type": "object",
+                "required": [
+                  "path"
+                ],
+                "properties": {
+                  "path": {
+                    "type": "string",
+                    "description": "Path of the file, relative to the workspace root."
+                  },
+                  "kind": {
+                    "type": "string",
+                    "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
+                  },
+                  "additions": {
+                    "type": "integer",
+                    "description": "Lines added, when known."
+                  },
+                  "deletions": {
+                    "type": "integer",
+                    "description": "Lines deleted, when known."
+                  }
+                }
+              },
+              "description": "Files in the diff."
+            },
+            "diff": {
+              "type": "string",
+              "description": "Unified diff; when cut, it ends with a marker."
+            },
+            "total_bytes": {
+              "type": "integer",
+              "description": "Size of the whole diff."
+            },
+            "unavailable": {
+              "type": "string",
+              "description": "Why T3 gave no diff."
+            }
+          }
+        },
         "truncated": {
           "type": "array",
           "items": {
@@ -1692,6 +1969,161 @@ const outputWatch = `{
           "description": "True when webhook events are on for it."
         }
       }
+    }
+  }
+}`
+
+// inputThreads is the input schema of t3_threads (Go type ThreadsInput).
+const inputThreads = `{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "required": [
+    "machine"
+  ],
+  "additionalProperties": false,
+  "properties": {
+    "machine": {
+      "type": "string",
+      "description": "Machine name from t3_machines."
+    },
+    "project": {
+      "type": "string",
+      "description": "Only this project (id, title or path)."
+    },
+    "status": {
+      "type": "string",
+      "description": "Only threads with this status, or busy (a run is going) or question (waits for t3_answer)."
+    },
+    "query": {
+      "type": "string",
+      "description": "Only threads whose messages contain this text (2+ characters; T3 search, at most 50 threads, not archived ones)."
+    },
+    "archived": {
+      "type": "boolean",
+      "description": "Include archived threads."
+    },
+    "limit": {
+      "type": "integer",
+      "minimum": 1,
+      "maximum": 100,
+      "default": 25,
+      "description": "Threads per page."
+    },
+    "cursor": {
+      "type": "string",
+      "description": "next_cursor of the previous page."
+    }
+  }
+}`
+
+// outputThreads is the output schema of t3_threads (Go type ThreadsOutput).
+const outputThreads = `{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "required": [
+    "machine",
+    "threads",
+    "total"
+  ],
+  "properties": {
+    "machine": {
+      "type": "string",
+      "description": "The machine."
+    },
+    "threads": {
+      "type": "array",
+      "items": {
+        "type": "object",
+        "required": [
+          "thread_id",
+          "project",
+          "title",
+          "status",
+          "tracked",
+          "watching"
+        ],
+        "properties": {
+          "thread_id": {
+            "type": "string",
+            "description": "Pass to t3_thread, t3_wait, t3_watch."
+          },
+          "project": {
+            "type": "object",
+            "description": "The project a thread belongs to.",
+            "required": [
+              "id",
+              "title"
+            ],
+            "properties": {
+              "id": {
+                "type": "string",
+                "description": "T3's project id."
+              },
+              "title": {
+                "type": "string",
+                "description": "The project's name."
+              }
+            }
+          },
+          "title": {
+            "type": "string",
+            "description": "The thread's title."
+          },
+          "status": {
+            "type": "string",
+            "description": "As in t3_thread."
+          },
+          "latest_run_id": {
+            "type": "string",
+            "description": "Its latest run."
+          },
+          "question": {
+            "type": "string",
+            "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
+            "enum": [
+              "user_input",
+              "approval"
+            ]
+          },
+          "branch": {
+            "type": "string",
+            "description": "Its git branch."
+          },
+          "worktree": {
+            "type": "string",
+            "description": "Its own git worktree."
+          },
+          "archived": {
+            "type": "boolean",
+            "description": "True for an archived thread."
+          },
+          "updated_at": {
+            "type": "string",
+            "description": "Last activity (RFC 3339)."
+          },
+          "match": {
+            "type": "string",
+            "description": "The message text query matched."
+          },
+          "tracked": {
+            "type": "boolean",
+            "description": "Known to this connector (dispatched or adopted)."
+          },
+          "watching": {
+            "type": "boolean",
+            "description": "Webhook events are on."
+          }
+        }
+      },
+      "description": "This page."
+    },
+    "total": {
+      "type": "integer",
+      "description": "Threads matching, over all pages."
+    },
+    "next_cursor": {
+      "type": "string",
+      "description": "Pass as cursor for the next page; absent on the last."
     }
   }
 }`

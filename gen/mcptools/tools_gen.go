@@ -1781,6 +1781,52 @@ func (o OptQuestionKind) Or(d QuestionKind) QuestionKind {
 	return d
 }
 
+// NewOptRunDiff returns new OptRunDiff with value set to v.
+func NewOptRunDiff(v RunDiff) OptRunDiff {
+	return OptRunDiff{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptRunDiff is optional RunDiff.
+type OptRunDiff struct {
+	Value RunDiff
+	Set   bool
+}
+
+// IsSet returns true if OptRunDiff was set.
+func (o OptRunDiff) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptRunDiff) Reset() {
+	var v RunDiff
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptRunDiff) SetTo(v RunDiff) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptRunDiff) Get() (v RunDiff, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptRunDiff) Or(d RunDiff) RunDiff {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptRunSummary returns new OptRunSummary with value set to v.
 func NewOptRunSummary(v RunSummary) OptRunSummary {
 	return OptRunSummary{
@@ -1873,6 +1919,52 @@ func (o OptString) Or(d string) string {
 	return d
 }
 
+// NewOptThreadEntry returns new OptThreadEntry with value set to v.
+func NewOptThreadEntry(v ThreadEntry) OptThreadEntry {
+	return OptThreadEntry{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptThreadEntry is optional ThreadEntry.
+type OptThreadEntry struct {
+	Value ThreadEntry
+	Set   bool
+}
+
+// IsSet returns true if OptThreadEntry was set.
+func (o OptThreadEntry) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptThreadEntry) Reset() {
+	var v ThreadEntry
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptThreadEntry) SetTo(v ThreadEntry) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptThreadEntry) Get() (v ThreadEntry, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptThreadEntry) Or(d ThreadEntry) ThreadEntry {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptThreadInput returns new OptThreadInput with value set to v.
 func NewOptThreadInput(v ThreadInput) OptThreadInput {
 	return OptThreadInput{
@@ -1959,6 +2051,98 @@ func (o OptThreadState) Get() (v ThreadState, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptThreadState) Or(d ThreadState) ThreadState {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptThreadsInput returns new OptThreadsInput with value set to v.
+func NewOptThreadsInput(v ThreadsInput) OptThreadsInput {
+	return OptThreadsInput{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptThreadsInput is optional ThreadsInput.
+type OptThreadsInput struct {
+	Value ThreadsInput
+	Set   bool
+}
+
+// IsSet returns true if OptThreadsInput was set.
+func (o OptThreadsInput) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptThreadsInput) Reset() {
+	var v ThreadsInput
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptThreadsInput) SetTo(v ThreadsInput) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptThreadsInput) Get() (v ThreadsInput, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptThreadsInput) Or(d ThreadsInput) ThreadsInput {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptThreadsOutput returns new OptThreadsOutput with value set to v.
+func NewOptThreadsOutput(v ThreadsOutput) OptThreadsOutput {
+	return OptThreadsOutput{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptThreadsOutput is optional ThreadsOutput.
+type OptThreadsOutput struct {
+	Value ThreadsOutput
+	Set   bool
+}
+
+// IsSet returns true if OptThreadsOutput was set.
+func (o OptThreadsOutput) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptThreadsOutput) Reset() {
+	var v ThreadsOutput
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptThreadsOutput) SetTo(v ThreadsOutput) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptThreadsOutput) Get() (v ThreadsOutput, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptThreadsOutput) Or(d ThreadsOutput) ThreadsOutput {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -2665,6 +2849,10 @@ type Root struct {
 	AnswerValue      OptAnswerValue      `json:"AnswerValue"`
 	ApprovalDecision OptApprovalDecision `json:"ApprovalDecision"`
 	TrackedThread    OptTrackedThread    `json:"TrackedThread"`
+	ThreadsInput     OptThreadsInput     `json:"ThreadsInput"`
+	ThreadsOutput    OptThreadsOutput    `json:"ThreadsOutput"`
+	ThreadEntry      OptThreadEntry      `json:"ThreadEntry"`
+	RunDiff          OptRunDiff          `json:"RunDiff"`
 }
 
 // GetMachinesInput returns the value of MachinesInput.
@@ -2827,6 +3015,26 @@ func (s *Root) GetTrackedThread() OptTrackedThread {
 	return s.TrackedThread
 }
 
+// GetThreadsInput returns the value of ThreadsInput.
+func (s *Root) GetThreadsInput() OptThreadsInput {
+	return s.ThreadsInput
+}
+
+// GetThreadsOutput returns the value of ThreadsOutput.
+func (s *Root) GetThreadsOutput() OptThreadsOutput {
+	return s.ThreadsOutput
+}
+
+// GetThreadEntry returns the value of ThreadEntry.
+func (s *Root) GetThreadEntry() OptThreadEntry {
+	return s.ThreadEntry
+}
+
+// GetRunDiff returns the value of RunDiff.
+func (s *Root) GetRunDiff() OptRunDiff {
+	return s.RunDiff
+}
+
 // SetMachinesInput sets the value of MachinesInput.
 func (s *Root) SetMachinesInput(val *MachinesInput) {
 	s.MachinesInput = val
@@ -2987,6 +3195,91 @@ func (s *Root) SetTrackedThread(val OptTrackedThread) {
 	s.TrackedThread = val
 }
 
+// SetThreadsInput sets the value of ThreadsInput.
+func (s *Root) SetThreadsInput(val OptThreadsInput) {
+	s.ThreadsInput = val
+}
+
+// SetThreadsOutput sets the value of ThreadsOutput.
+func (s *Root) SetThreadsOutput(val OptThreadsOutput) {
+	s.ThreadsOutput = val
+}
+
+// SetThreadEntry sets the value of ThreadEntry.
+func (s *Root) SetThreadEntry(val OptThreadEntry) {
+	s.ThreadEntry = val
+}
+
+// SetRunDiff sets the value of RunDiff.
+func (s *Root) SetRunDiff(val OptRunDiff) {
+	s.RunDiff = val
+}
+
+// A run's changes. unavailable says why T3 could not give the diff.
+// Ref: #/$defs/RunDiff
+type RunDiff struct {
+	// The run diffed.
+	RunID string `json:"run_id"`
+	// Files in the diff.
+	Files []ChangedFile `json:"files"`
+	// Unified diff; when cut, it ends with a marker.
+	Diff string `json:"diff"`
+	// Size of the whole diff.
+	TotalBytes int `json:"total_bytes"`
+	// Why T3 gave no diff.
+	Unavailable OptString `json:"unavailable"`
+}
+
+// GetRunID returns the value of RunID.
+func (s *RunDiff) GetRunID() string {
+	return s.RunID
+}
+
+// GetFiles returns the value of Files.
+func (s *RunDiff) GetFiles() []ChangedFile {
+	return s.Files
+}
+
+// GetDiff returns the value of Diff.
+func (s *RunDiff) GetDiff() string {
+	return s.Diff
+}
+
+// GetTotalBytes returns the value of TotalBytes.
+func (s *RunDiff) GetTotalBytes() int {
+	return s.TotalBytes
+}
+
+// GetUnavailable returns the value of Unavailable.
+func (s *RunDiff) GetUnavailable() OptString {
+	return s.Unavailable
+}
+
+// SetRunID sets the value of RunID.
+func (s *RunDiff) SetRunID(val string) {
+	s.RunID = val
+}
+
+// SetFiles sets the value of Files.
+func (s *RunDiff) SetFiles(val []ChangedFile) {
+	s.Files = val
+}
+
+// SetDiff sets the value of Diff.
+func (s *RunDiff) SetDiff(val string) {
+	s.Diff = val
+}
+
+// SetTotalBytes sets the value of TotalBytes.
+func (s *RunDiff) SetTotalBytes(val int) {
+	s.TotalBytes = val
+}
+
+// SetUnavailable sets the value of Unavailable.
+func (s *RunDiff) SetUnavailable(val OptString) {
+	s.Unavailable = val
+}
+
 // One run: a prompt and the agent's work on it.
 // Ref: #/$defs/RunSummary
 type RunSummary struct {
@@ -3078,12 +3371,174 @@ func (s *RunSummary) SetError(val OptString) {
 	s.Error = val
 }
 
+// Ref: #/$defs/ThreadEntry
+type ThreadEntry struct {
+	// Pass to t3_thread, t3_wait, t3_watch.
+	ThreadID string     `json:"thread_id"`
+	Project  ProjectRef `json:"project"`
+	// The thread's title.
+	Title string `json:"title"`
+	// As in t3_thread.
+	Status string `json:"status"`
+	// Its latest run.
+	LatestRunID OptString       `json:"latest_run_id"`
+	Question    OptQuestionKind `json:"question"`
+	// Its git branch.
+	Branch OptString `json:"branch"`
+	// Its own git worktree.
+	Worktree OptString `json:"worktree"`
+	// True for an archived thread.
+	Archived OptBool `json:"archived"`
+	// Last activity (RFC 3339).
+	UpdatedAt OptString `json:"updated_at"`
+	// The message text query matched.
+	Match OptString `json:"match"`
+	// Known to this connector (dispatched or adopted).
+	Tracked bool `json:"tracked"`
+	// Webhook events are on.
+	Watching bool `json:"watching"`
+}
+
+// GetThreadID returns the value of ThreadID.
+func (s *ThreadEntry) GetThreadID() string {
+	return s.ThreadID
+}
+
+// GetProject returns the value of Project.
+func (s *ThreadEntry) GetProject() ProjectRef {
+	return s.Project
+}
+
+// GetTitle returns the value of Title.
+func (s *ThreadEntry) GetTitle() string {
+	return s.Title
+}
+
+// GetStatus returns the value of Status.
+func (s *ThreadEntry) GetStatus() string {
+	return s.Status
+}
+
+// GetLatestRunID returns the value of LatestRunID.
+func (s *ThreadEntry) GetLatestRunID() OptString {
+	return s.LatestRunID
+}
+
+// GetQuestion returns the value of Question.
+func (s *ThreadEntry) GetQuestion() OptQuestionKind {
+	return s.Question
+}
+
+// GetBranch returns the value of Branch.
+func (s *ThreadEntry) GetBranch() OptString {
+	return s.Branch
+}
+
+// GetWorktree returns the value of Worktree.
+func (s *ThreadEntry) GetWorktree() OptString {
+	return s.Worktree
+}
+
+// GetArchived returns the value of Archived.
+func (s *ThreadEntry) GetArchived() OptBool {
+	return s.Archived
+}
+
+// GetUpdatedAt returns the value of UpdatedAt.
+func (s *ThreadEntry) GetUpdatedAt() OptString {
+	return s.UpdatedAt
+}
+
+// GetMatch returns the value of Match.
+func (s *ThreadEntry) GetMatch() OptString {
+	return s.Match
+}
+
+// GetTracked returns the value of Tracked.
+func (s *ThreadEntry) GetTracked() bool {
+	return s.Tracked
+}
+
+// GetWatching returns the value of Watching.
+func (s *ThreadEntry) GetWatching() bool {
+	return s.Watching
+}
+
+// SetThreadID sets the value of ThreadID.
+func (s *ThreadEntry) SetThreadID(val string) {
+	s.ThreadID = val
+}
+
+// SetProject sets the value of Project.
+func (s *ThreadEntry) SetProject(val ProjectRef) {
+	s.Project = val
+}
+
+// SetTitle sets the value of Title.
+func (s *ThreadEntry) SetTitle(val string) {
+	s.Title = val
+}
+
+// SetStatus sets the value of Status.
+func (s *ThreadEntry) SetStatus(val string) {
+	s.Status = val
+}
+
+// SetLatestRunID sets the value of LatestRunID.
+func (s *ThreadEntry) SetLatestRunID(val OptString) {
+	s.LatestRunID = val
+}
+
+// SetQuestion sets the value of Question.
+func (s *ThreadEntry) SetQuestion(val OptQuestionKind) {
+	s.Question = val
+}
+
+// SetBranch sets the value of Branch.
+func (s *ThreadEntry) SetBranch(val OptString) {
+	s.Branch = val
+}
+
+// SetWorktree sets the value of Worktree.
+func (s *ThreadEntry) SetWorktree(val OptString) {
+	s.Worktree = val
+}
+
+// SetArchived sets the value of Archived.
+func (s *ThreadEntry) SetArchived(val OptBool) {
+	s.Archived = val
+}
+
+// SetUpdatedAt sets the value of UpdatedAt.
+func (s *ThreadEntry) SetUpdatedAt(val OptString) {
+	s.UpdatedAt = val
+}
+
+// SetMatch sets the value of Match.
+func (s *ThreadEntry) SetMatch(val OptString) {
+	s.Match = val
+}
+
+// SetTracked sets the value of Tracked.
+func (s *ThreadEntry) SetTracked(val bool) {
+	s.Tracked = val
+}
+
+// SetWatching sets the value of Watching.
+func (s *ThreadEntry) SetWatching(val bool) {
+	s.Watching = val
+}
+
 // Ref: #/$defs/ThreadInput
 type ThreadInput struct {
 	// The thread, as returned by t3_dispatch or listed by t3_watch.
 	ThreadID string `json:"thread_id"`
 	// How many of the latest runs to show (1 to 20, default 3).
 	Turns OptInt `json:"turns"`
+	// Add the files a run changed and its unified diff (cut to a size limit).
+	Diff OptBool `json:"diff"`
+	// The run to diff (default: the latest).
+	RunID OptString `json:"run_id"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -3096,6 +3551,16 @@ func (s *ThreadInput) GetTurns() OptInt {
 	return s.Turns
 }
 
+// GetDiff returns the value of Diff.
+func (s *ThreadInput) GetDiff() OptBool {
+	return s.Diff
+}
+
+// GetRunID returns the value of RunID.
+func (s *ThreadInput) GetRunID() OptString {
+	return s.RunID
+}
+
 // SetThreadID sets the value of ThreadID.
 func (s *ThreadInput) SetThreadID(val string) {
 	s.ThreadID = val
@@ -3104,6 +3569,16 @@ func (s *ThreadInput) SetThreadID(val string) {
 // SetTurns sets the value of Turns.
 func (s *ThreadInput) SetTurns(val OptInt) {
 	s.Turns = val
+}
+
+// SetDiff sets the value of Diff.
+func (s *ThreadInput) SetDiff(val OptBool) {
+	s.Diff = val
+}
+
+// SetRunID sets the value of RunID.
+func (s *ThreadInput) SetRunID(val OptString) {
+	s.RunID = val
 }
 
 // A thread as it is now.
@@ -3127,6 +3602,11 @@ type ThreadState struct {
 	// How many runs the thread has in all (runs shows only the latest).
 	RunCount        OptInt             `json:"run_count"`
 	PendingQuestion OptPendingQuestion `json:"pending_question"`
+	// The git branch the thread works on, when T3 knows one.
+	Branch OptString `json:"branch"`
+	// The thread's own git worktree, when it has one.
+	Worktree OptString  `json:"worktree"`
+	Diff     OptRunDiff `json:"diff"`
 	// Where text was cut to keep this answer small; absent when nothing was cut.
 	Truncated []TruncationNote `json:"truncated"`
 }
@@ -3174,6 +3654,21 @@ func (s *ThreadState) GetRunCount() OptInt {
 // GetPendingQuestion returns the value of PendingQuestion.
 func (s *ThreadState) GetPendingQuestion() OptPendingQuestion {
 	return s.PendingQuestion
+}
+
+// GetBranch returns the value of Branch.
+func (s *ThreadState) GetBranch() OptString {
+	return s.Branch
+}
+
+// GetWorktree returns the value of Worktree.
+func (s *ThreadState) GetWorktree() OptString {
+	return s.Worktree
+}
+
+// GetDiff returns the value of Diff.
+func (s *ThreadState) GetDiff() OptRunDiff {
+	return s.Diff
 }
 
 // GetTruncated returns the value of Truncated.
@@ -3226,9 +3721,165 @@ func (s *ThreadState) SetPendingQuestion(val OptPendingQuestion) {
 	s.PendingQuestion = val
 }
 
+// SetBranch sets the value of Branch.
+func (s *ThreadState) SetBranch(val OptString) {
+	s.Branch = val
+}
+
+// SetWorktree sets the value of Worktree.
+func (s *ThreadState) SetWorktree(val OptString) {
+	s.Worktree = val
+}
+
+// SetDiff sets the value of Diff.
+func (s *ThreadState) SetDiff(val OptRunDiff) {
+	s.Diff = val
+}
+
 // SetTruncated sets the value of Truncated.
 func (s *ThreadState) SetTruncated(val []TruncationNote) {
 	s.Truncated = val
+}
+
+// Ref: #/$defs/ThreadsInput
+type ThreadsInput struct {
+	// Machine name from t3_machines.
+	Machine string `json:"machine"`
+	// Only this project (id, title or path).
+	Project OptString `json:"project"`
+	// Only threads with this status, or busy (a run is going) or question (waits for t3_answer).
+	Status OptString `json:"status"`
+	// Only threads whose messages contain this text (2+ characters; T3 search, at most 50 threads, not
+	// archived ones).
+	Query OptString `json:"query"`
+	// Include archived threads.
+	Archived OptBool `json:"archived"`
+	// Threads per page.
+	Limit OptInt `json:"limit"`
+	// Next_cursor of the previous page.
+	Cursor OptString `json:"cursor"`
+}
+
+// GetMachine returns the value of Machine.
+func (s *ThreadsInput) GetMachine() string {
+	return s.Machine
+}
+
+// GetProject returns the value of Project.
+func (s *ThreadsInput) GetProject() OptString {
+	return s.Project
+}
+
+// GetStatus returns the value of Status.
+func (s *ThreadsInput) GetStatus() OptString {
+	return s.Status
+}
+
+// GetQuery returns the value of Query.
+func (s *ThreadsInput) GetQuery() OptString {
+	return s.Query
+}
+
+// GetArchived returns the value of Archived.
+func (s *ThreadsInput) GetArchived() OptBool {
+	return s.Archived
+}
+
+// GetLimit returns the value of Limit.
+func (s *ThreadsInput) GetLimit() OptInt {
+	return s.Limit
+}
+
+// GetCursor returns the value of Cursor.
+func (s *ThreadsInput) GetCursor() OptString {
+	return s.Cursor
+}
+
+// SetMachine sets the value of Machine.
+func (s *ThreadsInput) SetMachine(val string) {
+	s.Machine = val
+}
+
+// SetProject sets the value of Project.
+func (s *ThreadsInput) SetProject(val OptString) {
+	s.Project = val
+}
+
+// SetStatus sets the value of Status.
+func (s *ThreadsInput) SetStatus(val OptString) {
+	s.Status = val
+}
+
+// SetQuery sets the value of Query.
+func (s *ThreadsInput) SetQuery(val OptString) {
+	s.Query = val
+}
+
+// SetArchived sets the value of Archived.
+func (s *ThreadsInput) SetArchived(val OptBool) {
+	s.Archived = val
+}
+
+// SetLimit sets the value of Limit.
+func (s *ThreadsInput) SetLimit(val OptInt) {
+	s.Limit = val
+}
+
+// SetCursor sets the value of Cursor.
+func (s *ThreadsInput) SetCursor(val OptString) {
+	s.Cursor = val
+}
+
+// Ref: #/$defs/ThreadsOutput
+type ThreadsOutput struct {
+	// The machine.
+	Machine string `json:"machine"`
+	// This page.
+	Threads []ThreadEntry `json:"threads"`
+	// Threads matching, over all pages.
+	Total int `json:"total"`
+	// Pass as cursor for the next page; absent on the last.
+	NextCursor OptString `json:"next_cursor"`
+}
+
+// GetMachine returns the value of Machine.
+func (s *ThreadsOutput) GetMachine() string {
+	return s.Machine
+}
+
+// GetThreads returns the value of Threads.
+func (s *ThreadsOutput) GetThreads() []ThreadEntry {
+	return s.Threads
+}
+
+// GetTotal returns the value of Total.
+func (s *ThreadsOutput) GetTotal() int {
+	return s.Total
+}
+
+// GetNextCursor returns the value of NextCursor.
+func (s *ThreadsOutput) GetNextCursor() OptString {
+	return s.NextCursor
+}
+
+// SetMachine sets the value of Machine.
+func (s *ThreadsOutput) SetMachine(val string) {
+	s.Machine = val
+}
+
+// SetThreads sets the value of Threads.
+func (s *ThreadsOutput) SetThreads(val []ThreadEntry) {
+	s.Threads = val
+}
+
+// SetTotal sets the value of Total.
+func (s *ThreadsOutput) SetTotal(val int) {
+	s.Total = val
+}
+
+// SetNextCursor sets the value of NextCursor.
+func (s *ThreadsOutput) SetNextCursor(val OptString) {
+	s.NextCursor = val
 }
 
 // A thread the connector tracks. With thread_id and enabled, t3_watch returns it as `thread`.
@@ -3553,6 +4204,14 @@ func (s *ThreadInput) setDefaults() {
 	{
 		val := int(3)
 		s.Turns.SetTo(val)
+	}
+}
+
+// setDefaults set default value of fields.
+func (s *ThreadsInput) setDefaults() {
+	{
+		val := int(25)
+		s.Limit.SetTo(val)
 	}
 }
 
@@ -5999,6 +6658,39 @@ func (s *OptQuestionKind) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes RunDiff as json.
+func (o OptRunDiff) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes RunDiff from json.
+func (o *OptRunDiff) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptRunDiff to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptRunDiff) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptRunDiff) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes RunSummary as json.
 func (o OptRunSummary) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -6067,6 +6759,39 @@ func (s *OptString) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes ThreadEntry as json.
+func (o OptThreadEntry) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes ThreadEntry from json.
+func (o *OptThreadEntry) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptThreadEntry to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptThreadEntry) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptThreadEntry) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes ThreadInput as json.
 func (o OptThreadInput) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -6129,6 +6854,72 @@ func (s OptThreadState) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *OptThreadState) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes ThreadsInput as json.
+func (o OptThreadsInput) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes ThreadsInput from json.
+func (o *OptThreadsInput) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptThreadsInput to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptThreadsInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptThreadsInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes ThreadsOutput as json.
+func (o OptThreadsOutput) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes ThreadsOutput from json.
+func (o *OptThreadsOutput) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptThreadsOutput to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptThreadsOutput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptThreadsOutput) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -7484,9 +8275,33 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 			s.TrackedThread.Encode(e)
 		}
 	}
+	{
+		if s.ThreadsInput.Set {
+			e.FieldStart("ThreadsInput")
+			s.ThreadsInput.Encode(e)
+		}
+	}
+	{
+		if s.ThreadsOutput.Set {
+			e.FieldStart("ThreadsOutput")
+			s.ThreadsOutput.Encode(e)
+		}
+	}
+	{
+		if s.ThreadEntry.Set {
+			e.FieldStart("ThreadEntry")
+			s.ThreadEntry.Encode(e)
+		}
+	}
+	{
+		if s.RunDiff.Set {
+			e.FieldStart("RunDiff")
+			s.RunDiff.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfRoot = [32]string{
+var jsonFieldsNameOfRoot = [36]string{
 	0:  "MachinesInput",
 	1:  "MachinesOutput",
 	2:  "ProjectsInput",
@@ -7519,6 +8334,10 @@ var jsonFieldsNameOfRoot = [32]string{
 	29: "AnswerValue",
 	30: "ApprovalDecision",
 	31: "TrackedThread",
+	32: "ThreadsInput",
+	33: "ThreadsOutput",
+	34: "ThreadEntry",
+	35: "RunDiff",
 }
 
 // Decode decodes Root from json.
@@ -7851,6 +8670,46 @@ func (s *Root) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"TrackedThread\"")
 			}
+		case "ThreadsInput":
+			if err := func() error {
+				s.ThreadsInput.Reset()
+				if err := s.ThreadsInput.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"ThreadsInput\"")
+			}
+		case "ThreadsOutput":
+			if err := func() error {
+				s.ThreadsOutput.Reset()
+				if err := s.ThreadsOutput.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"ThreadsOutput\"")
+			}
+		case "ThreadEntry":
+			if err := func() error {
+				s.ThreadEntry.Reset()
+				if err := s.ThreadEntry.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"ThreadEntry\"")
+			}
+		case "RunDiff":
+			if err := func() error {
+				s.RunDiff.Reset()
+				if err := s.RunDiff.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"RunDiff\"")
+			}
 		default:
 			return d.Skip()
 		}
@@ -7871,6 +8730,180 @@ func (s *Root) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *Root) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *RunDiff) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *RunDiff) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("run_id")
+		e.Str(s.RunID)
+	}
+	{
+		e.FieldStart("files")
+		e.ArrStart()
+		for _, elem := range s.Files {
+			elem.Encode(e)
+		}
+		e.ArrEnd()
+	}
+	{
+		e.FieldStart("diff")
+		e.Str(s.Diff)
+	}
+	{
+		e.FieldStart("total_bytes")
+		e.Int(s.TotalBytes)
+	}
+	{
+		if s.Unavailable.Set {
+			e.FieldStart("unavailable")
+			s.Unavailable.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfRunDiff = [5]string{
+	0: "run_id",
+	1: "files",
+	2: "diff",
+	3: "total_bytes",
+	4: "unavailable",
+}
+
+// Decode decodes RunDiff from json.
+func (s *RunDiff) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode RunDiff to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "run_id":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.RunID = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"run_id\"")
+			}
+		case "files":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				s.Files = make([]ChangedFile, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem ChangedFile
+					if err := elem.Decode(d); err != nil {
+						return err
+					}
+					s.Files = append(s.Files, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"files\"")
+			}
+		case "diff":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Str()
+				s.Diff = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"diff\"")
+			}
+		case "total_bytes":
+			requiredBitSet[0] |= 1 << 3
+			if err := func() error {
+				v, err := d.Int()
+				s.TotalBytes = int(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"total_bytes\"")
+			}
+		case "unavailable":
+			if err := func() error {
+				s.Unavailable.Reset()
+				if err := s.Unavailable.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"unavailable\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode RunDiff")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00001111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfRunDiff) {
+					name = jsonFieldsNameOfRunDiff[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *RunDiff) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *RunDiff) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -8098,6 +9131,305 @@ func (s *RunSummary) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
+func (s *ThreadEntry) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *ThreadEntry) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("thread_id")
+		e.Str(s.ThreadID)
+	}
+	{
+		e.FieldStart("project")
+		s.Project.Encode(e)
+	}
+	{
+		e.FieldStart("title")
+		e.Str(s.Title)
+	}
+	{
+		e.FieldStart("status")
+		e.Str(s.Status)
+	}
+	{
+		if s.LatestRunID.Set {
+			e.FieldStart("latest_run_id")
+			s.LatestRunID.Encode(e)
+		}
+	}
+	{
+		if s.Question.Set {
+			e.FieldStart("question")
+			s.Question.Encode(e)
+		}
+	}
+	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.Worktree.Set {
+			e.FieldStart("worktree")
+			s.Worktree.Encode(e)
+		}
+	}
+	{
+		if s.Archived.Set {
+			e.FieldStart("archived")
+			s.Archived.Encode(e)
+		}
+	}
+	{
+		if s.UpdatedAt.Set {
+			e.FieldStart("updated_at")
+			s.UpdatedAt.Encode(e)
+		}
+	}
+	{
+		if s.Match.Set {
+			e.FieldStart("match")
+			s.Match.Encode(e)
+		}
+	}
+	{
+		e.FieldStart("tracked")
+		e.Bool(s.Tracked)
+	}
+	{
+		e.FieldStart("watching")
+		e.Bool(s.Watching)
+	}
+}
+
+var jsonFieldsNameOfThreadEntry = [13]string{
+	0:  "thread_id",
+	1:  "project",
+	2:  "title",
+	3:  "status",
+	4:  "latest_run_id",
+	5:  "question",
+	6:  "branch",
+	7:  "worktree",
+	8:  "archived",
+	9:  "updated_at",
+	10: "match",
+	11: "tracked",
+	12: "watching",
+}
+
+// Decode decodes ThreadEntry from json.
+func (s *ThreadEntry) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ThreadEntry to nil")
+	}
+	var requiredBitSet [2]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "thread_id":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.ThreadID = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"thread_id\"")
+			}
+		case "project":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				if err := s.Project.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"project\"")
+			}
+		case "title":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Str()
+				s.Title = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"title\"")
+			}
+		case "status":
+			requiredBitSet[0] |= 1 << 3
+			if err := func() error {
+				v, err := d.Str()
+				s.Status = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"status\"")
+			}
+		case "latest_run_id":
+			if err := func() error {
+				s.LatestRunID.Reset()
+				if err := s.LatestRunID.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"latest_run_id\"")
+			}
+		case "question":
+			if err := func() error {
+				s.Question.Reset()
+				if err := s.Question.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"question\"")
+			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktree":
+			if err := func() error {
+				s.Worktree.Reset()
+				if err := s.Worktree.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktree\"")
+			}
+		case "archived":
+			if err := func() error {
+				s.Archived.Reset()
+				if err := s.Archived.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"archived\"")
+			}
+		case "updated_at":
+			if err := func() error {
+				s.UpdatedAt.Reset()
+				if err := s.UpdatedAt.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"updated_at\"")
+			}
+		case "match":
+			if err := func() error {
+				s.Match.Reset()
+				if err := s.Match.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"match\"")
+			}
+		case "tracked":
+			requiredBitSet[1] |= 1 << 3
+			if err := func() error {
+				v, err := d.Bool()
+				s.Tracked = bool(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"tracked\"")
+			}
+		case "watching":
+			requiredBitSet[1] |= 1 << 4
+			if err := func() error {
+				v, err := d.Bool()
+				s.Watching = bool(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"watching\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode ThreadEntry")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [2]uint8{
+		0b00001111,
+		0b00011000,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfThreadEntry) {
+					name = jsonFieldsNameOfThreadEntry[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *ThreadEntry) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ThreadEntry) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
 func (s *ThreadInput) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
@@ -8116,11 +9448,25 @@ func (s *ThreadInput) encodeFields(e *jx.Encoder) {
 			s.Turns.Encode(e)
 		}
 	}
+	{
+		if s.Diff.Set {
+			e.FieldStart("diff")
+			s.Diff.Encode(e)
+		}
+	}
+	{
+		if s.RunID.Set {
+			e.FieldStart("run_id")
+			s.RunID.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfThreadInput = [2]string{
+var jsonFieldsNameOfThreadInput = [4]string{
 	0: "thread_id",
 	1: "turns",
+	2: "diff",
+	3: "run_id",
 }
 
 // Decode decodes ThreadInput from json.
@@ -8154,6 +9500,26 @@ func (s *ThreadInput) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"turns\"")
+			}
+		case "diff":
+			if err := func() error {
+				s.Diff.Reset()
+				if err := s.Diff.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"diff\"")
+			}
+		case "run_id":
+			if err := func() error {
+				s.RunID.Reset()
+				if err := s.RunID.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"run_id\"")
 			}
 		default:
 			return errors.Errorf("unexpected field %q", k)
@@ -8267,6 +9633,24 @@ func (s *ThreadState) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.Worktree.Set {
+			e.FieldStart("worktree")
+			s.Worktree.Encode(e)
+		}
+	}
+	{
+		if s.Diff.Set {
+			e.FieldStart("diff")
+			s.Diff.Encode(e)
+		}
+	}
+	{
 		if s.Truncated != nil {
 			e.FieldStart("truncated")
 			e.ArrStart()
@@ -8278,17 +9662,20 @@ func (s *ThreadState) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfThreadState = [10]string{
-	0: "thread_id",
-	1: "machine",
-	2: "project",
-	3: "title",
-	4: "status",
-	5: "latest_run",
-	6: "runs",
-	7: "run_count",
-	8: "pending_question",
-	9: "truncated",
+var jsonFieldsNameOfThreadState = [13]string{
+	0:  "thread_id",
+	1:  "machine",
+	2:  "project",
+	3:  "title",
+	4:  "status",
+	5:  "latest_run",
+	6:  "runs",
+	7:  "run_count",
+	8:  "pending_question",
+	9:  "branch",
+	10: "worktree",
+	11: "diff",
+	12: "truncated",
 }
 
 // Decode decodes ThreadState from json.
@@ -8406,6 +9793,36 @@ func (s *ThreadState) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"pending_question\"")
 			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktree":
+			if err := func() error {
+				s.Worktree.Reset()
+				if err := s.Worktree.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktree\"")
+			}
+		case "diff":
+			if err := func() error {
+				s.Diff.Reset()
+				if err := s.Diff.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"diff\"")
+			}
 		case "truncated":
 			if err := func() error {
 				s.Truncated = make([]TruncationNote, 0)
@@ -8476,6 +9893,362 @@ func (s *ThreadState) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *ThreadState) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *ThreadsInput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *ThreadsInput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("machine")
+		e.Str(s.Machine)
+	}
+	{
+		if s.Project.Set {
+			e.FieldStart("project")
+			s.Project.Encode(e)
+		}
+	}
+	{
+		if s.Status.Set {
+			e.FieldStart("status")
+			s.Status.Encode(e)
+		}
+	}
+	{
+		if s.Query.Set {
+			e.FieldStart("query")
+			s.Query.Encode(e)
+		}
+	}
+	{
+		if s.Archived.Set {
+			e.FieldStart("archived")
+			s.Archived.Encode(e)
+		}
+	}
+	{
+		if s.Limit.Set {
+			e.FieldStart("limit")
+			s.Limit.Encode(e)
+		}
+	}
+	{
+		if s.Cursor.Set {
+			e.FieldStart("cursor")
+			s.Cursor.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfThreadsInput = [7]string{
+	0: "machine",
+	1: "project",
+	2: "status",
+	3: "query",
+	4: "archived",
+	5: "limit",
+	6: "cursor",
+}
+
+// Decode decodes ThreadsInput from json.
+func (s *ThreadsInput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ThreadsInput to nil")
+	}
+	var requiredBitSet [1]uint8
+	s.setDefaults()
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "machine":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.Machine = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"machine\"")
+			}
+		case "project":
+			if err := func() error {
+				s.Project.Reset()
+				if err := s.Project.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"project\"")
+			}
+		case "status":
+			if err := func() error {
+				s.Status.Reset()
+				if err := s.Status.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"status\"")
+			}
+		case "query":
+			if err := func() error {
+				s.Query.Reset()
+				if err := s.Query.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"query\"")
+			}
+		case "archived":
+			if err := func() error {
+				s.Archived.Reset()
+				if err := s.Archived.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"archived\"")
+			}
+		case "limit":
+			if err := func() error {
+				s.Limit.Reset()
+				if err := s.Limit.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"limit\"")
+			}
+		case "cursor":
+			if err := func() error {
+				s.Cursor.Reset()
+				if err := s.Cursor.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"cursor\"")
+			}
+		default:
+			return errors.Errorf("unexpected field %q", k)
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode ThreadsInput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000001,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfThreadsInput) {
+					name = jsonFieldsNameOfThreadsInput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *ThreadsInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ThreadsInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *ThreadsOutput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *ThreadsOutput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("machine")
+		e.Str(s.Machine)
+	}
+	{
+		e.FieldStart("threads")
+		e.ArrStart()
+		for _, elem := range s.Threads {
+			elem.Encode(e)
+		}
+		e.ArrEnd()
+	}
+	{
+		e.FieldStart("total")
+		e.Int(s.Total)
+	}
+	{
+		if s.NextCursor.Set {
+			e.FieldStart("next_cursor")
+			s.NextCursor.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfThreadsOutput = [4]string{
+	0: "machine",
+	1: "threads",
+	2: "total",
+	3: "next_cursor",
+}
+
+// Decode decodes ThreadsOutput from json.
+func (s *ThreadsOutput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ThreadsOutput to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "machine":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.Machine = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"machine\"")
+			}
+		case "threads":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				s.Threads = make([]ThreadEntry, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem ThreadEntry
+					if err := elem.Decode(d); err != nil {
+						return err
+					}
+					s.Threads = append(s.Threads, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"threads\"")
+			}
+		case "total":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Int()
+				s.Total = int(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"total\"")
+			}
+		case "next_cursor":
+			if err := func() error {
+				s.NextCursor.Reset()
+				if err := s.NextCursor.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"next_cursor\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode ThreadsOutput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfThreadsOutput) {
+					name = jsonFieldsNameOfThreadsOutput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *ThreadsOutput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ThreadsOutput) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -9879,6 +11652,131 @@ func (s *Root) Validate() error {
 			Error: err,
 		})
 	}
+	if err := func() error {
+		if value, ok := s.ThreadsInput.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "ThreadsInput",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.ThreadsOutput.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "ThreadsOutput",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.ThreadEntry.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "ThreadEntry",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.RunDiff.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "RunDiff",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
+}
+
+func (s *RunDiff) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if s.Files == nil {
+			return errors.New("nil is invalid value")
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "files",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
+}
+
+func (s *ThreadEntry) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if value, ok := s.Question.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "question",
+			Error: err,
+		})
+	}
 	if len(failures) > 0 {
 		return &validate.Error{Fields: failures}
 	}
@@ -9957,6 +11855,104 @@ func (s *ThreadState) Validate() error {
 	}(); err != nil {
 		failures = append(failures, validate.FieldError{
 			Name:  "pending_question",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.Diff.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "diff",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
+}
+
+func (s *ThreadsInput) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if value, ok := s.Limit.Get(); ok {
+			if err := func() error {
+				if err := (validate.Int{
+					MinSet:        true,
+					Min:           1,
+					MaxSet:        true,
+					Max:           100,
+					MinExclusive:  false,
+					MaxExclusive:  false,
+					MultipleOfSet: false,
+					MultipleOf:    0,
+					Pattern:       nil,
+				}).Validate(int64(value)); err != nil {
+					return errors.Wrap(err, "int")
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "limit",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
+}
+
+func (s *ThreadsOutput) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if s.Threads == nil {
+			return errors.New("nil is invalid value")
+		}
+		var failures []validate.FieldError
+		for i, elem := range s.Threads {
+			if err := func() error {
+				if err := elem.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				failures = append(failures, validate.FieldError{
+					Name:  fmt.Sprintf("[%d]", i),
+					Error: err,
+				})
+			}
+		}
+		if len(failures) > 0 {
+			return &validate.Error{Fields: failures}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "threads",
 			Error: err,
 		})
 	}

@@ -4673,6 +4673,18 @@ func (s *ThreadShell) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *ThreadShell) encodeFields(e *jx.Encoder) {
 	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.WorktreePath.Set {
+			e.FieldStart("worktreePath")
+			s.WorktreePath.Encode(e)
+		}
+	}
+	{
 		e.FieldStart("id")
 		e.Str(s.ID)
 	}
@@ -4792,28 +4804,30 @@ func (s *ThreadShell) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfThreadShell = [21]string{
-	0:  "id",
-	1:  "projectId",
-	2:  "title",
-	3:  "modelSelection",
-	4:  "runtimeMode",
-	5:  "interactionMode",
-	6:  "status",
-	7:  "latestRunId",
-	8:  "activeRunId",
-	9:  "latestRunRequestedAt",
-	10: "latestRunStartedAt",
-	11: "latestRunCompletedAt",
-	12: "activityRunStatus",
-	13: "lastError",
-	14: "pendingRuntimeRequest",
-	15: "latestVisibleMessage",
-	16: "itemCount",
-	17: "createdAt",
-	18: "updatedAt",
-	19: "archivedAt",
-	20: "deletedAt",
+var jsonFieldsNameOfThreadShell = [23]string{
+	0:  "branch",
+	1:  "worktreePath",
+	2:  "id",
+	3:  "projectId",
+	4:  "title",
+	5:  "modelSelection",
+	6:  "runtimeMode",
+	7:  "interactionMode",
+	8:  "status",
+	9:  "latestRunId",
+	10: "activeRunId",
+	11: "latestRunRequestedAt",
+	12: "latestRunStartedAt",
+	13: "latestRunCompletedAt",
+	14: "activityRunStatus",
+	15: "lastError",
+	16: "pendingRuntimeRequest",
+	17: "latestVisibleMessage",
+	18: "itemCount",
+	19: "createdAt",
+	20: "updatedAt",
+	21: "archivedAt",
+	22: "deletedAt",
 }
 
 // Decode decodes ThreadShell from json.
@@ -4825,8 +4839,28 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktreePath":
+			if err := func() error {
+				s.WorktreePath.Reset()
+				if err := s.WorktreePath.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktreePath\"")
+			}
 		case "id":
-			requiredBitSet[0] |= 1 << 0
+			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.ID = string(v)
@@ -4838,7 +4872,7 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"id\"")
 			}
 		case "projectId":
-			requiredBitSet[0] |= 1 << 1
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.ProjectId = string(v)
@@ -4850,7 +4884,7 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"projectId\"")
 			}
 		case "title":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.Title = string(v)
@@ -4892,7 +4926,7 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"interactionMode\"")
 			}
 		case "status":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				v, err := d.Str()
 				s.Status = string(v)
@@ -5054,8 +5088,8 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [3]uint8{
-		0b01000111,
-		0b00000000,
+		0b00011100,
+		0b00000001,
 		0b00000000,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {

@@ -2463,6 +2463,11 @@ func (s *ThreadProjection) SetUpdatedAt(val OptString) {
 // A thread's sidebar row: status and run pointers, no timeline.
 // Ref: #/$defs/ThreadShell
 type ThreadShell struct {
+	// The git branch the thread works on (a worktree thread's own branch), null when T3 set none.
+	Branch OptNilString `json:"branch"`
+	// The thread's git worktree; null for the project root, and for a worktree thread until
+	// thread.metadata-updated brings the path (fixture 20).
+	WorktreePath    OptNilString      `json:"worktreePath"`
 	ID              string            `json:"id"`
 	ProjectId       string            `json:"projectId"`
 	Title           string            `json:"title"`
@@ -2494,6 +2499,16 @@ type ThreadShell struct {
 	ArchivedAt OptNilString `json:"archivedAt"`
 	// ISO 8601, null until reached.
 	DeletedAt OptNilString `json:"deletedAt"`
+}
+
+// GetBranch returns the value of Branch.
+func (s *ThreadShell) GetBranch() OptNilString {
+	return s.Branch
+}
+
+// GetWorktreePath returns the value of WorktreePath.
+func (s *ThreadShell) GetWorktreePath() OptNilString {
+	return s.WorktreePath
 }
 
 // GetID returns the value of ID.
@@ -2599,6 +2614,16 @@ func (s *ThreadShell) GetArchivedAt() OptNilString {
 // GetDeletedAt returns the value of DeletedAt.
 func (s *ThreadShell) GetDeletedAt() OptNilString {
 	return s.DeletedAt
+}
+
+// SetBranch sets the value of Branch.
+func (s *ThreadShell) SetBranch(val OptNilString) {
+	s.Branch = val
+}
+
+// SetWorktreePath sets the value of WorktreePath.
+func (s *ThreadShell) SetWorktreePath(val OptNilString) {
+	s.WorktreePath = val
 }
 
 // SetID sets the value of ID.

@@ -1214,6 +1214,44 @@ func (s *Failure) SetRetryable(val OptNilBool) {
 	s.Retryable = val
 }
 
+// Orchestration.getFullThreadDiff: turn 0 to toTurnCount (fails like any range from turn 0).
+// Ref: #/$defs/FullThreadDiffInput
+type FullThreadDiffInput struct {
+	ThreadId         string  `json:"threadId"`
+	ToTurnCount      int64   `json:"toTurnCount"`
+	IgnoreWhitespace OptBool `json:"ignoreWhitespace"`
+}
+
+// GetThreadId returns the value of ThreadId.
+func (s *FullThreadDiffInput) GetThreadId() string {
+	return s.ThreadId
+}
+
+// GetToTurnCount returns the value of ToTurnCount.
+func (s *FullThreadDiffInput) GetToTurnCount() int64 {
+	return s.ToTurnCount
+}
+
+// GetIgnoreWhitespace returns the value of IgnoreWhitespace.
+func (s *FullThreadDiffInput) GetIgnoreWhitespace() OptBool {
+	return s.IgnoreWhitespace
+}
+
+// SetThreadId sets the value of ThreadId.
+func (s *FullThreadDiffInput) SetThreadId(val string) {
+	s.ThreadId = val
+}
+
+// SetToTurnCount sets the value of ToTurnCount.
+func (s *FullThreadDiffInput) SetToTurnCount(val int64) {
+	s.ToTurnCount = val
+}
+
+// SetIgnoreWhitespace sets the value of IgnoreWhitespace.
+func (s *FullThreadDiffInput) SetIgnoreWhitespace(val OptBool) {
+	s.IgnoreWhitespace = val
+}
+
 // Ref: #/$defs/GetThreadProjectionInput
 type GetThreadProjectionInput struct {
 	ThreadId string `json:"threadId"`
@@ -2327,6 +2365,52 @@ func (o OptFailure) Or(d Failure) Failure {
 	return d
 }
 
+// NewOptFullThreadDiffInput returns new OptFullThreadDiffInput with value set to v.
+func NewOptFullThreadDiffInput(v FullThreadDiffInput) OptFullThreadDiffInput {
+	return OptFullThreadDiffInput{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptFullThreadDiffInput is optional FullThreadDiffInput.
+type OptFullThreadDiffInput struct {
+	Value FullThreadDiffInput
+	Set   bool
+}
+
+// IsSet returns true if OptFullThreadDiffInput was set.
+func (o OptFullThreadDiffInput) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptFullThreadDiffInput) Reset() {
+	var v FullThreadDiffInput
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptFullThreadDiffInput) SetTo(v FullThreadDiffInput) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptFullThreadDiffInput) Get() (v FullThreadDiffInput, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptFullThreadDiffInput) Or(d FullThreadDiffInput) FullThreadDiffInput {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptGetThreadProjectionInput returns new OptGetThreadProjectionInput with value set to v.
 func NewOptGetThreadProjectionInput(v GetThreadProjectionInput) OptGetThreadProjectionInput {
 	return OptGetThreadProjectionInput{
@@ -3379,6 +3463,98 @@ func (o OptRuntimeRequestRespondCommandAnswers) Or(d RuntimeRequestRespondComman
 	return d
 }
 
+// NewOptSearchThreadsInput returns new OptSearchThreadsInput with value set to v.
+func NewOptSearchThreadsInput(v SearchThreadsInput) OptSearchThreadsInput {
+	return OptSearchThreadsInput{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptSearchThreadsInput is optional SearchThreadsInput.
+type OptSearchThreadsInput struct {
+	Value SearchThreadsInput
+	Set   bool
+}
+
+// IsSet returns true if OptSearchThreadsInput was set.
+func (o OptSearchThreadsInput) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptSearchThreadsInput) Reset() {
+	var v SearchThreadsInput
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptSearchThreadsInput) SetTo(v SearchThreadsInput) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptSearchThreadsInput) Get() (v SearchThreadsInput, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptSearchThreadsInput) Or(d SearchThreadsInput) SearchThreadsInput {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptSearchThreadsResult returns new OptSearchThreadsResult with value set to v.
+func NewOptSearchThreadsResult(v SearchThreadsResult) OptSearchThreadsResult {
+	return OptSearchThreadsResult{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptSearchThreadsResult is optional SearchThreadsResult.
+type OptSearchThreadsResult struct {
+	Value SearchThreadsResult
+	Set   bool
+}
+
+// IsSet returns true if OptSearchThreadsResult was set.
+func (o OptSearchThreadsResult) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptSearchThreadsResult) Reset() {
+	var v SearchThreadsResult
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptSearchThreadsResult) SetTo(v SearchThreadsResult) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptSearchThreadsResult) Get() (v SearchThreadsResult, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptSearchThreadsResult) Or(d SearchThreadsResult) SearchThreadsResult {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // NewOptServerConfig returns new OptServerConfig with value set to v.
 func NewOptServerConfig(v ServerConfig) OptServerConfig {
 	return OptServerConfig{
@@ -3971,6 +4147,98 @@ func (o OptThreadStreamItem) Get() (v ThreadStreamItem, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptThreadStreamItem) Or(d ThreadStreamItem) ThreadStreamItem {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptTurnDiffInput returns new OptTurnDiffInput with value set to v.
+func NewOptTurnDiffInput(v TurnDiffInput) OptTurnDiffInput {
+	return OptTurnDiffInput{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptTurnDiffInput is optional TurnDiffInput.
+type OptTurnDiffInput struct {
+	Value TurnDiffInput
+	Set   bool
+}
+
+// IsSet returns true if OptTurnDiffInput was set.
+func (o OptTurnDiffInput) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptTurnDiffInput) Reset() {
+	var v TurnDiffInput
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptTurnDiffInput) SetTo(v TurnDiffInput) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptTurnDiffInput) Get() (v TurnDiffInput, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptTurnDiffInput) Or(d TurnDiffInput) TurnDiffInput {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptTurnDiffResult returns new OptTurnDiffResult with value set to v.
+func NewOptTurnDiffResult(v TurnDiffResult) OptTurnDiffResult {
+	return OptTurnDiffResult{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptTurnDiffResult is optional TurnDiffResult.
+type OptTurnDiffResult struct {
+	Value TurnDiffResult
+	Set   bool
+}
+
+// IsSet returns true if OptTurnDiffResult was set.
+func (o OptTurnDiffResult) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptTurnDiffResult) Reset() {
+	var v TurnDiffResult
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptTurnDiffResult) SetTo(v TurnDiffResult) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptTurnDiffResult) Get() (v TurnDiffResult, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptTurnDiffResult) Or(d TurnDiffResult) TurnDiffResult {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -4738,6 +5006,11 @@ type Root struct {
 	LaunchThreadInput              OptLaunchThreadInput              `json:"LaunchThreadInput"`
 	LaunchThreadResult             OptLaunchThreadResult             `json:"LaunchThreadResult"`
 	ServerConfig                   OptServerConfig                   `json:"ServerConfig"`
+	TurnDiffInput                  OptTurnDiffInput                  `json:"TurnDiffInput"`
+	FullThreadDiffInput            OptFullThreadDiffInput            `json:"FullThreadDiffInput"`
+	TurnDiffResult                 OptTurnDiffResult                 `json:"TurnDiffResult"`
+	SearchThreadsInput             OptSearchThreadsInput             `json:"SearchThreadsInput"`
+	SearchThreadsResult            OptSearchThreadsResult            `json:"SearchThreadsResult"`
 	TaggedError                    OptTaggedError                    `json:"TaggedError"`
 }
 
@@ -4824,6 +5097,31 @@ func (s *Root) GetLaunchThreadResult() OptLaunchThreadResult {
 // GetServerConfig returns the value of ServerConfig.
 func (s *Root) GetServerConfig() OptServerConfig {
 	return s.ServerConfig
+}
+
+// GetTurnDiffInput returns the value of TurnDiffInput.
+func (s *Root) GetTurnDiffInput() OptTurnDiffInput {
+	return s.TurnDiffInput
+}
+
+// GetFullThreadDiffInput returns the value of FullThreadDiffInput.
+func (s *Root) GetFullThreadDiffInput() OptFullThreadDiffInput {
+	return s.FullThreadDiffInput
+}
+
+// GetTurnDiffResult returns the value of TurnDiffResult.
+func (s *Root) GetTurnDiffResult() OptTurnDiffResult {
+	return s.TurnDiffResult
+}
+
+// GetSearchThreadsInput returns the value of SearchThreadsInput.
+func (s *Root) GetSearchThreadsInput() OptSearchThreadsInput {
+	return s.SearchThreadsInput
+}
+
+// GetSearchThreadsResult returns the value of SearchThreadsResult.
+func (s *Root) GetSearchThreadsResult() OptSearchThreadsResult {
+	return s.SearchThreadsResult
 }
 
 // GetTaggedError returns the value of TaggedError.
@@ -4914,6 +5212,31 @@ func (s *Root) SetLaunchThreadResult(val OptLaunchThreadResult) {
 // SetServerConfig sets the value of ServerConfig.
 func (s *Root) SetServerConfig(val OptServerConfig) {
 	s.ServerConfig = val
+}
+
+// SetTurnDiffInput sets the value of TurnDiffInput.
+func (s *Root) SetTurnDiffInput(val OptTurnDiffInput) {
+	s.TurnDiffInput = val
+}
+
+// SetFullThreadDiffInput sets the value of FullThreadDiffInput.
+func (s *Root) SetFullThreadDiffInput(val OptFullThreadDiffInput) {
+	s.FullThreadDiffInput = val
+}
+
+// SetTurnDiffResult sets the value of TurnDiffResult.
+func (s *Root) SetTurnDiffResult(val OptTurnDiffResult) {
+	s.TurnDiffResult = val
+}
+
+// SetSearchThreadsInput sets the value of SearchThreadsInput.
+func (s *Root) SetSearchThreadsInput(val OptSearchThreadsInput) {
+	s.SearchThreadsInput = val
+}
+
+// SetSearchThreadsResult sets the value of SearchThreadsResult.
+func (s *Root) SetSearchThreadsResult(val OptSearchThreadsResult) {
+	s.SearchThreadsResult = val
 }
 
 // SetTaggedError sets the value of TaggedError.
@@ -5336,6 +5659,49 @@ func (s *RuntimeRequestRespondCommandType) UnmarshalText(data []byte) error {
 	default:
 		return errors.Errorf("invalid value: %q", data)
 	}
+}
+
+// Orchestration.searchThreads: message text (not titles) of active threads; query at least 2
+// characters, limit 1 to 50 (both a Die otherwise, fixture 23).
+// Ref: #/$defs/SearchThreadsInput
+type SearchThreadsInput struct {
+	Query string `json:"query"`
+	Limit OptInt `json:"limit"`
+}
+
+// GetQuery returns the value of Query.
+func (s *SearchThreadsInput) GetQuery() string {
+	return s.Query
+}
+
+// GetLimit returns the value of Limit.
+func (s *SearchThreadsInput) GetLimit() OptInt {
+	return s.Limit
+}
+
+// SetQuery sets the value of Query.
+func (s *SearchThreadsInput) SetQuery(val string) {
+	s.Query = val
+}
+
+// SetLimit sets the value of Limit.
+func (s *SearchThreadsInput) SetLimit(val OptInt) {
+	s.Limit = val
+}
+
+// Ref: #/$defs/SearchThreadsResult
+type SearchThreadsResult struct {
+	Matches []ThreadSearchMatch `json:"matches"`
+}
+
+// GetMatches returns the value of Matches.
+func (s *SearchThreadsResult) GetMatches() []ThreadSearchMatch {
+	return s.Matches
+}
+
+// SetMatches sets the value of Matches.
+func (s *SearchThreadsResult) SetMatches(val []ThreadSearchMatch) {
+	s.Matches = val
 }
 
 // Server.getConfig result (the parts t3code-mcp reads).
@@ -6193,9 +6559,74 @@ func (s *ThreadProjection) SetUpdatedAt(val OptString) {
 	s.UpdatedAt = val
 }
 
+// Ref: #/$defs/ThreadSearchMatch
+type ThreadSearchMatch struct {
+	ThreadId  string `json:"threadId"`
+	ProjectId string `json:"projectId"`
+	// User or assistant.
+	Source           OptString `json:"source"`
+	Snippet          OptString `json:"snippet"`
+	MessageCreatedAt OptString `json:"messageCreatedAt"`
+}
+
+// GetThreadId returns the value of ThreadId.
+func (s *ThreadSearchMatch) GetThreadId() string {
+	return s.ThreadId
+}
+
+// GetProjectId returns the value of ProjectId.
+func (s *ThreadSearchMatch) GetProjectId() string {
+	return s.ProjectId
+}
+
+// GetSource returns the value of Source.
+func (s *ThreadSearchMatch) GetSource() OptString {
+	return s.Source
+}
+
+// GetSnippet returns the value of Snippet.
+func (s *ThreadSearchMatch) GetSnippet() OptString {
+	return s.Snippet
+}
+
+// GetMessageCreatedAt returns the value of MessageCreatedAt.
+func (s *ThreadSearchMatch) GetMessageCreatedAt() OptString {
+	return s.MessageCreatedAt
+}
+
+// SetThreadId sets the value of ThreadId.
+func (s *ThreadSearchMatch) SetThreadId(val string) {
+	s.ThreadId = val
+}
+
+// SetProjectId sets the value of ProjectId.
+func (s *ThreadSearchMatch) SetProjectId(val string) {
+	s.ProjectId = val
+}
+
+// SetSource sets the value of Source.
+func (s *ThreadSearchMatch) SetSource(val OptString) {
+	s.Source = val
+}
+
+// SetSnippet sets the value of Snippet.
+func (s *ThreadSearchMatch) SetSnippet(val OptString) {
+	s.Snippet = val
+}
+
+// SetMessageCreatedAt sets the value of MessageCreatedAt.
+func (s *ThreadSearchMatch) SetMessageCreatedAt(val OptString) {
+	s.MessageCreatedAt = val
+}
+
 // A thread's sidebar row: status and run pointers, no timeline.
 // Ref: #/$defs/ThreadShell
 type ThreadShell struct {
+	// The git branch the thread works on (a worktree thread's own branch), null when T3 set none.
+	Branch OptNilString `json:"branch"`
+	// The thread's git worktree; null for the project root, and for a worktree thread until
+	// thread.metadata-updated brings the path (fixture 20).
+	WorktreePath    OptNilString      `json:"worktreePath"`
 	ID              string            `json:"id"`
 	ProjectId       string            `json:"projectId"`
 	Title           string            `json:"title"`
@@ -6227,6 +6658,16 @@ type ThreadShell struct {
 	ArchivedAt OptNilString `json:"archivedAt"`
 	// ISO 8601, null until reached.
 	DeletedAt OptNilString `json:"deletedAt"`
+}
+
+// GetBranch returns the value of Branch.
+func (s *ThreadShell) GetBranch() OptNilString {
+	return s.Branch
+}
+
+// GetWorktreePath returns the value of WorktreePath.
+func (s *ThreadShell) GetWorktreePath() OptNilString {
+	return s.WorktreePath
 }
 
 // GetID returns the value of ID.
@@ -6332,6 +6773,16 @@ func (s *ThreadShell) GetArchivedAt() OptNilString {
 // GetDeletedAt returns the value of DeletedAt.
 func (s *ThreadShell) GetDeletedAt() OptNilString {
 	return s.DeletedAt
+}
+
+// SetBranch sets the value of Branch.
+func (s *ThreadShell) SetBranch(val OptNilString) {
+	s.Branch = val
+}
+
+// SetWorktreePath sets the value of WorktreePath.
+func (s *ThreadShell) SetWorktreePath(val OptNilString) {
+	s.WorktreePath = val
 }
 
 // SetID sets the value of ID.
@@ -6509,6 +6960,106 @@ func (s *ThreadStreamItem) SetEvent(val OptDomainEvent) {
 // SetEventType sets the value of EventType.
 func (s *ThreadStreamItem) SetEventType(val OptString) {
 	s.EventType = val
+}
+
+// Orchestration.getTurnDiff: the git diff between two checkpoints (turn counts; run n ends at turn n).
+// Ranges from turn 0 fail once the thread has two runs (fixture 22).
+// Ref: #/$defs/TurnDiffInput
+type TurnDiffInput struct {
+	ThreadId         string  `json:"threadId"`
+	FromTurnCount    int64   `json:"fromTurnCount"`
+	ToTurnCount      int64   `json:"toTurnCount"`
+	IgnoreWhitespace OptBool `json:"ignoreWhitespace"`
+}
+
+// GetThreadId returns the value of ThreadId.
+func (s *TurnDiffInput) GetThreadId() string {
+	return s.ThreadId
+}
+
+// GetFromTurnCount returns the value of FromTurnCount.
+func (s *TurnDiffInput) GetFromTurnCount() int64 {
+	return s.FromTurnCount
+}
+
+// GetToTurnCount returns the value of ToTurnCount.
+func (s *TurnDiffInput) GetToTurnCount() int64 {
+	return s.ToTurnCount
+}
+
+// GetIgnoreWhitespace returns the value of IgnoreWhitespace.
+func (s *TurnDiffInput) GetIgnoreWhitespace() OptBool {
+	return s.IgnoreWhitespace
+}
+
+// SetThreadId sets the value of ThreadId.
+func (s *TurnDiffInput) SetThreadId(val string) {
+	s.ThreadId = val
+}
+
+// SetFromTurnCount sets the value of FromTurnCount.
+func (s *TurnDiffInput) SetFromTurnCount(val int64) {
+	s.FromTurnCount = val
+}
+
+// SetToTurnCount sets the value of ToTurnCount.
+func (s *TurnDiffInput) SetToTurnCount(val int64) {
+	s.ToTurnCount = val
+}
+
+// SetIgnoreWhitespace sets the value of IgnoreWhitespace.
+func (s *TurnDiffInput) SetIgnoreWhitespace(val OptBool) {
+	s.IgnoreWhitespace = val
+}
+
+// Success value of getTurnDiff and getFullThreadDiff: diff is git diff text, empty when nothing
+// changed.
+// Ref: #/$defs/TurnDiffResult
+type TurnDiffResult struct {
+	ThreadId      string `json:"threadId"`
+	FromTurnCount int64  `json:"fromTurnCount"`
+	ToTurnCount   int64  `json:"toTurnCount"`
+	Diff          string `json:"diff"`
+}
+
+// GetThreadId returns the value of ThreadId.
+func (s *TurnDiffResult) GetThreadId() string {
+	return s.ThreadId
+}
+
+// GetFromTurnCount returns the value of FromTurnCount.
+func (s *TurnDiffResult) GetFromTurnCount() int64 {
+	return s.FromTurnCount
+}
+
+// GetToTurnCount returns the value of ToTurnCount.
+func (s *TurnDiffResult) GetToTurnCount() int64 {
+	return s.ToTurnCount
+}
+
+// GetDiff returns the value of Diff.
+func (s *TurnDiffResult) GetDiff() string {
+	return s.Diff
+}
+
+// SetThreadId sets the value of ThreadId.
+func (s *TurnDiffResult) SetThreadId(val string) {
+	s.ThreadId = val
+}
+
+// SetFromTurnCount sets the value of FromTurnCount.
+func (s *TurnDiffResult) SetFromTurnCount(val int64) {
+	s.FromTurnCount = val
+}
+
+// SetToTurnCount sets the value of ToTurnCount.
+func (s *TurnDiffResult) SetToTurnCount(val int64) {
+	s.ToTurnCount = val
+}
+
+// SetDiff sets the value of Diff.
+func (s *TurnDiffResult) SetDiff(val string) {
+	s.Diff = val
 }
 
 // One timeline row. A union on type in T3; kept flat here so that a type this schema does not know
@@ -9953,6 +10504,136 @@ func (s *Failure) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
+func (s *FullThreadDiffInput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *FullThreadDiffInput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("threadId")
+		e.Str(s.ThreadId)
+	}
+	{
+		e.FieldStart("toTurnCount")
+		e.Int64(s.ToTurnCount)
+	}
+	{
+		if s.IgnoreWhitespace.Set {
+			e.FieldStart("ignoreWhitespace")
+			s.IgnoreWhitespace.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfFullThreadDiffInput = [3]string{
+	0: "threadId",
+	1: "toTurnCount",
+	2: "ignoreWhitespace",
+}
+
+// Decode decodes FullThreadDiffInput from json.
+func (s *FullThreadDiffInput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode FullThreadDiffInput to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "threadId":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.ThreadId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"threadId\"")
+			}
+		case "toTurnCount":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Int64()
+				s.ToTurnCount = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"toTurnCount\"")
+			}
+		case "ignoreWhitespace":
+			if err := func() error {
+				s.IgnoreWhitespace.Reset()
+				if err := s.IgnoreWhitespace.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"ignoreWhitespace\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode FullThreadDiffInput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000011,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfFullThreadDiffInput) {
+					name = jsonFieldsNameOfFullThreadDiffInput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *FullThreadDiffInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *FullThreadDiffInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
 func (s *GetThreadProjectionInput) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
@@ -11967,6 +12648,39 @@ func (s *OptFailure) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes FullThreadDiffInput as json.
+func (o OptFullThreadDiffInput) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes FullThreadDiffInput from json.
+func (o *OptFullThreadDiffInput) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptFullThreadDiffInput to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptFullThreadDiffInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptFullThreadDiffInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes GetThreadProjectionInput as json.
 func (o OptGetThreadProjectionInput) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -12734,6 +13448,72 @@ func (s *OptRuntimeRequestRespondCommandAnswers) UnmarshalJSON(data []byte) erro
 	return s.Decode(d)
 }
 
+// Encode encodes SearchThreadsInput as json.
+func (o OptSearchThreadsInput) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes SearchThreadsInput from json.
+func (o *OptSearchThreadsInput) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptSearchThreadsInput to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptSearchThreadsInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptSearchThreadsInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes SearchThreadsResult as json.
+func (o OptSearchThreadsResult) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes SearchThreadsResult from json.
+func (o *OptSearchThreadsResult) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptSearchThreadsResult to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptSearchThreadsResult) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptSearchThreadsResult) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes ServerConfig as json.
 func (o OptServerConfig) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -13161,6 +13941,72 @@ func (s OptThreadStreamItem) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *OptThreadStreamItem) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes TurnDiffInput as json.
+func (o OptTurnDiffInput) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes TurnDiffInput from json.
+func (o *OptTurnDiffInput) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptTurnDiffInput to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptTurnDiffInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptTurnDiffInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode encodes TurnDiffResult as json.
+func (o OptTurnDiffResult) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes TurnDiffResult from json.
+func (o *OptTurnDiffResult) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptTurnDiffResult to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptTurnDiffResult) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptTurnDiffResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -15276,6 +16122,36 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.TurnDiffInput.Set {
+			e.FieldStart("TurnDiffInput")
+			s.TurnDiffInput.Encode(e)
+		}
+	}
+	{
+		if s.FullThreadDiffInput.Set {
+			e.FieldStart("FullThreadDiffInput")
+			s.FullThreadDiffInput.Encode(e)
+		}
+	}
+	{
+		if s.TurnDiffResult.Set {
+			e.FieldStart("TurnDiffResult")
+			s.TurnDiffResult.Encode(e)
+		}
+	}
+	{
+		if s.SearchThreadsInput.Set {
+			e.FieldStart("SearchThreadsInput")
+			s.SearchThreadsInput.Encode(e)
+		}
+	}
+	{
+		if s.SearchThreadsResult.Set {
+			e.FieldStart("SearchThreadsResult")
+			s.SearchThreadsResult.Encode(e)
+		}
+	}
+	{
 		if s.TaggedError.Set {
 			e.FieldStart("TaggedError")
 			s.TaggedError.Encode(e)
@@ -15283,7 +16159,7 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfRoot = [18]string{
+var jsonFieldsNameOfRoot = [23]string{
 	0:  "ClientMessage",
 	1:  "ServerMessage",
 	2:  "ShellStreamItem",
@@ -15301,7 +16177,12 @@ var jsonFieldsNameOfRoot = [18]string{
 	14: "LaunchThreadInput",
 	15: "LaunchThreadResult",
 	16: "ServerConfig",
-	17: "TaggedError",
+	17: "TurnDiffInput",
+	18: "FullThreadDiffInput",
+	19: "TurnDiffResult",
+	20: "SearchThreadsInput",
+	21: "SearchThreadsResult",
+	22: "TaggedError",
 }
 
 // Decode decodes Root from json.
@@ -15481,6 +16362,56 @@ func (s *Root) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"ServerConfig\"")
+			}
+		case "TurnDiffInput":
+			if err := func() error {
+				s.TurnDiffInput.Reset()
+				if err := s.TurnDiffInput.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"TurnDiffInput\"")
+			}
+		case "FullThreadDiffInput":
+			if err := func() error {
+				s.FullThreadDiffInput.Reset()
+				if err := s.FullThreadDiffInput.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"FullThreadDiffInput\"")
+			}
+		case "TurnDiffResult":
+			if err := func() error {
+				s.TurnDiffResult.Reset()
+				if err := s.TurnDiffResult.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"TurnDiffResult\"")
+			}
+		case "SearchThreadsInput":
+			if err := func() error {
+				s.SearchThreadsInput.Reset()
+				if err := s.SearchThreadsInput.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"SearchThreadsInput\"")
+			}
+		case "SearchThreadsResult":
+			if err := func() error {
+				s.SearchThreadsResult.Reset()
+				if err := s.SearchThreadsResult.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"SearchThreadsResult\"")
 			}
 		case "TaggedError":
 			if err := func() error {
@@ -16431,6 +17362,225 @@ func (s RuntimeRequestRespondCommandType) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *RuntimeRequestRespondCommandType) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *SearchThreadsInput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *SearchThreadsInput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("query")
+		e.Str(s.Query)
+	}
+	{
+		if s.Limit.Set {
+			e.FieldStart("limit")
+			s.Limit.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfSearchThreadsInput = [2]string{
+	0: "query",
+	1: "limit",
+}
+
+// Decode decodes SearchThreadsInput from json.
+func (s *SearchThreadsInput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode SearchThreadsInput to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "query":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.Query = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"query\"")
+			}
+		case "limit":
+			if err := func() error {
+				s.Limit.Reset()
+				if err := s.Limit.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"limit\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode SearchThreadsInput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000001,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfSearchThreadsInput) {
+					name = jsonFieldsNameOfSearchThreadsInput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *SearchThreadsInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *SearchThreadsInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *SearchThreadsResult) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *SearchThreadsResult) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("matches")
+		e.ArrStart()
+		for _, elem := range s.Matches {
+			elem.Encode(e)
+		}
+		e.ArrEnd()
+	}
+}
+
+var jsonFieldsNameOfSearchThreadsResult = [1]string{
+	0: "matches",
+}
+
+// Decode decodes SearchThreadsResult from json.
+func (s *SearchThreadsResult) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode SearchThreadsResult to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "matches":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				s.Matches = make([]ThreadSearchMatch, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem ThreadSearchMatch
+					if err := elem.Decode(d); err != nil {
+						return err
+					}
+					s.Matches = append(s.Matches, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"matches\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode SearchThreadsResult")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000001,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfSearchThreadsResult) {
+					name = jsonFieldsNameOfSearchThreadsResult[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *SearchThreadsResult) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *SearchThreadsResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -18337,6 +19487,170 @@ func (s *ThreadProjection) UnmarshalJSON(data []byte) error {
 }
 
 // Encode implements json.Marshaler.
+func (s *ThreadSearchMatch) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *ThreadSearchMatch) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("threadId")
+		e.Str(s.ThreadId)
+	}
+	{
+		e.FieldStart("projectId")
+		e.Str(s.ProjectId)
+	}
+	{
+		if s.Source.Set {
+			e.FieldStart("source")
+			s.Source.Encode(e)
+		}
+	}
+	{
+		if s.Snippet.Set {
+			e.FieldStart("snippet")
+			s.Snippet.Encode(e)
+		}
+	}
+	{
+		if s.MessageCreatedAt.Set {
+			e.FieldStart("messageCreatedAt")
+			s.MessageCreatedAt.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfThreadSearchMatch = [5]string{
+	0: "threadId",
+	1: "projectId",
+	2: "source",
+	3: "snippet",
+	4: "messageCreatedAt",
+}
+
+// Decode decodes ThreadSearchMatch from json.
+func (s *ThreadSearchMatch) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode ThreadSearchMatch to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "threadId":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.ThreadId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"threadId\"")
+			}
+		case "projectId":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Str()
+				s.ProjectId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"projectId\"")
+			}
+		case "source":
+			if err := func() error {
+				s.Source.Reset()
+				if err := s.Source.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"source\"")
+			}
+		case "snippet":
+			if err := func() error {
+				s.Snippet.Reset()
+				if err := s.Snippet.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"snippet\"")
+			}
+		case "messageCreatedAt":
+			if err := func() error {
+				s.MessageCreatedAt.Reset()
+				if err := s.MessageCreatedAt.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"messageCreatedAt\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode ThreadSearchMatch")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000011,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfThreadSearchMatch) {
+					name = jsonFieldsNameOfThreadSearchMatch[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *ThreadSearchMatch) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *ThreadSearchMatch) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
 func (s *ThreadShell) Encode(e *jx.Encoder) {
 	e.ObjStart()
 	s.encodeFields(e)
@@ -18345,6 +19659,18 @@ func (s *ThreadShell) Encode(e *jx.Encoder) {
 
 // encodeFields encodes fields.
 func (s *ThreadShell) encodeFields(e *jx.Encoder) {
+	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.WorktreePath.Set {
+			e.FieldStart("worktreePath")
+			s.WorktreePath.Encode(e)
+		}
+	}
 	{
 		e.FieldStart("id")
 		e.Str(s.ID)
@@ -18465,28 +19791,30 @@ func (s *ThreadShell) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfThreadShell = [21]string{
-	0:  "id",
-	1:  "projectId",
-	2:  "title",
-	3:  "modelSelection",
-	4:  "runtimeMode",
-	5:  "interactionMode",
-	6:  "status",
-	7:  "latestRunId",
-	8:  "activeRunId",
-	9:  "latestRunRequestedAt",
-	10: "latestRunStartedAt",
-	11: "latestRunCompletedAt",
-	12: "activityRunStatus",
-	13: "lastError",
-	14: "pendingRuntimeRequest",
-	15: "latestVisibleMessage",
-	16: "itemCount",
-	17: "createdAt",
-	18: "updatedAt",
-	19: "archivedAt",
-	20: "deletedAt",
+var jsonFieldsNameOfThreadShell = [23]string{
+	0:  "branch",
+	1:  "worktreePath",
+	2:  "id",
+	3:  "projectId",
+	4:  "title",
+	5:  "modelSelection",
+	6:  "runtimeMode",
+	7:  "interactionMode",
+	8:  "status",
+	9:  "latestRunId",
+	10: "activeRunId",
+	11: "latestRunRequestedAt",
+	12: "latestRunStartedAt",
+	13: "latestRunCompletedAt",
+	14: "activityRunStatus",
+	15: "lastError",
+	16: "pendingRuntimeRequest",
+	17: "latestVisibleMessage",
+	18: "itemCount",
+	19: "createdAt",
+	20: "updatedAt",
+	21: "archivedAt",
+	22: "deletedAt",
 }
 
 // Decode decodes ThreadShell from json.
@@ -18498,8 +19826,28 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktreePath":
+			if err := func() error {
+				s.WorktreePath.Reset()
+				if err := s.WorktreePath.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktreePath\"")
+			}
 		case "id":
-			requiredBitSet[0] |= 1 << 0
+			requiredBitSet[0] |= 1 << 2
 			if err := func() error {
 				v, err := d.Str()
 				s.ID = string(v)
@@ -18511,7 +19859,7 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"id\"")
 			}
 		case "projectId":
-			requiredBitSet[0] |= 1 << 1
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				v, err := d.Str()
 				s.ProjectId = string(v)
@@ -18523,7 +19871,7 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"projectId\"")
 			}
 		case "title":
-			requiredBitSet[0] |= 1 << 2
+			requiredBitSet[0] |= 1 << 4
 			if err := func() error {
 				v, err := d.Str()
 				s.Title = string(v)
@@ -18565,7 +19913,7 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 				return errors.Wrap(err, "decode field \"interactionMode\"")
 			}
 		case "status":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[1] |= 1 << 0
 			if err := func() error {
 				v, err := d.Str()
 				s.Status = string(v)
@@ -18727,8 +20075,8 @@ func (s *ThreadShell) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [3]uint8{
-		0b01000111,
-		0b00000000,
+		0b00011100,
+		0b00000001,
 		0b00000000,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
@@ -18952,6 +20300,300 @@ func (s *ThreadStreamItem) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements stdjson.Unmarshaler.
 func (s *ThreadStreamItem) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *TurnDiffInput) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *TurnDiffInput) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("threadId")
+		e.Str(s.ThreadId)
+	}
+	{
+		e.FieldStart("fromTurnCount")
+		e.Int64(s.FromTurnCount)
+	}
+	{
+		e.FieldStart("toTurnCount")
+		e.Int64(s.ToTurnCount)
+	}
+	{
+		if s.IgnoreWhitespace.Set {
+			e.FieldStart("ignoreWhitespace")
+			s.IgnoreWhitespace.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfTurnDiffInput = [4]string{
+	0: "threadId",
+	1: "fromTurnCount",
+	2: "toTurnCount",
+	3: "ignoreWhitespace",
+}
+
+// Decode decodes TurnDiffInput from json.
+func (s *TurnDiffInput) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode TurnDiffInput to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "threadId":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.ThreadId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"threadId\"")
+			}
+		case "fromTurnCount":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Int64()
+				s.FromTurnCount = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"fromTurnCount\"")
+			}
+		case "toTurnCount":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Int64()
+				s.ToTurnCount = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"toTurnCount\"")
+			}
+		case "ignoreWhitespace":
+			if err := func() error {
+				s.IgnoreWhitespace.Reset()
+				if err := s.IgnoreWhitespace.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"ignoreWhitespace\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode TurnDiffInput")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00000111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfTurnDiffInput) {
+					name = jsonFieldsNameOfTurnDiffInput[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *TurnDiffInput) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *TurnDiffInput) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
+// Encode implements json.Marshaler.
+func (s *TurnDiffResult) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *TurnDiffResult) encodeFields(e *jx.Encoder) {
+	{
+		e.FieldStart("threadId")
+		e.Str(s.ThreadId)
+	}
+	{
+		e.FieldStart("fromTurnCount")
+		e.Int64(s.FromTurnCount)
+	}
+	{
+		e.FieldStart("toTurnCount")
+		e.Int64(s.ToTurnCount)
+	}
+	{
+		e.FieldStart("diff")
+		e.Str(s.Diff)
+	}
+}
+
+var jsonFieldsNameOfTurnDiffResult = [4]string{
+	0: "threadId",
+	1: "fromTurnCount",
+	2: "toTurnCount",
+	3: "diff",
+}
+
+// Decode decodes TurnDiffResult from json.
+func (s *TurnDiffResult) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode TurnDiffResult to nil")
+	}
+	var requiredBitSet [1]uint8
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "threadId":
+			requiredBitSet[0] |= 1 << 0
+			if err := func() error {
+				v, err := d.Str()
+				s.ThreadId = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"threadId\"")
+			}
+		case "fromTurnCount":
+			requiredBitSet[0] |= 1 << 1
+			if err := func() error {
+				v, err := d.Int64()
+				s.FromTurnCount = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"fromTurnCount\"")
+			}
+		case "toTurnCount":
+			requiredBitSet[0] |= 1 << 2
+			if err := func() error {
+				v, err := d.Int64()
+				s.ToTurnCount = int64(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"toTurnCount\"")
+			}
+		case "diff":
+			requiredBitSet[0] |= 1 << 3
+			if err := func() error {
+				v, err := d.Str()
+				s.Diff = string(v)
+				if err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"diff\"")
+			}
+		default:
+			return d.Skip()
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode TurnDiffResult")
+	}
+	// Validate required fields.
+	var failures []validate.FieldError
+	for i, mask := range [1]uint8{
+		0b00001111,
+	} {
+		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
+			// Mask only required fields and check equality to mask using XOR.
+			//
+			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
+			// Bits of fields which would be set are actually bits of missed fields.
+			missed := bits.OnesCount8(result)
+			for bitN := 0; bitN < missed; bitN++ {
+				bitIdx := bits.TrailingZeros8(result)
+				fieldIdx := i*8 + bitIdx
+				var name string
+				if fieldIdx < len(jsonFieldsNameOfTurnDiffResult) {
+					name = jsonFieldsNameOfTurnDiffResult[fieldIdx]
+				} else {
+					name = strconv.Itoa(fieldIdx)
+				}
+				failures = append(failures, validate.FieldError{
+					Name:  name,
+					Error: validate.ErrFieldRequired,
+				})
+				// Reset bit.
+				result &^= 1 << bitIdx
+			}
+		}
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *TurnDiffResult) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *TurnDiffResult) UnmarshalJSON(data []byte) error {
 	d := jx.DecodeBytes(data)
 	return s.Decode(d)
 }
@@ -20390,6 +22032,24 @@ func (s *Root) Validate() error {
 			Error: err,
 		})
 	}
+	if err := func() error {
+		if value, ok := s.SearchThreadsResult.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "SearchThreadsResult",
+			Error: err,
+		})
+	}
 	if len(failures) > 0 {
 		return &validate.Error{Fields: failures}
 	}
@@ -20516,6 +22176,29 @@ func (s RuntimeRequestRespondCommandType) Validate() error {
 	default:
 		return errors.Errorf("invalid value: %v", s)
 	}
+}
+
+func (s *SearchThreadsResult) Validate() error {
+	if s == nil {
+		return validate.ErrNilPointer
+	}
+
+	var failures []validate.FieldError
+	if err := func() error {
+		if s.Matches == nil {
+			return errors.New("nil is invalid value")
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "matches",
+			Error: err,
+		})
+	}
+	if len(failures) > 0 {
+		return &validate.Error{Fields: failures}
+	}
+	return nil
 }
 
 func (s *ServerConfig) Validate() error {

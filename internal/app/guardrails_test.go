@@ -179,7 +179,7 @@ func TestReadOnlyMachineRefusesMutatingTools(t *testing.T) {
 	c.ok("t3_watch", map[string]any{"thread_id": busy, "enabled": true})
 	c.ok("t3_watch", nil)
 
-	policy := []string{`machine "mac" is read-only (access = "read" in t3code.toml)`, "t3_machines, t3_projects, t3_thread, t3_wait and t3_watch", `access = "operate" for [machines.mac]`}
+	policy := []string{`machine "mac" is read-only (access = "read" in t3code.toml)`, "t3_machines, t3_projects, t3_threads, t3_thread, t3_wait and t3_watch", `access = "operate" for [machines.mac]`}
 	c.fails("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "change things"}, append(policy, "t3_dispatch:", "start threads or send prompts")...)
 	c.fails("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "thread_id": busy, "prompt": "more"}, append(policy, "t3_dispatch:")...)
 	c.fails("t3_interrupt", map[string]any{"thread_id": busy}, append(policy, "t3_interrupt:", "interrupt runs")...)

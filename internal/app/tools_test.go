@@ -377,8 +377,8 @@ func TestToolsListAnnotations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readOnly := map[string]bool{"t3_machines": true, "t3_projects": true, "t3_thread": true, "t3_wait": true}
-	if len(res.Tools) != 8 {
+	readOnly := map[string]bool{"t3_machines": true, "t3_projects": true, "t3_thread": true, "t3_wait": true, "t3_threads": true}
+	if len(res.Tools) != 9 {
 		t.Fatalf("%d tools", len(res.Tools))
 	}
 	for _, tl := range res.Tools {

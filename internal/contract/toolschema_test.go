@@ -24,7 +24,8 @@ var toolArgs = map[string]struct{ all, required []string }{
 	mcptools.ToolMachines:  {nil, nil},
 	mcptools.ToolProjects:  {[]string{"machine"}, []string{"machine"}},
 	mcptools.ToolDispatch:  {[]string{"machine", "project", "prompt", "title", "model", "thread_id", "watch"}, []string{"prompt"}},
-	mcptools.ToolThread:    {[]string{"thread_id", "turns"}, []string{"thread_id"}},
+	mcptools.ToolThread:    {[]string{"thread_id", "turns", "diff", "run_id"}, []string{"thread_id"}},
+	mcptools.ToolThreads:   {[]string{"machine", "project", "status", "query", "archived", "limit", "cursor"}, []string{"machine"}},
 	mcptools.ToolWait:      {[]string{"thread_id", "timeout"}, []string{"thread_id"}},
 	mcptools.ToolAnswer:    {[]string{"thread_id", "answers", "decision"}, []string{"thread_id"}},
 	mcptools.ToolInterrupt: {[]string{"thread_id"}, []string{"thread_id"}},
@@ -42,7 +43,8 @@ var toolGoTypes = map[string][2]func() encoder{
 	mcptools.ToolInterrupt: {func() encoder { return new(mcptools.InterruptInput) }, func() encoder {
 		return new(mcptools.InterruptOutput)
 	}},
-	mcptools.ToolWatch: {func() encoder { return new(mcptools.WatchInput) }, func() encoder { return new(mcptools.WatchOutput) }},
+	mcptools.ToolWatch:   {func() encoder { return new(mcptools.WatchInput) }, func() encoder { return new(mcptools.WatchOutput) }},
+	mcptools.ToolThreads: {func() encoder { return new(mcptools.ThreadsInput) }, func() encoder { return new(mcptools.ThreadsOutput) }},
 }
 
 // TestToolSchemasGolden compares every tool's input and output schema, and its name, title,

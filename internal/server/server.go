@@ -27,7 +27,7 @@ const Instructions = `t3code-mcp runs coding threads on T3 Code machines. Start 
 t3_dispatch starts a run and returns a thread_id at once; t3_wait(thread_id) blocks until the run completes,
 fails, is interrupted or asks a question (answer with t3_answer); t3_thread reads the state without waiting.`
 
-// NewMCPServer makes the MCP server with the eight tools; version is its
+// NewMCPServer makes the MCP server with the tools; version is its
 // serverInfo.version (the binary's, stamped at build time).
 func NewMCPServer(d *tools.Deps, version string) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: version}, &mcp.ServerOptions{

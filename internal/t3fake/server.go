@@ -130,6 +130,7 @@ type Server struct {
 	items         atomic.Int64
 	requests      atomic.Int64
 	accepted      atomic.Int64
+	diffLines     atomic.Int32 // SetDiffLines
 
 	// mu guards the whole model below. One lock keeps every sequence, log entry and fan-out in
 	// the order T3 would give them; each critical section is short (one command or one step).

@@ -27,7 +27,7 @@ const fixtureDir = "../../testdata/t3"
 var omittedKeys = map[string][]string{
 	// Internals of T3's execution graph and provider plumbing.
 	"AppThread":      {"activeProviderThreadId", "branch", "forkedFrom", "lastVisitedAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "worktreePath"},
-	"ThreadShell":    {"activeProviderThreadId", "branch", "createdBy", "creationSource", "forkedFrom", "hasActionableProposedPlan", "lastVisitedAt", "latestUserMessageAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "visibleItemCount", "worktreePath"},
+	"ThreadShell":    {"activeProviderThreadId", "createdBy", "creationSource", "forkedFrom", "hasActionableProposedPlan", "lastVisitedAt", "latestUserMessageAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "visibleItemCount"},
 	"Run":            {"activeAttemptId", "contextHandoffId", "providerInstanceId", "providerThreadId", "queuePosition", "rootNodeId"},
 	"RuntimeRequest": {"nativeRequestRef", "providerTurnId"},
 	"Message":        {"attachments", "createdBy", "creationSource", "nodeId"},

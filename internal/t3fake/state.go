@@ -429,6 +429,8 @@ func (s *Server) createThread(sp threadSpec) *thread {
 		LastError:             jx.Raw("null"),
 		PendingRuntimeRequest: t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true},
 		LatestVisibleMessage:  t3rpc.OptNilVisibleMessage{Set: true, Null: true},
+		Branch:                null(),
+		WorktreePath:          null(),
 		CreatedAt:             optStr(ts),
 		ArchivedAt:            null(),
 		DeletedAt:             null(),

@@ -237,6 +237,10 @@ func (c *conn) handleRequest(req t3rpc.Request) {
 	case "orchestration.launchThread":
 		c.exit(req.ID, s.launchThread(payload, c.scopes))
 	default:
+		if r, ok := s.readRPC(req.Method, payload, c.scopes); ok {
+			c.exit(req.ID, r)
+			return
+		}
 		c.exit(req.ID, died("Unknown request tag: "+req.Method))
 	}
 }

@@ -58,8 +58,9 @@ var toolSeeds = map[string][]string{
 		`{"machine":"mac","project":"api","prompt":"x","watch":"yes"}`,
 		`{"machine":"mac","project":"api","prompt":"a\u0000b"}`,
 	},
-	mcptools.ToolThread: {`{"thread_id":"t","turns":3}`, `{"thread_id":"t","turns":0}`, `{"thread_id":"t","turns":1e9}`, `{"thread_id":"t","turns":-1}`},
-	mcptools.ToolWait:   {`{"thread_id":"t","timeout":1}`, `{"thread_id":"t","timeout":0}`, `{"thread_id":"t","timeout":3601}`, `{"thread_id":"t","timeout":1.5}`, `{"thread_id":"t","timeout":"10"}`},
+	mcptools.ToolThreads: {`{"machine":"mac","project":"api","status":"busy","query":"zebra","archived":true,"limit":5,"cursor":"5"}`, `{"machine":"mac","limit":0}`, `{"machine":"mac","cursor":"-1"}`, `{"machine":"mac","query":"z"}`},
+	mcptools.ToolThread:  {`{"thread_id":"t","diff":true,"run_id":"r"}`, `{"thread_id":"t","turns":3}`, `{"thread_id":"t","turns":0}`, `{"thread_id":"t","turns":1e9}`, `{"thread_id":"t","turns":-1}`},
+	mcptools.ToolWait:    {`{"thread_id":"t","timeout":1}`, `{"thread_id":"t","timeout":0}`, `{"thread_id":"t","timeout":3601}`, `{"thread_id":"t","timeout":1.5}`, `{"thread_id":"t","timeout":"10"}`},
 	mcptools.ToolAnswer: {
 		`{"thread_id":"t","answers":{"scope":"Workspace","checks":["lint","test"]}}`,
 		`{"thread_id":"t","answers":{}}`, `{"thread_id":"t","answers":{"q":5}}`, `{"thread_id":"t","answers":{"q":[1]}}`,
@@ -79,6 +80,7 @@ var inputs = map[string]func() input{
 	mcptools.ToolAnswer:    func() input { return new(mcptools.AnswerInput) },
 	mcptools.ToolInterrupt: func() input { return new(mcptools.InterruptInput) },
 	mcptools.ToolWatch:     func() input { return new(mcptools.WatchInput) },
+	mcptools.ToolThreads:   func() input { return new(mcptools.ThreadsInput) },
 }
 
 // Every declared tool has a fuzz target below.
@@ -98,6 +100,7 @@ func FuzzWaitArgs(f *testing.F)      { fuzzTool(f, mcptools.ToolWait) }
 func FuzzAnswerArgs(f *testing.F)    { fuzzTool(f, mcptools.ToolAnswer) }
 func FuzzInterruptArgs(f *testing.F) { fuzzTool(f, mcptools.ToolInterrupt) }
 func FuzzWatchArgs(f *testing.F)     { fuzzTool(f, mcptools.ToolWatch) }
+func FuzzThreadsArgs(f *testing.F)   { fuzzTool(f, mcptools.ToolThreads) }
 
 func fuzzTool(f *testing.F, tool string) {
 	for _, s := range append(append([]string{}, commonSeeds...), toolSeeds[tool]...) {

@@ -41,7 +41,7 @@ var mutating = map[string]bool{
 }
 
 // readTools are what a read-only machine still serves, for messages.
-const readTools = "t3_machines, t3_projects, t3_thread, t3_wait and t3_watch"
+const readTools = "t3_machines, t3_projects, t3_threads, t3_thread, t3_wait and t3_watch"
 
 // refuseReadOnly is the one message for a mutating call on a read-only
 // machine; what says what the call would have done.

@@ -42,6 +42,12 @@ func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell
 	if st.Title == "" {
 		st.Title = shell.Title
 	}
+	if v, ok := shell.Branch.Get(); ok && v != "" {
+		st.Branch.SetTo(v)
+	}
+	if v, ok := shell.WorktreePath.Get(); ok && v != "" {
+		st.Worktree.SetTo(v)
+	}
 	return st, nil
 }
 
@@ -51,9 +57,22 @@ func stateText(st mcptools.ThreadState) string {
 	if lr, ok := st.LatestRun.Get(); ok && lr.Error.Set {
 		fmt.Fprintf(&b, "\nerror: %s", lr.Error.Value)
 	}
+	if br, ok := st.Branch.Get(); ok {
+		fmt.Fprintf(&b, "\nbranch %s", br)
+		if wt, ok := st.Worktree.Get(); ok {
+			fmt.Fprintf(&b, " in worktree %s", wt)
+		}
+	}
 	if n := len(st.Runs); n > 0 {
 		if r := st.Runs[n-1].Reply.Or(""); r != "" {
 			fmt.Fprintf(&b, "\nreply: %s", threadview.Cut(r, 500))
+		}
+	}
+	if df, ok := st.Diff.Get(); ok {
+		if u, ok := df.Unavailable.Get(); ok {
+			fmt.Fprintf(&b, "\nno diff of run %s: %s", df.RunID, u)
+		} else {
+			fmt.Fprintf(&b, "\ndiff of run %s (%d files, %d bytes):\n%s", df.RunID, len(df.Files), df.TotalBytes, df.Diff)
 		}
 	}
 	if q, ok := st.PendingQuestion.Get(); ok {
@@ -88,9 +107,24 @@ func threadTool(d *Deps) Handler {
 		if err != nil {
 			return Result{}, err
 		}
-		st, err := d.state(ctx, f, f.Shell, in.Turns.Or(3), nil)
+		var p *t3api.ThreadProjection // read once for the state and the diff
+		if in.Diff.Or(false) {
+			rec, err := f.Machine.Recent(ctx, f.Shell.ID)
+			if err != nil {
+				return Result{}, fmt.Errorf("reading thread %q on machine %q: %w", f.Shell.ID, f.Machine.Name, err)
+			}
+			p = rec.Projection
+		}
+		st, err := d.state(ctx, f, f.Shell, in.Turns.Or(3), p)
 		if err != nil {
 			return Result{}, err
+		}
+		if p != nil {
+			diff, err := d.runDiff(ctx, f, p, in.RunID.Or(""))
+			if err != nil {
+				return Result{}, err
+			}
+			st.Diff.SetTo(diff)
 		}
 		return Result{Structured: &st, Text: stateText(st)}, nil
 	}

@@ -1,4 +1,4 @@
-// Package tools declares the eight MCP tools as data: each pairs its schema
+// Package tools declares the MCP tools as data: each pairs its schema
 // (generated from schema/mcp/tools.json into gen/mcptools) with a handler
 // factory, one file per domain. Register adds them to an MCP server.
 //
@@ -139,7 +139,7 @@ type Tool struct {
 	Handler func(d *Deps) Handler
 }
 
-// All returns the eight tools in declaration order.
+// All returns the tools in declaration order.
 func All() []Tool {
 	handlers := map[string]func(d *Deps) Handler{
 		mcptools.ToolMachines:  machinesTool,
@@ -150,6 +150,7 @@ func All() []Tool {
 		mcptools.ToolAnswer:    answerTool,
 		mcptools.ToolInterrupt: interruptTool,
 		mcptools.ToolWatch:     watchTool,
+		mcptools.ToolThreads:   threadsTool,
 	}
 	out := make([]Tool, 0, len(mcptools.Tools))
 	for _, s := range mcptools.Tools {

@@ -37,6 +37,28 @@ type row struct {
 	odd                            *[nStamps]string // stamps not in T3's format, verbatim
 	states                         uint32           // optState per optional field, 2 bits each
 	oddMask                        uint8            // which stamps are in odd
+	// ws is branch and worktreePath; nil when both were absent, and the one
+	// shared nullWorkspace when both were null (nearly every thread not on a
+	// worktree), so most rows pay one pointer for them.
+	ws *rowWorkspace
+}
+
+// rowWorkspace is a row's branch and worktreePath, kept as they came.
+type rowWorkspace struct {
+	branch, worktree t3rpc.OptNilString
+}
+
+var nullWorkspace = &rowWorkspace{branch: t3rpc.OptNilString{Set: true, Null: true}, worktree: t3rpc.OptNilString{Set: true, Null: true}}
+
+func workspaceOf(t *t3rpc.ThreadShell) *rowWorkspace {
+	b, w := t.Branch, t.WorktreePath
+	switch {
+	case !b.Set && !w.Set:
+		return nil
+	case b.Set && b.Null && w.Set && w.Null:
+		return nullWorkspace
+	}
+	return &rowWorkspace{branch: b, worktree: w}
 }
 
 // Stamp indexes.
@@ -163,6 +185,7 @@ func (r *row) set(t *t3rpc.ThreadShell, in interner, ms models) {
 		latestRun:       t.LatestRunId.Value,
 		activeRun:       t.ActiveRunId.Value,
 		itemCount:       t.ItemCount.Value,
+		ws:              workspaceOf(t),
 	}
 	if r.activeRun == r.latestRun {
 		r.activeRun = r.latestRun
@@ -264,6 +287,9 @@ func (r *row) shell(id string) t3rpc.ThreadShell {
 		UpdatedAt:            r.stampString(stampUpdated),
 		ArchivedAt:           r.stampNilString(stampArchived),
 		DeletedAt:            r.stampNilString(stampDeleted),
+	}
+	if r.ws != nil {
+		t.Branch, t.WorktreePath = r.ws.branch, r.ws.worktree
 	}
 	if r.state(optModel) == value {
 		t.ModelSelection = t3rpc.NewOptModelSelection(*r.model)

@@ -1,0 +1,238 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+)
+
+// Paging and search bounds of t3_threads.
+const (
+	threadsPageDefault = 25
+	threadsPageMax     = 100
+	// searchLimit is T3's own maximum for searchThreads (fixture 23).
+	searchLimit = 50
+)
+
+// listed is one row of t3_threads before paging.
+type listed struct {
+	shell    t3rpc.ThreadShell
+	archived bool
+	match    string
+}
+
+func threadsTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		const tool = mcptools.ToolThreads
+		var in mcptools.ThreadsInput
+		if err := decodeArgs(tool, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		if err := requireText(tool, "machine", in.Machine); err != nil {
+			return Result{}, err
+		}
+		m, err := d.Fleet.Machine(in.Machine)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := m.Ready(); err != nil {
+			return Result{}, err
+		}
+		limit := in.Limit.Or(threadsPageDefault)
+		if limit < 1 || limit > threadsPageMax {
+			return Result{}, fmt.Errorf("%s: limit must be between 1 and %d, not %d", tool, threadsPageMax, limit)
+		}
+		offset := 0
+		if cur, ok := in.Cursor.Get(); ok && cur != "" {
+			n, err := strconv.Atoi(cur)
+			if err != nil || n < 0 {
+				return Result{}, fmt.Errorf("%s: cursor %s is not one this tool returned; pass next_cursor from the previous page, or leave it out for the first page", tool, fleet.Quoted(cur))
+			}
+			offset = n
+		}
+		projectID := ""
+		if ref, ok := in.Project.Get(); ok && strings.TrimSpace(ref) != "" {
+			p, err := m.Project(ref)
+			if err != nil {
+				return Result{}, err
+			}
+			projectID = p.ID
+		}
+
+		var rows []listed
+		for _, t := range m.Threads() {
+			rows = append(rows, listed{shell: t})
+		}
+		if in.Archived.Or(false) {
+			arch, err := m.ArchivedThreads(ctx)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s: reading the archived threads of machine %q failed: %w", tool, m.Name, err)
+			}
+			for _, t := range arch {
+				rows = append(rows, listed{shell: t, archived: true})
+			}
+		}
+		if q, ok := in.Query.Get(); ok {
+			if utf8.RuneCountInString(strings.TrimSpace(q)) < 2 {
+				return Result{}, fmt.Errorf("%s: query must have at least 2 characters (T3 searches message text)", tool)
+			}
+			matches, err := m.SearchThreads(ctx, strings.TrimSpace(q), searchLimit)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s: searching the threads of machine %q failed: %w", tool, m.Name, err)
+			}
+			snippet := map[string]string{}
+			for _, mt := range matches {
+				if _, seen := snippet[mt.ThreadId]; !seen {
+					snippet[mt.ThreadId] = mt.Snippet.Or("")
+				}
+			}
+			kept := rows[:0]
+			for _, r := range rows {
+				if s, ok := snippet[r.shell.ID]; ok {
+					r.match = s
+					kept = append(kept, r)
+				}
+			}
+			rows = kept
+		}
+		answered := d.answered.snapshot()
+		status := strings.TrimSpace(in.Status.Or(""))
+		kept := rows[:0]
+		for _, r := range rows {
+			if projectID != "" && r.shell.ProjectId != projectID {
+				continue
+			}
+			if status != "" && !statusMatches(&r.shell, status, answered) {
+				continue
+			}
+			kept = append(kept, r)
+		}
+		rows = kept
+		sort.SliceStable(rows, func(i, j int) bool {
+			a, b := rows[i].shell.UpdatedAt.Or(""), rows[j].shell.UpdatedAt.Or("")
+			if a != b {
+				return a > b
+			}
+			return rows[i].shell.ID < rows[j].shell.ID
+		})
+
+		tracked, err := trackedOn(d.Store, m.Name)
+		if err != nil {
+			return Result{}, err
+		}
+		out := mcptools.ThreadsOutput{Machine: m.Name, Threads: []mcptools.ThreadEntry{}, Total: len(rows)}
+		page := rows[min(offset, len(rows)):]
+		if len(page) > limit {
+			page = page[:limit]
+			out.NextCursor.SetTo(strconv.Itoa(offset + limit))
+		}
+		var b strings.Builder
+		for _, r := range page {
+			e := entryOf(m, r, tracked, answered)
+			out.Threads = append(out.Threads, e)
+			fmt.Fprintf(&b, "%s %q (%s): %s", e.ThreadID, e.Title, e.Project.Title, e.Status)
+			if q, ok := e.Question.Get(); ok {
+				fmt.Fprintf(&b, ", asks (%s)", q)
+			}
+			if br, ok := e.Branch.Get(); ok {
+				fmt.Fprintf(&b, ", branch %s", br)
+			}
+			if e.Archived.Or(false) {
+				b.WriteString(", archived")
+			}
+			switch {
+			case e.Watching:
+				b.WriteString(", watched")
+			case e.Tracked:
+				b.WriteString(", tracked")
+			}
+			b.WriteString("\n")
+		}
+		switch {
+		case len(rows) == 0:
+			fmt.Fprintf(&b, "no thread on machine %q matches", m.Name)
+		case len(page) == 0:
+			fmt.Fprintf(&b, "no threads past cursor %d (%d in all)", offset, len(rows))
+		default:
+			fmt.Fprintf(&b, "%d–%d of %d", offset+1, offset+len(page), len(rows))
+			if nc, ok := out.NextCursor.Get(); ok {
+				fmt.Fprintf(&b, "; next page: cursor %s", nc)
+			}
+		}
+		return Result{Structured: &out, Text: b.String()}, nil
+	}
+}
+
+// statusMatches applies t3_threads' status filter: busy, question, or a T3
+// status word.
+func statusMatches(t *t3rpc.ThreadShell, want string, answered map[string]bool) bool {
+	switch want {
+	case "busy":
+		return threadstate.Busy(t)
+	case "question":
+		pr, ok := threadstate.PendingRequest(t)
+		return ok && !answered[pr.ID]
+	}
+	return t.Status == want
+}
+
+// trackedOn maps the ids of the threads the state file tracks on a machine.
+func trackedOn(st *store.Store, machine string) (map[string]store.Thread, error) {
+	all, err := st.ListThreads()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]store.Thread, len(all))
+	for _, t := range all {
+		if t.Machine == machine {
+			out[t.ID] = t
+		}
+	}
+	return out, nil
+}
+
+func entryOf(m *fleet.Machine, r listed, tracked map[string]store.Thread, answered map[string]bool) mcptools.ThreadEntry {
+	t := r.shell
+	e := mcptools.ThreadEntry{ThreadID: t.ID, Title: t.Title, Status: t.Status, Project: mcptools.ProjectRef{ID: t.ProjectId}}
+	if p, ok := m.ProjectByID(t.ProjectId); ok {
+		e.Project.Title = p.Title
+	}
+	if id := threadstate.LatestRun(&t); id != "" {
+		e.LatestRunID.SetTo(id)
+	}
+	if pr, ok := threadstate.PendingRequest(&t); ok && !answered[pr.ID] {
+		if pr.IsQuestion() {
+			e.Question.SetTo(mcptools.QuestionKindUserInput)
+		} else {
+			e.Question.SetTo(mcptools.QuestionKindApproval)
+		}
+	}
+	if v, ok := t.Branch.Get(); ok && v != "" {
+		e.Branch.SetTo(v)
+	}
+	if v, ok := t.WorktreePath.Get(); ok && v != "" {
+		e.Worktree.SetTo(v)
+	}
+	if r.archived {
+		e.Archived.SetTo(true)
+	}
+	if v, ok := t.UpdatedAt.Get(); ok {
+		e.UpdatedAt.SetTo(v)
+	}
+	if r.match != "" {
+		e.Match.SetTo(r.match)
+	}
+	if tr, ok := tracked[t.ID]; ok {
+		e.Tracked, e.Watching = true, tr.Watch
+	}
+	return e
+}
