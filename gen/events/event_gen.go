@@ -41,6 +41,14 @@ type Event struct {
 	// Why the run failed (thread.failed only).
 	Error    OptString        `json:"error"`
 	Question OptEventQuestion `json:"question"`
+	// True when the connector could not read the thread from its machine in time (T3 unreachable or
+	// failing for the outbox's enrichment window) and sent the event with what the thread's status row
+	// said: the fields named in missing are absent. Read the thread with t3_thread for them.
+	Partial OptBool `json:"partial"`
+	// With partial: the fields left out (summary, error, question.questions).
+	Missing []string `json:"missing"`
+	// With partial: why the thread could not be read (the last error).
+	PartialReason OptString `json:"partial_reason"`
 }
 
 // GetID returns the value of ID.
@@ -103,6 +111,21 @@ func (s *Event) GetQuestion() OptEventQuestion {
 	return s.Question
 }
 
+// GetPartial returns the value of Partial.
+func (s *Event) GetPartial() OptBool {
+	return s.Partial
+}
+
+// GetMissing returns the value of Missing.
+func (s *Event) GetMissing() []string {
+	return s.Missing
+}
+
+// GetPartialReason returns the value of PartialReason.
+func (s *Event) GetPartialReason() OptString {
+	return s.PartialReason
+}
+
 // SetID sets the value of ID.
 func (s *Event) SetID(val string) {
 	s.ID = val
@@ -161,6 +184,21 @@ func (s *Event) SetError(val OptString) {
 // SetQuestion sets the value of Question.
 func (s *Event) SetQuestion(val OptEventQuestion) {
 	s.Question = val
+}
+
+// SetPartial sets the value of Partial.
+func (s *Event) SetPartial(val OptBool) {
+	s.Partial = val
+}
+
+// SetMissing sets the value of Missing.
+func (s *Event) SetMissing(val []string) {
+	s.Missing = val
+}
+
+// SetPartialReason sets the value of PartialReason.
+func (s *Event) SetPartialReason(val OptString) {
+	s.PartialReason = val
 }
 
 // The project the thread belongs to.
@@ -600,9 +638,31 @@ func (s *Event) encodeFields(e *jx.Encoder) {
 			s.Question.Encode(e)
 		}
 	}
+	{
+		if s.Partial.Set {
+			e.FieldStart("partial")
+			s.Partial.Encode(e)
+		}
+	}
+	{
+		if s.Missing != nil {
+			e.FieldStart("missing")
+			e.ArrStart()
+			for _, elem := range s.Missing {
+				e.Str(elem)
+			}
+			e.ArrEnd()
+		}
+	}
+	{
+		if s.PartialReason.Set {
+			e.FieldStart("partial_reason")
+			s.PartialReason.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfEvent = [12]string{
+var jsonFieldsNameOfEvent = [15]string{
 	0:  "id",
 	1:  "type",
 	2:  "occurred_at",
@@ -615,6 +675,9 @@ var jsonFieldsNameOfEvent = [12]string{
 	9:  "summary",
 	10: "error",
 	11: "question",
+	12: "partial",
+	13: "missing",
+	14: "partial_reason",
 }
 
 // Decode decodes Event from json.
@@ -757,6 +820,45 @@ func (s *Event) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"question\"")
+			}
+		case "partial":
+			if err := func() error {
+				s.Partial.Reset()
+				if err := s.Partial.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"partial\"")
+			}
+		case "missing":
+			if err := func() error {
+				s.Missing = make([]string, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem string
+					v, err := d.Str()
+					elem = string(v)
+					if err != nil {
+						return err
+					}
+					s.Missing = append(s.Missing, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"missing\"")
+			}
+		case "partial_reason":
+			if err := func() error {
+				s.PartialReason.Reset()
+				if err := s.PartialReason.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"partial_reason\"")
 			}
 		default:
 			return d.Skip()

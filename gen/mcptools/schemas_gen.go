@@ -234,6 +234,10 @@ const outputMachines = `{
           "demo": {
             "type": "boolean",
             "description": "True for the built-in demo machine: a simulated T3 Code server whose agent does no real work, for trying the tools out."
+          },
+          "threads_awaiting_lookup": {
+            "type": "integer",
+            "description": "Watched threads whose next events wait for the connector to read the thread from the machine (how a run ended, runs or questions missed during a reconnect); absent when none. They are retried with backoff; a count that stays up means those threads cannot be read (see the log), while every other thread's events go on."
           }
         }
       },

@@ -580,6 +580,11 @@ type Machine struct {
 	// True for the built-in demo machine: a simulated T3 Code server whose agent does no real work, for
 	// trying the tools out.
 	Demo bool `json:"demo"`
+	// Watched threads whose next events wait for the connector to read the thread from the machine (how a
+	// run ended, runs or questions missed during a reconnect); absent when none. They are retried with
+	// backoff; a count that stays up means those threads cannot be read (see the log), while every other
+	// thread's events go on.
+	ThreadsAwaitingLookup OptInt `json:"threads_awaiting_lookup"`
 }
 
 // GetName returns the value of Name.
@@ -632,6 +637,11 @@ func (s *Machine) GetDemo() bool {
 	return s.Demo
 }
 
+// GetThreadsAwaitingLookup returns the value of ThreadsAwaitingLookup.
+func (s *Machine) GetThreadsAwaitingLookup() OptInt {
+	return s.ThreadsAwaitingLookup
+}
+
 // SetName sets the value of Name.
 func (s *Machine) SetName(val string) {
 	s.Name = val
@@ -680,6 +690,11 @@ func (s *Machine) SetAllowlist(val []string) {
 // SetDemo sets the value of Demo.
 func (s *Machine) SetDemo(val bool) {
 	s.Demo = val
+}
+
+// SetThreadsAwaitingLookup sets the value of ThreadsAwaitingLookup.
+func (s *Machine) SetThreadsAwaitingLookup(val OptInt) {
+	s.ThreadsAwaitingLookup = val
 }
 
 // Whether the machine can be used. online: connected, threads can run. offline: unreachable right now
@@ -5532,19 +5547,26 @@ func (s *Machine) encodeFields(e *jx.Encoder) {
 		e.FieldStart("demo")
 		e.Bool(s.Demo)
 	}
+	{
+		if s.ThreadsAwaitingLookup.Set {
+			e.FieldStart("threads_awaiting_lookup")
+			s.ThreadsAwaitingLookup.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfMachine = [10]string{
-	0: "name",
-	1: "url",
-	2: "online",
-	3: "status",
-	4: "problem",
-	5: "protocol",
-	6: "t3_version",
-	7: "environment",
-	8: "allowlist",
-	9: "demo",
+var jsonFieldsNameOfMachine = [11]string{
+	0:  "name",
+	1:  "url",
+	2:  "online",
+	3:  "status",
+	4:  "problem",
+	5:  "protocol",
+	6:  "t3_version",
+	7:  "environment",
+	8:  "allowlist",
+	9:  "demo",
+	10: "threads_awaiting_lookup",
 }
 
 // Decode decodes Machine from json.
@@ -5673,6 +5695,16 @@ func (s *Machine) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"demo\"")
+			}
+		case "threads_awaiting_lookup":
+			if err := func() error {
+				s.ThreadsAwaitingLookup.Reset()
+				if err := s.ThreadsAwaitingLookup.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"threads_awaiting_lookup\"")
 			}
 		default:
 			return d.Skip()

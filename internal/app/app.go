@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
@@ -27,8 +26,8 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
 	"github.com/t3code-mcp/t3code-mcp/internal/server"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
-	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 	"github.com/t3code-mcp/t3code-mcp/internal/tools"
+	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
 // Settings are everything the environment configures (see docs/configuration.md).
@@ -52,7 +51,13 @@ type Settings struct {
 	SessionTimeout time.Duration // T3CODE_MCP_SESSION_TIMEOUT (30m)
 	MaxBodyBytes   int64         // T3CODE_MCP_MAX_BODY_BYTES (4 MiB)
 	HTTPTimeout    time.Duration // T3CODE_MCP_T3_TIMEOUT (15s): each HTTP read of a T3 machine
-	Limits         tools.Limits
+	// ThreadRetention: tracked threads nobody watches are forgotten this long
+	// after their last update (T3CODE_MCP_THREAD_RETENTION, 72h).
+	ThreadRetention time.Duration
+	// Lookup tunes the detector's thread look-ups (tests shorten the
+	// backoff); zero values pick the defaults.
+	Lookup events.LookupOptions
+	Limits tools.Limits
 
 	// Audit log (docs/guardrails.md): <StateDir>/audit.log, rotated by size.
 	AuditMaxBytes int64 // T3CODE_MCP_AUDIT_MAX_BYTES (10 MiB)
@@ -126,6 +131,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	intVar("T3CODE_MCP_HOOK_CONCURRENCY", &s.HookConcurrency, outbox.DefaultConcurrency)
 	durVar("T3CODE_MCP_SESSION_TIMEOUT", &s.SessionTimeout, 30*time.Minute)
 	durVar("T3CODE_MCP_T3_TIMEOUT", &s.HTTPTimeout, 15*time.Second)
+	durVar("T3CODE_MCP_THREAD_RETENTION", &s.ThreadRetention, events.DefaultRetention)
 	var body int
 	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
 	s.MaxBodyBytes = int64(body)
@@ -204,56 +210,28 @@ func New(s Settings, o Options) (*App, error) {
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	var fl *fleet.Fleet
+	fl := fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines})
+	a.Fleet = fl
 	if s.HookURL != "" {
 		m, err := outbox.NewMetrics(a.Registry)
 		if err != nil {
 			a.Close()
 			return nil, err
 		}
-		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, Logger: log, Metrics: m})
+		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, Logger: log, Metrics: m,
+			Enricher: events.NewEnricher(fl)})
 		if err != nil {
 			a.Close()
 			return nil, err
 		}
 		a.Outbox = ob
-		read := events.CachedRead(func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
-			m, err := fl.Machine(machine)
-			if err != nil {
-				return nil, err
-			}
-			return m.Projection(ctx, threadID)
-		})
+		// The detector reads threads through the fleet (look-ups, off the
+		// Ack path) and the fleet hands it every chunk from Start on.
 		a.Detector = events.New(events.Options{
-			Store: st, Tracked: st, Logger: log, Notify: ob.Notify,
-			Build: events.NewBuilder(read, func(msg string, args ...any) { log.Warn(msg, args...) }),
-			RunStatus: func(ctx context.Context, machine, threadID, runID string) (string, bool, error) {
-				p, err := read(ctx, machine, threadID)
-				if err != nil {
-					return "", false, err
-				}
-				r, ok := threadview.New(p).Run(runID)
-				return r.Status, ok, nil
-			},
-			Runs: func(ctx context.Context, machine, threadID string) ([]events.RunInfo, error) {
-				p, err := read(ctx, machine, threadID)
-				if err != nil {
-					return nil, err
-				}
-				var out []events.RunInfo
-				for _, r := range threadview.New(p).Runs() {
-					out = append(out, events.RunInfo{ID: r.ID, Ordinal: r.Ordinal, Status: r.Status})
-				}
-				return out, nil
-			},
+			Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: log, Notify: ob.Notify, Retention: s.ThreadRetention, Lookup: s.Lookup,
 		})
+		a.Registry.MustRegister(lookupCollector{a.Detector})
 	}
-	fo := fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines}
-	if a.Detector != nil {
-		fo.Sink = a.Detector
-	}
-	fl = fleet.New(cfg, st, fo)
-	a.Fleet = fl
 
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
@@ -287,10 +265,33 @@ func New(s Settings, o Options) (*App, error) {
 	a.MCP = server.NewMCPServer(a.Deps, o.Version)
 	a.Handler = server.Handler(a.MCP, fl, server.Options{Version: o.Version,
 		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
-		Health:       func() map[string]any { return server.OutboxHealth(st, s.HookURL != "") },
+		Health:       func() map[string]any { return a.health() },
 		OnSessionEnd: a.Deps.EndSession,
 	})
 	return a, nil
+}
+
+// health is /healthz's events block: the outbox, and the watched threads
+// whose events wait for a look-up (per machine; retried with backoff).
+func (a *App) health() map[string]any {
+	h := server.OutboxHealth(a.Store, a.Settings.HookURL != "")
+	ev, ok := h["events"].(map[string]any)
+	if !ok || a.Detector == nil {
+		return h
+	}
+	total, failing := 0, 0
+	per := map[string]any{}
+	for m, l := range a.Detector.Lookups() {
+		total += l.Pending
+		failing += l.Failing
+		per[m] = map[string]any{"pending": l.Pending, "failing": l.Failing}
+	}
+	ev["threads_awaiting_lookup"] = total
+	ev["threads_lookup_failing"] = failing
+	if total > 0 {
+		ev["lookups"] = per
+	}
+	return h
 }
 
 // Run runs the machines and the outbox until ctx ends.
@@ -298,7 +299,13 @@ func (a *App) Run(ctx context.Context) {
 	a.logMachines()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); a.Fleet.Run(ctx) }()
+	var sink watch.Sink
+	if a.Detector != nil {
+		sink = a.Detector
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Detector.Run(ctx) }()
+	}
+	go func() { defer wg.Done(); a.Fleet.Start(ctx, sink) }()
 	if a.Outbox != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Outbox.Run(ctx) }()
@@ -338,4 +345,25 @@ func (a *App) Close() {
 			_ = a.Audit.Close()
 		}
 	})
+}
+
+// lookupCollector exports the detector's pending look-ups per machine:
+// threads whose events wait for a read of the thread (docs/reliability.md).
+type lookupCollector struct{ d *events.Detector }
+
+var (
+	lookupsPendingDesc = prometheus.NewDesc("t3code_mcp_thread_lookups_pending", "Watched threads whose events wait for a read of the thread from its machine (runs or questions the shell rows could not settle).", []string{"machine"}, nil)
+	lookupsFailingDesc = prometheus.NewDesc("t3code_mcp_thread_lookups_failing", "Of the threads waiting for a look-up, those whose last read failed (retried with backoff).", []string{"machine"}, nil)
+)
+
+func (c lookupCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- lookupsPendingDesc
+	ch <- lookupsFailingDesc
+}
+
+func (c lookupCollector) Collect(ch chan<- prometheus.Metric) {
+	for m, s := range c.d.Lookups() {
+		ch <- prometheus.MustNewConstMetric(lookupsPendingDesc, prometheus.GaugeValue, float64(s.Pending), m)
+		ch <- prometheus.MustNewConstMetric(lookupsFailingDesc, prometheus.GaugeValue, float64(s.Failing), m)
+	}
 }

@@ -2,8 +2,17 @@
 // records, exactly once: a run reaching completed, interrupted or failed, and a
 // new pending question. The detector is the watcher's Sink: it sees every
 // applied chunk before T3 gets the Ack, and commits its last-seen state and the
-// events that chunk produced in one fsynced transaction, so neither a reconnect
-// replay, a snapshot fallback nor a crash can lose or repeat a transition.
+// events that chunk produced in one fsynced transaction (grouped with the other
+// machines' chunks, store.Group), so neither a reconnect replay, a snapshot
+// fallback nor a crash can lose or repeat a transition.
+//
+// Nothing on that path reads T3. A chunk commits what the shell rows say: the
+// event's identity and facts (enriched from T3 before delivery, see Enricher),
+// and, where the rows cannot say how a run ended (a run passed over by a
+// queued one, a reconnect's snapshot that skipped runs or questions, a server
+// that reports "idle"), a durable note that the thread needs a look-up. The
+// look-ups run beside the watchers (lookup.go), each thread on its own backoff:
+// one unreadable thread never holds its machine's stream.
 package events
 
 import (
@@ -14,8 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,7 +42,7 @@ const (
 	Question    Type = "thread.question"
 )
 
-// Transition is one detected transition, handed to the Builder.
+// Transition is one detected transition.
 type Transition struct {
 	ID        string // stable: the same transition always gets the same id
 	Type      Type
@@ -44,88 +51,101 @@ type Transition struct {
 	RunID     string
 	RequestID string // for questions
 	Kind      string // runtime request kind for questions
-	Shell     t3rpc.ThreadShell
+	ProjectID string
+	Title     string
 	Tracked   store.Thread
 	At        time.Time
 }
 
-// Builder renders a transition into the event body (JSON). It may read the
-// thread from T3 (final reply, error, questions); it must not fail for lack of
-// detail: a body with less detail beats a lost event.
-type Builder func(ctx context.Context, tr Transition) ([]byte, error)
-
-// RunStatus reads one run's status from T3, for a run that the shell stream
-// moved past before its settling was seen (a reconnect, a snapshot, a restart).
-type RunStatus func(ctx context.Context, machine, threadID, runID string) (status string, found bool, err error)
-
-// RunInfo is one run of a thread as T3 lists it.
-type RunInfo struct {
-	ID      string
-	Ordinal int64
-	Status  string
-}
-
-// Runs lists a thread's runs, oldest first. The detector reads them when runs
-// may have started and settled between two observations of the thread: a
-// chunk or a snapshot carries each thread's last state only, so a run that
-// came and went inside one (a queued follow-up, a reconnect) is not in it.
-type Runs func(ctx context.Context, machine, threadID string) ([]RunInfo, error)
-
 // Tracked tells which threads are watched.
 type Tracked interface {
 	GetThread(id string) (store.Thread, bool, error)
+	ListThreads() ([]store.Thread, error)
 }
 
 // Committer makes detector state and events durable together.
 type Committer interface {
 	Commit(b store.Batch) error
 	Detector(key string) ([]byte, bool, error)
+	ForEachDetector(fn func(key string, value []byte) error) error
 }
 
 // seen is the detector's last-seen state of one thread, persisted per thread.
+// It holds only what the detector needs: run and request ids, flags, and the
+// row's updatedAt.
 type seen struct {
-	RunID    string `json:"run,omitempty"`
-	Settled  bool   `json:"settled,omitempty"`
-	Question string `json:"question,omitempty"`
-	// Open lists earlier runs the thread moved past before they settled (a
-	// run still checkpointing while a queued one starts): each is looked up
-	// until it settles, so its event comes however late.
+	// Latest is the newest run seen (the row's latestRunId); Settled says its
+	// end was reported (or it had ended when the watch began).
+	Latest  string `json:"run,omitempty"`
+	Settled bool   `json:"settled,omitempty"`
+	// Active is the row's activeRunId as last seen.
+	Active string `json:"active,omitempty"`
+	// Open lists older runs seen but not reported settled, oldest first: a
+	// run still running or checkpointing while a queued one is the latest.
 	Open []string `json:"open,omitempty"`
+	// Question is the last pending request seen; Asked every request reported
+	// for runs not yet settled (so a look-up never reports one twice).
+	Question string   `json:"question,omitempty"`
+	Asked    []string `json:"asked,omitempty"`
+	// Lookup: the rows cannot tell what happened; read the thread (off the
+	// Ack path) before reporting more of its runs. Gap: runs after GapAfter
+	// ("" for the thread's first) may have come and gone unseen.
+	Lookup   bool   `json:"lookup,omitempty"`
+	Gap      bool   `json:"gap,omitempty"`
+	GapAfter string `json:"gapAfter,omitempty"`
+	// Gen changes whenever what a look-up must resolve changes, so a look-up
+	// that read the thread before the change does not clear the note.
+	Gen uint64 `json:"gen,omitempty"`
+	// UpdatedAt is the row's updatedAt: after a snapshot, a changed row of a
+	// thread with a run underway may hide a question asked and answered.
+	UpdatedAt string `json:"updatedAt,omitempty"`
 }
 
 func (s seen) equal(o seen) bool {
-	return s.RunID == o.RunID && s.Settled == o.Settled && s.Question == o.Question && slices.Equal(s.Open, o.Open)
+	return s.Latest == o.Latest && s.Settled == o.Settled && s.Active == o.Active && slices.Equal(s.Open, o.Open) &&
+		s.Question == o.Question && slices.Equal(s.Asked, o.Asked) && s.Lookup == o.Lookup && s.Gap == o.Gap &&
+		s.GapAfter == o.GapAfter && s.Gen == o.Gen && s.UpdatedAt == o.UpdatedAt
 }
+
+// busy reports whether a run of the thread was underway when last seen.
+func (s seen) busy() bool { return (s.Latest != "" && !s.Settled) || len(s.Open) > 0 }
 
 // Detector is a watch.Sink.
 type Detector struct {
-	store   Committer
-	tracked Tracked
-	build   Builder
-	run     RunStatus
-	runs    Runs
-	notify  func()
-	log     *slog.Logger
-	now     func() time.Time
+	store     Committer
+	tracked   Tracked
+	read      Reader
+	notify    func()
+	log       *slog.Logger
+	now       func() time.Time
+	retention time.Duration
+	lookups   *lookups
 
 	mu    sync.Mutex
 	cache map[string]seen
-	locks map[string]*sync.Mutex // per machine: Apply and Track
+	locks map[string]*sync.Mutex // per machine: Apply, Track and look-up commits
 }
 
 // Options for a Detector.
 type Options struct {
-	Store     Committer
-	Tracked   Tracked
-	Build     Builder
-	RunStatus RunStatus
-	// Runs, when set, finds runs that settled between two observations.
-	Runs Runs
+	Store   Committer
+	Tracked Tracked
+	// Read reads a thread for look-ups (runs the rows cannot judge, runs and
+	// questions a snapshot skipped). Without it look-ups stay pending.
+	Read Reader
 	// Notify is called after events were committed (wakes the outbox).
 	Notify func()
 	Logger *slog.Logger
 	Now    func() time.Time
+	// Retention: tracked threads nobody watches are forgotten this long after
+	// their last update (default DefaultRetention); see Prune.
+	Retention time.Duration
+	// Lookup tunes the look-ups; zero values pick the defaults.
+	Lookup LookupOptions
 }
+
+// DefaultRetention keeps unwatched tracked threads for three days.
+const DefaultRetention = 72 * time.Hour
 
 // New makes a detector.
 func New(o Options) *Detector {
@@ -138,10 +158,25 @@ func New(o Options) *Detector {
 	if o.Notify == nil {
 		o.Notify = func() {}
 	}
-	return &Detector{store: o.Store, tracked: o.Tracked, build: o.Build, run: o.RunStatus, runs: o.Runs, notify: o.Notify, log: o.Logger, now: o.Now, cache: map[string]seen{}, locks: map[string]*sync.Mutex{}}
+	if o.Retention <= 0 {
+		o.Retention = DefaultRetention
+	}
+	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, log: o.Logger, now: o.Now,
+		retention: o.Retention, cache: map[string]seen{}, locks: map[string]*sync.Mutex{}}
+	d.lookups = newLookups(o.Lookup)
+	return d
 }
 
 func key(machine, thread string) string { return machine + "\x00" + thread }
+
+func splitKey(k string) (machine, thread string, ok bool) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == 0 {
+			return k[:i], k[i+1:], true
+		}
+	}
+	return "", "", false
+}
 
 // Track records a tracked thread (store.PutThread's job) and, when the thread
 // starts being watched, its detector baseline, in one transaction: only
@@ -188,25 +223,38 @@ func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShel
 		delete(d.cache, k)
 	}
 	d.mu.Unlock()
+	if !t.Watch {
+		d.lookups.drop(k)
+	}
 	return nil
 }
 
-// baselineOf is the seen state of a thread as its row shows it now.
+// baselineOf is the seen state of a thread as its row shows it now: its runs
+// count as reported, a run still underway is followed to its end.
 func baselineOf(shell *t3rpc.ThreadShell) seen {
 	s := seen{}
-	if shell != nil {
-		s.RunID = threadstate.LatestRun(shell)
-		if s.RunID != "" {
-			_, s.Settled = threadstate.Settled(shell.Status)
-		}
-		if p, ok := threadstate.PendingRequest(shell); ok {
-			s.Question = p.ID
-		}
+	if shell == nil {
+		return s
 	}
+	s.Latest = threadstate.LatestRun(shell)
+	s.Active = threadstate.ActiveRun(shell)
+	if s.Latest != "" {
+		_, v := threadstate.Judge(shell, s.Latest)
+		s.Settled = v == threadstate.RunSettled || v == threadstate.RunSettledUnreadable
+	}
+	if s.Active != "" && s.Active != s.Latest {
+		s.Open = []string{s.Active} // running while a follow-up is queued
+	}
+	if p, ok := threadstate.PendingRequest(shell); ok {
+		s.Question = p.ID
+		s.Asked = []string{p.ID}
+	}
+	s.UpdatedAt = shell.UpdatedAt.Or("")
 	return s
 }
 
-// machineLock serialises one machine's chunk application with Track.
+// machineLock serialises one machine's chunk application with Track and the
+// look-ups' commits.
 func (d *Detector) machineLock(machine string) *sync.Mutex {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -238,49 +286,72 @@ func (d *Detector) load(k string) (seen, bool, error) {
 	return s, true, nil
 }
 
-// Apply implements watch.Sink.
-func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
+// Apply implements watch.Sink. It reads nothing from T3: a chunk's events are
+// committed with the facts the rows give (Enrich set), and threads the rows
+// cannot settle are noted for a look-up, so the chunk is acknowledged as soon
+// as its part of the group commit is on disk.
+func (d *Detector) Apply(_ context.Context, c watch.Change) error {
 	mu := d.machineLock(c.Machine)
 	mu.Lock()
 	defer mu.Unlock()
-	// One chunk may need a thread's projection several times (runs between
-	// observations, each event's details): read it once per chunk.
-	ctx = context.WithValue(ctx, readCacheKey{}, map[string]readResult{})
 	states := map[string][]byte{}
 	next := map[string]seen{}
+	trackedBy := map[string]*store.Thread{}
 	var evs []store.Event
+	var lookup []string
+	rows := make([]*t3rpc.ThreadShell, 0, len(c.Passed)+len(c.Threads))
+	for i := range c.Passed {
+		rows = append(rows, &c.Passed[i])
+	}
 	for i := range c.Threads {
-		shell := &c.Threads[i]
-		tr, ok, err := d.tracked.GetThread(shell.ID)
-		if err != nil {
-			return err
-		}
-		if !ok || !tr.Watch || tr.Machine != c.Machine {
-			continue
-		}
-		k := key(c.Machine, shell.ID)
-		prev, known := next[k]
-		if !known {
-			prev, known, err = d.load(k)
+		rows = append(rows, &c.Threads[i])
+	}
+	for _, row := range rows {
+		tr, ok := trackedBy[row.ID]
+		if !ok {
+			t, found, err := d.tracked.GetThread(row.ID)
 			if err != nil {
 				return err
 			}
+			if found && t.Watch && t.Machine == c.Machine {
+				tr = &t
+			}
+			trackedBy[row.ID] = tr
 		}
-		cur, transitions, err := d.detect(ctx, c.Machine, shell, tr, prev, known)
-		if err != nil {
-			return err
+		if tr == nil {
+			continue
 		}
-		if !cur.equal(prev) || !known {
+		k := key(c.Machine, row.ID)
+		prev, known := next[k]
+		if !known {
+			var err error
+			if prev, known, err = d.load(k); err != nil {
+				return err
+			}
+		}
+		var cur seen
+		var out []Transition
+		if known {
+			cur, out = d.observe(prev, row, *tr, c.Machine, c.Snapshot)
+		} else {
+			// A watched thread with no recorded state (watched before the
+			// detector kept state): take the present as the baseline.
+			cur = baselineOf(row)
+		}
+		if !known || !cur.equal(prev) {
 			next[k] = cur
 			b, _ := json.Marshal(cur)
 			states[k] = b
 		}
-		for _, t := range transitions {
-			body, err := d.build(ctx, t)
+		if cur.Lookup && (!prev.Lookup || cur.Gen != prev.Gen) {
+			lookup = append(lookup, k)
+		}
+		for _, t := range out {
+			body, _, err := render(t, nil)
 			if err != nil {
-				return fmt.Errorf("build event %s for thread %q: %w", t.Type, t.ThreadID, err)
+				return fmt.Errorf("event %s for thread %q: %w", t.Type, t.ThreadID, err)
 			}
-			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, CreatedAt: t.At})
+			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, Enrich: true, CreatedAt: t.At})
 		}
 	}
 	if len(states) == 0 && len(evs) == 0 {
@@ -294,6 +365,9 @@ func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
 		d.cache[k] = s
 	}
 	d.mu.Unlock()
+	for _, k := range lookup {
+		d.lookups.add(k)
+	}
 	if len(evs) > 0 {
 		for _, e := range evs {
 			d.log.Info("event recorded", "id", e.ID, "stream", e.Stream)
@@ -303,121 +377,74 @@ func (d *Detector) Apply(ctx context.Context, c watch.Change) error {
 	return nil
 }
 
-// detect compares a thread's new row with what was seen last.
-func (d *Detector) detect(ctx context.Context, machine string, shell *t3rpc.ThreadShell, tr store.Thread, prev seen, known bool) (seen, []Transition, error) {
-	latest := threadstate.LatestRun(shell)
-	outcome, settled := threadstate.Settled(shell.Status)
-	if latest == "" {
-		settled = false
-	}
-	cur := seen{RunID: latest, Settled: settled, Question: prev.Question}
-	if !known {
-		// A watched thread with no recorded state (watch turned on before
-		// Baseline existed): take the present as the baseline.
-		if p, ok := threadstate.PendingRequest(shell); ok {
-			cur.Question = p.ID
-		}
-		return cur, nil, nil
-	}
+// observe compares one row of a thread with what was seen last. It decides
+// from the row's run pointers (threadstate.Judge), never from the status
+// string alone, and hands to a look-up whatever the row cannot say.
+func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, machine string, snapshot bool) (seen, []Transition) {
+	prev := s
+	s.Open = slices.Clone(s.Open)
+	s.Asked = slices.Clone(s.Asked)
+	latest := threadstate.LatestRun(row)
+	s.Active = threadstate.ActiveRun(row)
 	var out []Transition
-	// Runs we saw start but never saw settle, that the thread has moved past
-	// (dispatched into right after settling, queued behind a checkpoint, or
-	// missed while disconnected): read how each ended, so no event is lost;
-	// one still running stays open and is read again next time.
-	open := append([]string(nil), prev.Open...)
-	if prev.RunID != "" && prev.RunID != latest && !prev.Settled {
-		open = append(open, prev.RunID)
-	}
-	if latest != "" && latest != prev.RunID && d.runs != nil && mayHaveSkipped(prev.RunID, latest) {
-		between, err := d.between(ctx, machine, shell.ID, prev.RunID, latest)
-		if err != nil {
-			return prev, nil, err
-		}
-		for _, r := range between {
-			if o, ok := threadstate.Settled(r.Status); ok {
-				out = append(out, d.transition(machine, shell, tr, r.ID, typeOf(o), "", ""))
-			} else if !slices.Contains(open, r.ID) {
-				open = append(open, r.ID)
-			}
-		}
-	}
-	for _, runID := range open {
-		if runID == latest || d.run == nil {
-			continue // the latest run is judged from the row itself, below
-		}
-		status, found, err := d.run(ctx, machine, shell.ID, runID)
-		if err != nil {
-			return prev, nil, fmt.Errorf("read run %q of thread %q: %w", runID, shell.ID, err)
-		}
-		if o, ok := threadstate.Settled(status); ok && found {
-			out = append(out, d.transition(machine, shell, tr, runID, typeOf(o), "", ""))
-		} else if found {
-			cur.Open = append(cur.Open, runID)
-		}
-	}
-	if settled && !(prev.RunID == latest && prev.Settled) {
-		out = append(out, d.transition(machine, shell, tr, latest, typeOf(outcome), "", ""))
-	}
-	if p, ok := threadstate.PendingRequest(shell); ok && p.ID != prev.Question {
-		cur.Question = p.ID
-		out = append(out, d.transition(machine, shell, tr, latest, Question, p.ID, p.Kind))
-	}
-	return cur, out, nil
-}
 
-// runOrdinal reads n from T3's run ids, "run:thread:<threadId>:ordinal:<n>".
-func runOrdinal(id string) (int64, bool) {
-	i := strings.LastIndex(id, ":ordinal:")
-	if i < 0 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(id[i+len(":ordinal:"):], 10, 64)
-	return n, err == nil
-}
-
-// mayHaveSkipped reports whether runs may lie between the run seen last and
-// the latest one. T3 numbers a thread's runs, so the usual next run (or a
-// thread's first) needs no read; ids of another shape always get one.
-func mayHaveSkipped(prev, latest string) bool {
-	l, ok := runOrdinal(latest)
-	if !ok {
-		return true
-	}
-	if prev == "" {
-		return l > 1
-	}
-	p, ok := runOrdinal(prev)
-	return !ok || l-p > 1
-}
-
-// between lists the runs after prev ("" for none) and before latest.
-func (d *Detector) between(ctx context.Context, machine, threadID, prev, latest string) ([]RunInfo, error) {
-	runs, err := d.runs(ctx, machine, threadID)
-	if err != nil {
-		return nil, fmt.Errorf("read the runs of thread %q: %w", threadID, err)
-	}
-	lo, loOK := int64(0), prev == ""
-	hi, hiOK := int64(0), false
-	for _, r := range runs {
-		if r.ID == prev {
-			lo, loOK = r.Ordinal, true
+	if latest != "" && latest != s.Latest {
+		// A new latest run: the one before it, if it was not reported, is now
+		// an older run still to be followed to its end.
+		if s.Latest != "" && !s.Settled && !slices.Contains(s.Open, s.Latest) {
+			s.Open = append(s.Open, s.Latest)
 		}
-		if r.ID == latest {
-			hi, hiOK = r.Ordinal, true
+		if snapshot && !s.Gap {
+			// A snapshot shows each thread's last state only: runs between
+			// the one seen last and this one may have come and gone.
+			s.Gap, s.GapAfter, s.Lookup = true, s.Latest, true
+		}
+		s.Latest, s.Settled = latest, false
+	}
+	// Older runs: the row says they are busy only while one is the active
+	// run; otherwise it cannot tell how they ended.
+	for _, o := range s.Open {
+		if _, v := threadstate.Judge(row, o); v != threadstate.RunBusy {
+			s.Lookup = true
 		}
 	}
-	if !loOK {
-		if lo, loOK = runOrdinal(prev); !loOK {
-			return nil, nil // the run seen last is unknown to T3 now: no way to tell what is newer
+	if s.Latest != "" && !s.Settled {
+		outcome, v := threadstate.Judge(row, s.Latest)
+		switch {
+		case v == threadstate.RunSettledUnreadable:
+			s.Lookup = true
+		case v == threadstate.RunSettled && !s.Lookup:
+			out = append(out, d.transition(machine, row, tr, s.Latest, typeOf(outcome), "", ""))
+			s.Settled = true
+			// Otherwise a look-up is pending: it reports this run after the
+			// older ones, so a thread's events keep their order.
 		}
 	}
-	var out []RunInfo
-	for _, r := range runs {
-		if r.Ordinal > lo && r.ID != prev && r.ID != latest && (!hiOK || r.Ordinal < hi) {
-			out = append(out, r)
+	if p, ok := threadstate.PendingRequest(row); ok && p.ID != s.Question && !slices.Contains(s.Asked, p.ID) {
+		run := s.Active
+		if run == "" {
+			run = s.Latest
 		}
+		out = append(out, d.transition(machine, row, tr, run, Question, p.ID, p.Kind))
+		s.Asked = append(s.Asked, p.ID)
 	}
-	return out, nil
+	if p, ok := threadstate.PendingRequest(row); ok {
+		s.Question = p.ID
+	}
+	updated := row.UpdatedAt.Or("")
+	if snapshot && prev.busy() && updated != "" && updated != prev.UpdatedAt {
+		// The thread changed while we were not looking, with a run underway:
+		// a question may have been asked and answered in between.
+		s.Lookup = true
+	}
+	s.UpdatedAt = updated
+	if !s.busy() && !s.Lookup {
+		s.Asked = nil // every run is reported: their requests cannot come back
+	}
+	if s.Lookup && (!prev.Lookup || s.Latest != prev.Latest || !slices.Equal(s.Open, prev.Open) || s.Gap != prev.Gap) {
+		s.Gen++
+	}
+	return s, out
 }
 
 func typeOf(o threadstate.Outcome) Type {
@@ -430,28 +457,32 @@ func typeOf(o threadstate.Outcome) Type {
 	return Failed
 }
 
-func (d *Detector) transition(machine string, shell *t3rpc.ThreadShell, tr store.Thread, runID string, typ Type, requestID, kind string) Transition {
+// eventID is stable: the same transition always gets the same id, so the
+// store skips a repeated insert whatever path found it again.
+func eventID(machine, thread string, typ Type, subject string) string {
+	h := sha256.Sum256([]byte(machine + "\x00" + thread + "\x00" + string(typ) + "\x00" + subject))
+	return "evt_" + hex.EncodeToString(h[:12])
+}
+
+func (d *Detector) transition(machine string, row *t3rpc.ThreadShell, tr store.Thread, runID string, typ Type, requestID, kind string) Transition {
 	subject := runID
 	if typ == Question {
 		subject = requestID
 	}
-	h := sha256.Sum256([]byte(machine + "\x00" + shell.ID + "\x00" + string(typ) + "\x00" + subject))
 	at := d.now().UTC()
 	if typ != Question {
-		if v, ok := shell.LatestRunCompletedAt.Get(); ok && runID == threadstate.LatestRun(shell) {
-			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-				at = t.UTC()
+		if v, ok := row.LatestRunCompletedAt.Get(); ok && runID == threadstate.LatestRun(row) {
+			if t, ok := parseTime(v); ok {
+				at = t
 			}
 		}
-	} else if p, ok := shell.PendingRuntimeRequest.Get(); ok {
-		if v, ok := p.CreatedAt.Get(); ok {
-			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-				at = t.UTC()
-			}
+	} else if p, ok := row.PendingRuntimeRequest.Get(); ok {
+		if t, ok := parseTime(p.CreatedAt.Or("")); ok {
+			at = t
 		}
 	}
 	return Transition{
-		ID: "evt_" + hex.EncodeToString(h[:12]), Type: typ, Machine: machine, ThreadID: shell.ID,
-		RunID: runID, RequestID: requestID, Kind: kind, Shell: *shell, Tracked: tr, At: at,
+		ID: eventID(machine, row.ID, typ, subject), Type: typ, Machine: machine, ThreadID: row.ID,
+		RunID: runID, RequestID: requestID, Kind: kind, ProjectID: row.ProjectId, Title: row.Title, Tracked: tr, At: at,
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -16,8 +15,8 @@ import (
 )
 
 // Detector.Apply with a real store in b.TempDir(): every commit is an fsynced bbolt
-// transaction. The builder reads a small in-memory projection (the connector reads it over
-// HTTP; that read is measured end to end by the load harness, not here).
+// transaction (through the group committer). Nothing is read from T3 on this path: the events
+// are committed with the rows' facts and enriched by the outbox before delivery.
 
 const benchThreads = 1000
 
@@ -45,16 +44,7 @@ func newDetectorBench(b *testing.B) *detectorBench {
 	if err := st.Commit(store.Batch{Threads: tracked}); err != nil {
 		b.Fatal(err)
 	}
-	read := func(_ context.Context, _, threadID string) (*t3api.ThreadProjection, error) {
-		return &t3api.ThreadProjection{
-			Thread: t3api.AppThread{ID: threadID, Title: "Fix the flaky payment test"},
-			TurnItems: []t3api.TurnItem{{
-				ID: "item-1", Type: "assistant_message", Ordinal: 1, RunId: t3api.NewOptNilString("run-x"),
-				Text: t3api.NewOptString("Done: fixed the retry loop and ran the whole suite."),
-			}},
-		}, nil
-	}
-	db.d = events.New(events.Options{Store: st, Tracked: st, Build: events.NewBuilder(read, nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	db.d = events.New(events.Options{Store: store.NewGroup(st), Tracked: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	// Every thread's baseline: idle, no run.
 	var base []t3rpc.ThreadShell
 	for _, id := range db.threads {

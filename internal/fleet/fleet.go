@@ -37,9 +37,6 @@ const (
 type Options struct {
 	Logger      *slog.Logger
 	HTTPTimeout time.Duration
-	// Sink receives every machine's applied changes (the event detector);
-	// nil when events are off.
-	Sink watch.Sink
 	// DemoMachines are marked demo in t3_machines.
 	DemoMachines map[string]bool
 	// Tokens are bearer tokens the caller hands over directly, by machine
@@ -56,6 +53,19 @@ type Fleet struct {
 	byName   map[string]*Machine
 	store    *store.Store
 	log      *slog.Logger
+	sink     watch.Sink // given by Start; every watcher's chunks go to it
+}
+
+// fleetSink hands each watcher's changes to the sink the fleet was started
+// with: the detector reads threads through the fleet, so it exists only once
+// the fleet does.
+type fleetSink struct{ f *Fleet }
+
+func (s fleetSink) Apply(ctx context.Context, c watch.Change) error {
+	if s.f.sink == nil {
+		return nil
+	}
+	return s.f.sink.Apply(ctx, c)
 }
 
 // Machine is one configured T3 machine.
@@ -82,6 +92,7 @@ func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
 		o.Logger = slog.Default()
 	}
 	f := &Fleet{byName: map[string]*Machine{}, store: st, log: o.Logger}
+	ws := fleetSink{f}
 	for _, mc := range cfg.Machines {
 		m := &Machine{Name: mc.Name, Config: mc, Demo: o.DemoMachines[mc.Name], log: o.Logger.With("machine", mc.Name), status: Offline}
 		token, err := tokenOf(mc, o.Tokens)
@@ -91,7 +102,7 @@ func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
 		} else {
 			m.client = c
-			m.watcher = watch.New(mc.Name, m.connect, watch.Options{Logger: o.Logger, Sink: o.Sink, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff})
+			m.watcher = watch.New(mc.Name, m.connect, watch.Options{Logger: o.Logger, Sink: ws, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff})
 		}
 		f.machines = append(f.machines, m)
 		f.byName[mc.Name] = m
@@ -114,7 +125,16 @@ func tokenOf(mc config.Machine, tokens map[string]string) (string, error) {
 	return mc.Token()
 }
 
-// Run runs every machine's watcher until ctx ends.
+// Start gives the fleet the sink of every machine's applied changes (the
+// event detector; nil when events are off) and runs every machine's watcher
+// until ctx ends.
+func (f *Fleet) Start(ctx context.Context, sink watch.Sink) {
+	f.sink = sink
+	f.Run(ctx)
+}
+
+// Run runs every machine's watcher until ctx ends, without a sink unless Start
+// gave one.
 func (f *Fleet) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, m := range f.machines {
@@ -410,6 +430,15 @@ func (m *Machine) awaitRow(id string, d time.Duration) (t3rpc.ThreadShell, bool)
 			return t3rpc.ThreadShell{}, false
 		}
 	}
+}
+
+// ReadThread reads a thread of a machine (the event detector's Reader).
+func (f *Fleet) ReadThread(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
+	m, err := f.Machine(machine)
+	if err != nil {
+		return nil, err
+	}
+	return m.Projection(ctx, threadID)
 }
 
 // Projection reads a thread's full projection over HTTP.

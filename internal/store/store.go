@@ -99,6 +99,8 @@ type Batch struct {
 	Events []Event
 	// Threads are upserted like PutThread.
 	Threads []Thread
+	// DeleteThreads stops tracking these threads (pruning).
+	DeleteThreads []string
 }
 
 // Open opens (creating if needed) <dir>/t3code-mcp.db. The directory is created 0700 and the file
@@ -252,28 +254,58 @@ func (s *Store) ListThreads() ([]Thread, error) {
 
 // Commit writes a batch in one fsynced transaction: all of it or none of it.
 func (s *Store) Commit(b Batch) error {
+	if err := validate(b); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx, d *countDelta) error { return writeBatch(tx, b, d) })
+}
+
+func validate(b Batch) error {
 	if err := checkEvents(b.Events); err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx, d *countDelta) error {
-		det := tx.Bucket(bDetector)
-		for k, v := range b.Detector {
-			var err error
-			if v == nil {
-				err = det.Delete([]byte(k))
-			} else {
-				err = det.Put([]byte(k), v)
-			}
-			if err != nil {
-				return err
-			}
+	for _, t := range b.Threads {
+		if t.ID == "" || t.Machine == "" {
+			return errors.New("store: a thread needs an ID and a Machine")
 		}
-		for _, t := range b.Threads {
-			if err := putThread(tx, t); err != nil {
-				return err
-			}
+	}
+	return nil
+}
+
+func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error {
+	det := tx.Bucket(bDetector)
+	for k, v := range b.Detector {
+		var err error
+		if v == nil {
+			err = det.Delete([]byte(k))
+		} else {
+			err = det.Put([]byte(k), v)
 		}
-		return appendEvents(tx, b.Events, d)
+		if err != nil {
+			return err
+		}
+	}
+	for _, t := range b.Threads {
+		if err := putThread(tx, t); err != nil {
+			return err
+		}
+	}
+	for _, id := range b.DeleteThreads {
+		if err := tx.Bucket(bThreads).Delete([]byte(id)); err != nil {
+			return err
+		}
+	}
+	return appendEvents(tx, b.Events, d)
+}
+
+// ForEachDetector calls fn with every detector key and value, in key order
+// (the detector's start-up scan for pending look-ups, and pruning). The slices
+// are copies.
+func (s *Store) ForEachDetector(fn func(key string, value []byte) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bDetector).ForEach(func(k, v []byte) error {
+			return fn(string(k), append([]byte{}, v...))
+		})
 	})
 }
 

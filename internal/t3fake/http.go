@@ -122,6 +122,9 @@ func (s *Server) read(orchestration bool, failReason string, h http.HandlerFunc)
 			writeError(w, int(st), "EnvironmentInternalError", "internal_error", failReason)
 			return
 		}
+		if s.threadFaults.apply(w, r, s.stop, failReason) {
+			return
+		}
 		scopes, reason := s.credential(r)
 		if reason != "" {
 			authError(w, reason)

@@ -543,7 +543,7 @@ func (s *Server) settle(r *run, status, ts string) {
 	if th.active == r {
 		th.active = nil
 	}
-	th.rowStatus(r, status)
+	th.rowStatus(r, s.threadFaults.settledStatus(th.id, status))
 	th.shell.ActiveRunId = null()
 	if th.newest() == r {
 		th.shell.LatestRunCompletedAt = optNilStr(ts)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 )
 
@@ -18,6 +19,10 @@ func machinesTool(d *Deps) Handler {
 		}
 		out := mcptools.MachinesOutput{Machines: []mcptools.Machine{}}
 		var b strings.Builder
+		var lookups map[string]events.LookupStatus
+		if d.Detector != nil {
+			lookups = d.Detector.Lookups()
+		}
 		for _, m := range d.Fleet.Machines() {
 			in := m.Info()
 			mm := mcptools.Machine{
@@ -36,6 +41,10 @@ func machinesTool(d *Deps) Handler {
 			if in.Label != "" {
 				mm.Environment.SetTo(in.Label)
 			}
+			n := lookups[in.Name].Pending
+			if n > 0 {
+				mm.ThreadsAwaitingLookup.SetTo(n)
+			}
 			out.Machines = append(out.Machines, mm)
 			demo := ""
 			if in.Demo {
@@ -44,6 +53,9 @@ func machinesTool(d *Deps) Handler {
 			fmt.Fprintf(&b, "%s%s: %s (%s)", in.Name, demo, in.Status, in.URL)
 			if mm.Problem.Set {
 				fmt.Fprintf(&b, " — %s", in.Problem)
+			}
+			if n > 0 {
+				fmt.Fprintf(&b, "; %s wait for a read of the thread before their next events", plural.Count(n, "watched thread"))
 			}
 			b.WriteString("\n")
 		}

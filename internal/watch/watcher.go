@@ -40,6 +40,10 @@ type Change struct {
 	// Threads holds the new state of every thread the chunk touched (all of
 	// them after a snapshot), in the order the items arrived.
 	Threads []t3rpc.ThreadShell
+	// Passed holds, in arrival order, the rows of threads that the chunk
+	// updated again later (their final row is in Threads): a run that started
+	// and ended inside one chunk shows only here. Empty after a snapshot.
+	Passed []t3rpc.ThreadShell
 	// Removed lists threads the chunk removed.
 	Removed []string
 	// Cursor is the highest sequence applied once this change is in.
@@ -279,6 +283,7 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 					w.putLocked(&t)
 					w.touchLocked(t.ID)
 					if idx, ok := touched[t.ID]; ok {
+						change.Passed = append(change.Passed, change.Threads[idx])
 						change.Threads[idx] = t
 					} else {
 						touched[t.ID] = len(change.Threads)

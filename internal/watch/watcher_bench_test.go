@@ -11,7 +11,6 @@ import (
 
 	"github.com/go-faster/jx"
 
-	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
@@ -125,24 +124,9 @@ func benchApply(b *testing.B, watched bool) {
 		if err := st.Commit(store.Batch{Threads: tracked}); err != nil {
 			b.Fatal(err)
 		}
-		read := func(_ context.Context, _, threadID string) (*t3api.ThreadProjection, error) {
-			return &t3api.ThreadProjection{Thread: t3api.AppThread{ID: threadID, Title: "Load thread"}}, nil
-		}
-		// Every run of the benchmark completes. A run that the thread moved past, or that came
-		// and went inside one chunk (Change keeps each thread's last row), is looked up here as
-		// the connector would over HTTP: its status, and the thread's runs by ordinal.
-		runStatus := func(context.Context, string, string, string) (string, bool, error) { return "completed", true, nil }
-		runList := func(_ context.Context, _, threadID string) ([]events.RunInfo, error) {
-			perThread.Lock()
-			n := perThread.n[threadID]
-			perThread.Unlock()
-			out := make([]events.RunInfo, 0, n)
-			for i := int64(1); i <= int64(n); i++ {
-				out = append(out, events.RunInfo{ID: fmt.Sprintf("run:thread:%s:ordinal:%d", threadID, i), Ordinal: i, Status: "completed"})
-			}
-			return out, nil
-		}
-		sink = events.New(events.Options{Store: st, Tracked: st, Build: events.NewBuilder(read, nil), RunStatus: runStatus, Runs: runList, Logger: benchQuiet})
+		// Nothing here reads T3 on the Ack path: events are committed with the rows' facts and
+		// enriched later by the outbox. Look-ups (runs the rows cannot settle) are not run.
+		sink = events.New(events.Options{Store: store.NewGroup(st), Tracked: st, Logger: benchQuiet})
 	}
 	w := benchWatcher(b, fk, sink)
 	runs := (b.N + shellItemsPerRun - 1) / shellItemsPerRun

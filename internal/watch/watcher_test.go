@@ -23,7 +23,6 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
-	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -170,15 +169,11 @@ func TestDisconnectsMissNoTransitionAndDoubleNone(t *testing.T) {
 		}
 		return &s.Projection, nil
 	}
-	det := events.New(events.Options{Store: st, Tracked: st, Build: events.NewBuilder(read, nil),
-		RunStatus: func(ctx context.Context, _, threadID, runID string) (string, bool, error) {
-			p, err := read(ctx, "", threadID)
-			if err != nil {
-				return "", false, err
-			}
-			run, ok := threadview.New(p).Run(runID)
-			return run.Status, ok, nil
-		}})
+	det := events.New(events.Options{Store: st, Tracked: st, Read: events.ReaderFunc(read)})
+	lctx, stopLookups := context.WithCancel(context.Background())
+	lookupsDone := make(chan struct{})
+	go func() { defer close(lookupsDone); det.Run(lctx) }()
+	defer func() { stopLookups(); <-lookupsDone }()
 	rr = start(t, fk, det)
 	eventually(t, "synced", func() bool { return rr.watcher.Status().Synced })
 

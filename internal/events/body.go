@@ -1,0 +1,189 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	genevents "github.com/t3code-mcp/t3code-mcp/gen/events"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
+)
+
+// SummaryLimit bounds an event's summary (the final assistant text).
+const SummaryLimit = 2000
+
+// Reader reads a thread from its machine. The fleet satisfies it; the
+// detector reads only off the Ack path (look-ups, enrichment).
+type Reader interface {
+	ReadThread(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error)
+}
+
+// ReaderFunc adapts a function to Reader.
+type ReaderFunc func(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error)
+
+// ReadThread implements Reader.
+func (f ReaderFunc) ReadThread(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, error) {
+	return f(ctx, machine, threadID)
+}
+
+// facts renders what the shell row and the tracked thread say about a
+// transition: the event without the details only T3's thread read gives
+// (summary, error, the question's text). It is what the Ack path commits.
+func facts(tr Transition) genevents.Event {
+	ev := genevents.Event{
+		ID:         tr.ID,
+		Type:       genevents.EventType(tr.Type),
+		OccurredAt: tr.At,
+		Machine:    tr.Machine,
+		Project:    genevents.EventProject{ID: tr.ProjectID, Title: tr.Tracked.ProjectTitle},
+		ThreadID:   tr.ThreadID,
+		RunID:      tr.RunID,
+		Title:      tr.Title,
+	}
+	if ev.Project.ID == "" {
+		ev.Project.ID = tr.Tracked.ProjectID
+	}
+	if ev.Title == "" {
+		ev.Title = tr.Tracked.Title
+	}
+	if tr.Tracked.Origin != "" {
+		ev.Origin.SetTo(tr.Tracked.Origin)
+	}
+	if tr.Type == Question {
+		q := genevents.EventQuestion{RequestID: tr.RequestID, Kind: genevents.EventQuestionKindUserInput, Questions: []genevents.EventQuestionItem{}}
+		if tr.Kind != "user_input" {
+			q.Kind = genevents.EventQuestionKindApproval
+		}
+		ev.Question.SetTo(q)
+	}
+	return ev
+}
+
+// complete adds what the thread's projection says: the run's final reply as
+// summary, its error, the question with its choices.
+func complete(ev *genevents.Event, p *t3api.ThreadProjection) {
+	v := threadview.New(p)
+	if ev.Type != genevents.EventTypeThreadQuestion {
+		if s := v.Reply(ev.RunID); s != "" {
+			ev.Summary.SetTo(threadview.Cut(s, SummaryLimit))
+		}
+	}
+	if ev.Type == genevents.EventTypeThreadFailed {
+		if e := v.Error(ev.RunID); e != "" {
+			ev.Error.SetTo(threadview.Cut(e, SummaryLimit))
+		}
+	}
+	if q, ok := ev.Question.Get(); ok {
+		if pq, ok := v.PendingQuestion(q.RequestID, string(q.Kind), threadview.DefaultLimits, nil); ok {
+			q.Questions = q.Questions[:0]
+			for _, mq := range pq.Questions {
+				item := genevents.EventQuestionItem{ID: mq.ID, Text: mq.Text, Options: mq.Options}
+				if h, ok := mq.Header.Get(); ok {
+					item.Header.SetTo(h)
+				}
+				if ms, ok := mq.MultiSelect.Get(); ok {
+					item.MultiSelect.SetTo(ms)
+				}
+				q.Questions = append(q.Questions, item)
+			}
+			if pq.Kind == "approval" {
+				q.Kind = genevents.EventQuestionKindApproval
+			}
+			ev.Question.SetTo(q)
+		}
+	}
+}
+
+// missing names the fields a body of this type lacks until enriched.
+func missing(t genevents.EventType) []string {
+	switch t {
+	case genevents.EventTypeThreadFailed:
+		return []string{"summary", "error"}
+	case genevents.EventTypeThreadQuestion:
+		return []string{"question.questions"}
+	}
+	return []string{"summary"}
+}
+
+// Enricher completes the bodies the Ack path committed with only their facts
+// (store.Event.Enrich): the outbox calls it before an event's first delivery
+// attempt (outbox.Enricher), off the watcher's Ack path.
+type Enricher struct {
+	read Reader
+}
+
+// NewEnricher reads threads through read.
+func NewEnricher(read Reader) *Enricher { return &Enricher{read: read} }
+
+// Enrich reads the thread and returns the complete body. An error means T3
+// could not be read now: the outbox tries again later.
+func (en *Enricher) Enrich(ctx context.Context, e store.Event) ([]byte, error) {
+	var ev genevents.Event
+	if err := ev.UnmarshalJSON(e.Body); err != nil {
+		// Not ours to fix: deliver what was stored rather than retrying forever.
+		return e.Body, nil
+	}
+	p, err := en.read.ReadThread(ctx, ev.Machine, ev.ThreadID)
+	if err != nil {
+		return nil, fmt.Errorf("read thread %q on machine %q: %w", ev.ThreadID, ev.Machine, err)
+	}
+	complete(&ev, p)
+	return ev.MarshalJSON()
+}
+
+// Partial returns the stored facts marked partial: partial true, the fields
+// missing, and why (the last read error).
+func (en *Enricher) Partial(e store.Event, cause error) []byte {
+	var ev genevents.Event
+	if err := ev.UnmarshalJSON(e.Body); err != nil {
+		return e.Body
+	}
+	ev.Partial.SetTo(true)
+	ev.Missing = missing(ev.Type)
+	reason := "the thread could not be read from its machine"
+	if cause != nil {
+		reason += ": " + cause.Error()
+	}
+	ev.PartialReason.SetTo(threadview.Cut(reason, 500))
+	b, err := ev.MarshalJSON()
+	if err != nil {
+		return e.Body
+	}
+	return b
+}
+
+// render is the complete body when the projection is at hand (a look-up
+// read the thread anyway), else the facts for the outbox to enrich.
+func render(tr Transition, p *t3api.ThreadProjection) (body []byte, enrich bool, err error) {
+	ev := facts(tr)
+	if p != nil {
+		complete(&ev, p)
+	}
+	b, err := ev.MarshalJSON()
+	return b, p == nil, err
+}
+
+// parseTime reads T3's ISO 8601 times.
+func parseTime(s string) (time.Time, bool) {
+	if s == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	return t.UTC(), err == nil
+}
+
+// errText is an error's text on one line, for logs and metrics.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	var de interface{ Timeout() bool }
+	if errors.As(err, &de) && de.Timeout() {
+		return "timeout: " + strings.Join(strings.Fields(err.Error()), " ")
+	}
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
