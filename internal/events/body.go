@@ -2,9 +2,7 @@ package events
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	genevents "github.com/t3code-mcp/t3code-mcp/gen/events"
@@ -174,16 +172,4 @@ func parseTime(s string) (time.Time, bool) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	return t.UTC(), err == nil
-}
-
-// errText is an error's text on one line, for logs and metrics.
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	var de interface{ Timeout() bool }
-	if errors.As(err, &de) && de.Timeout() {
-		return "timeout: " + strings.Join(strings.Fields(err.Error()), " ")
-	}
-	return strings.Join(strings.Fields(err.Error()), " ")
 }

@@ -115,16 +115,6 @@ func row(id, status, active, latest, pending string) t3rpc.ThreadShell {
 	return s
 }
 
-// shell is a row without run pointers but the latest run (older servers'
-// shape): status decides.
-func shell(id, status, run string, pending string) t3rpc.ThreadShell {
-	s := row(id, status, "-", run, pending)
-	if run == "" {
-		s.LatestRunId = t3rpc.OptNilString{}
-	}
-	return s
-}
-
 func (e *env) watchThread(id, origin string, base *t3rpc.ThreadShell) {
 	e.t.Helper()
 	if err := e.d.Track("m", store.Thread{ID: id, Machine: "m", ProjectID: "p1", ProjectTitle: "proj", Origin: origin, Watch: true}, base); err != nil {
