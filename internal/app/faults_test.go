@@ -548,11 +548,14 @@ func twoMachines(t *testing.T, hl *hookLog, fo t3fake.Options, settings func(*ap
 
 // One machine answers every read with 500 while another works: tools on the
 // good one are unaffected, tools on the bad one say what T3 answered, and
-// both machines' events arrive (the bad one's without details).
+// both machines' events arrive (the bad one's once the enrichment window
+// passes, marked partial: which fields are missing and why).
 func TestFaultMachineAnswering500(t *testing.T) {
 	leakCheck(t)
 	hl := newHookLog(t, nil)
-	h, mac, pc := twoMachines(t, hl, t3fake.Options{ManualSteps: true}, nil)
+	h, mac, pc := twoMachines(t, hl, t3fake.Options{ManualSteps: true}, func(s *appSettings) {
+		s.HookEnrichTimeout = 2 * time.Second
+	})
 	c := h.client("faults")
 	mm := dispatchMix(c, "mac", 1, promptDone, promptFail)
 	pm := dispatchMix(c, "pc", 1, promptDone, promptFail)
@@ -587,6 +590,18 @@ func TestFaultMachineAnswering500(t *testing.T) {
 	for _, tid := range mm.threads {
 		c.ok("t3_thread", map[string]any{"thread_id": tid})
 	}
+	hl.mu.Lock()
+	for _, d := range hl.all {
+		ev := d.event
+		partial := ev["machine"] == "mac"
+		if (ev["partial"] == true) != partial {
+			t.Errorf("event %v: partial %v, want %v", ev["id"], ev["partial"], partial)
+		}
+		if partial && (ev["missing"] == nil || !strings.Contains(str(ev, "partial_reason"), "internal error")) {
+			t.Errorf("partial event without what is missing and why: %v", ev)
+		}
+	}
+	hl.mu.Unlock()
 	faultCount(t, "http-500", failed, len(mm.threads)+len(pm.threads), countEvents(w), repeats)
 }
 
