@@ -117,7 +117,7 @@ type Server struct {
 	refuseDispatch atomic.Pointer[string] // non-nil: message.dispatch fails with this message
 	hangMu         sync.Mutex
 	hang           chan struct{} // non-nil while HTTPHang(true); closed to release
-	threadFaults   threadFaults           // per-thread read faults (threadfaults.go)
+	threadFaults   threadFaults  // per-thread read faults (threadfaults.go)
 
 	onItemSent atomic.Pointer[ItemSentFunc]
 
