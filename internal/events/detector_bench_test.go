@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,3 +141,75 @@ func BenchmarkDetectorUnwatched64(b *testing.B) {
 		}
 	}
 }
+
+// benchMachines runs 100 machines' watchers at once into one store: each goroutine is one
+// machine applying chunks of one thread whose run starts, then settles (one event per two
+// chunks, two commits). ns/op is one event. With grouped, the detector commits through
+// store.Group (every waiting chunk of every machine in one transaction, one fsync); without, each
+// chunk is its own fsynced transaction and the machines queue for the file.
+func benchMachines(b *testing.B, grouped bool) {
+	st, err := store.Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	const machines = 100
+	var committer events.Committer = st
+	var g *store.Group
+	if grouped {
+		g = store.NewGroup(st)
+		committer = g
+	}
+	d := events.New(events.Options{Store: committer, Tracked: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	now := time.Now()
+	for m := 0; m < machines; m++ {
+		machine := fmt.Sprintf("m%03d", m)
+		if err := d.Track(machine, store.Thread{ID: "thread-" + machine, Machine: machine, Watch: true, CreatedAt: now, UpdatedAt: now}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	per := (b.N + machines - 1) / machines
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	errs := make(chan error, machines)
+	for m := 0; m < machines; m++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			machine := fmt.Sprintf("m%03d", m)
+			id := "thread-" + machine
+			for i := 0; i < per; i++ {
+				run := fmt.Sprintf("run-%d", i)
+				for _, row := range []t3rpc.ThreadShell{benchShell(id, "running", run), benchShell(id, "completed", run)} {
+					if err := d.Apply(ctx, watch.Change{Machine: machine, Threads: []t3rpc.ThreadShell{row}}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	events := per * machines
+	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+	if g != nil {
+		txs, batches := g.Stats()
+		b.ReportMetric(float64(batches)/float64(max(txs, 1)), "chunks/fsync")
+	}
+	if p, _, _, err := st.Counts(); err != nil || p != events {
+		b.Fatalf("%d events for %d runs (%v)", p, events, err)
+	}
+}
+
+// BenchmarkGroupCommit100Machines: 100 machines' chunks committed together (store.Group).
+func BenchmarkGroupCommit100Machines(b *testing.B) { benchMachines(b, true) }
+
+// BenchmarkCommitAlone100Machines: the same without grouping, one fsync per chunk.
+func BenchmarkCommitAlone100Machines(b *testing.B) { benchMachines(b, false) }
