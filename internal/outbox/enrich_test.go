@@ -186,3 +186,25 @@ func TestNoEnricherDeliversAsStored(t *testing.T) {
 		t.Fatalf("sent %s", got)
 	}
 }
+
+// A shutdown that cancels the first attempt keeps the completed body (the receiver may have seen
+// it; the next attempt must send the same bytes) without counting an attempt.
+func TestShutdownKeepsEnrichedBody(t *testing.T) {
+	rc := newReceiver(t)
+	sent := make(chan struct{}, 1)
+	rc.setHandle(func(_ http.ResponseWriter, r *http.Request, _ request) int {
+		sent <- struct{}{}
+		<-r.Context().Done()
+		return http.StatusOK
+	})
+	en := &fakeEnricher{}
+	h := start(t, Config{URL: rc.srv.URL, Enricher: en})
+	e := enrichEvent("m/a", 1)
+	h.commit(t, e)
+	<-sent
+	h.stop()
+	got := h.event(t, e.ID)
+	if got.State != store.StatePending || got.Attempts != 0 || got.Enrich || string(got.Body) != string(rc.requests()[0].Body) {
+		t.Fatalf("after shutdown: %+v %s", got, got.Body)
+	}
+}
