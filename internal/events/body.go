@@ -28,6 +28,14 @@ func (f ReaderFunc) ReadThread(ctx context.Context, machine, threadID string) (*
 	return f(ctx, machine, threadID)
 }
 
+// RecentReader also reads just the newest part of a thread (T3's bounded
+// read: every run and request, the newest timeline rows); complete is false
+// when older rows were left out. The enricher prefers it: an event is about a
+// run that just ended, whose rows are the newest.
+type RecentReader interface {
+	ReadRecent(ctx context.Context, machine, threadID string) (p *t3api.ThreadProjection, complete bool, err error)
+}
+
 // facts renders what the shell row and the tracked thread say about a
 // transition: the event without the details only T3's thread read gives
 // (summary, error, the question's text). It is what the Ack path commits.
@@ -125,12 +133,47 @@ func (en *Enricher) Enrich(ctx context.Context, e store.Event) ([]byte, error) {
 		// Not ours to fix: deliver what was stored rather than retrying forever.
 		return e.Body, nil
 	}
-	p, err := en.read.ReadThread(ctx, ev.Machine, ev.ThreadID)
+	p, err := en.readFor(ctx, &ev)
 	if err != nil {
 		return nil, fmt.Errorf("read thread %q on machine %q: %w", ev.ThreadID, ev.Machine, err)
 	}
 	complete(&ev, p)
 	return ev.MarshalJSON()
+}
+
+// readFor reads what the event needs: the bounded read when the reader has
+// one and the event's run (or request) is in its window, else the whole
+// thread.
+func (en *Enricher) readFor(ctx context.Context, ev *genevents.Event) (*t3api.ThreadProjection, error) {
+	if rr, ok := en.read.(RecentReader); ok {
+		p, complete, err := rr.ReadRecent(ctx, ev.Machine, ev.ThreadID)
+		if err != nil {
+			return nil, err
+		}
+		if complete || inWindow(p, ev) {
+			return p, nil
+		}
+	}
+	return en.read.ReadThread(ctx, ev.Machine, ev.ThreadID)
+}
+
+// inWindow reports whether a bounded read holds the event's subject: the
+// question's request item, or an item of the run and the run's end.
+func inWindow(p *t3api.ThreadProjection, ev *genevents.Event) bool {
+	if q, ok := ev.Question.Get(); ok {
+		for i := range p.TurnItems {
+			if r, ok := p.TurnItems[i].RequestId.Get(); ok && r == q.RequestID {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range p.TurnItems {
+		if r, ok := p.TurnItems[i].RunId.Get(); ok && r == ev.RunID {
+			return true
+		}
+	}
+	return false
 }
 
 // Partial returns the stored facts marked partial: partial true, the fields

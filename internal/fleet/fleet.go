@@ -441,6 +441,21 @@ func (f *Fleet) ReadThread(ctx context.Context, machine, threadID string) (*t3ap
 	return m.Projection(ctx, threadID)
 }
 
+// ReadRecent reads the newest part of a thread (the bounded read, or the
+// whole thread on a machine without it); complete says nothing was left out.
+// The event detector's enrichment reads through it.
+func (f *Fleet) ReadRecent(ctx context.Context, machine, threadID string) (*t3api.ThreadProjection, bool, error) {
+	m, err := f.Machine(machine)
+	if err != nil {
+		return nil, false, err
+	}
+	r, err := m.Recent(ctx, threadID)
+	if err != nil {
+		return nil, false, err
+	}
+	return r.Projection, !r.Bounded || !r.HasMoreHistory, nil
+}
+
 // Projection reads a thread's full projection over HTTP.
 func (m *Machine) Projection(ctx context.Context, threadID string) (*t3api.ThreadProjection, error) {
 	if m.client == nil {
