@@ -158,6 +158,7 @@ type App struct {
 	Store    *store.Store
 	Fleet    *fleet.Fleet
 	Detector *events.Detector // nil without a hook URL
+	Push     *tools.Push      // MCP resource subscriptions
 	Outbox   *outbox.Outbox   // nil without a hook URL
 	Deps     *tools.Deps
 	MCP      *mcp.Server
@@ -237,7 +238,8 @@ func New(s Settings, o Options) (*App, error) {
 
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
-	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
+	a.Push = tools.NewPush()
+	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		OnCall: func(tool string, _ time.Duration, isError bool) {
 			outcome := "ok"
 			if isError {
@@ -301,9 +303,13 @@ func (a *App) Run(ctx context.Context) {
 	a.logMachines()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	var sink watch.Sink
+	// The watcher's changes go to the event detector first (durable), then
+	// to the MCP resource subscriptions.
+	var sink watch.Sink = a.Push
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Push.Run(ctx) }()
 	if a.Detector != nil {
-		sink = a.Detector
+		sink = sinks{a.Detector, a.Push}
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Detector.Run(ctx) }()
 	}
@@ -368,4 +374,17 @@ func (c lookupCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(lookupsPendingDesc, prometheus.GaugeValue, float64(s.Pending), m)
 		ch <- prometheus.MustNewConstMetric(lookupsFailingDesc, prometheus.GaugeValue, float64(s.Failing), m)
 	}
+}
+
+// sinks hands each change to every sink in order; the first error stops it
+// (the watcher then retries the same change, which each sink tolerates).
+type sinks []watch.Sink
+
+func (ss sinks) Apply(ctx context.Context, c watch.Change) error {
+	for _, s := range ss {
+		if err := s.Apply(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

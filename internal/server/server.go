@@ -30,11 +30,17 @@ fails, is interrupted or asks a question (answer with t3_answer); t3_thread read
 // NewMCPServer makes the MCP server with the tools; version is its
 // serverInfo.version (the binary's, stamped at build time).
 func NewMCPServer(d *tools.Deps, version string) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: version}, &mcp.ServerOptions{
+	o := &mcp.ServerOptions{
 		Instructions: Instructions,
 		Logger:       sdkLogger(d.Logger),
-	})
+	}
+	d.ServerOptions(o)
+	s := mcp.NewServer(&mcp.Implementation{Name: "t3code-mcp", Title: "T3 Code threads", Version: version}, o)
 	tools.Register(s, d)
+	if d.Push != nil {
+		tools.RegisterResources(s, d)
+		d.Push.Bind(s)
+	}
 	return s
 }
 

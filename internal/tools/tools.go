@@ -104,6 +104,9 @@ type Deps struct {
 	// Audit, when set, gets one record per call of a mutating tool
 	// (t3_dispatch, t3_answer, t3_interrupt).
 	Audit Auditor
+	// Push, when set, serves threads as MCP resources with subscriptions
+	// (resources.go); it must also be the fleet's sink and be Run.
+	Push *Push
 
 	waits     waitCounter
 	answered  answeredSet
