@@ -224,7 +224,7 @@ func TestSoak(t *testing.T) {
 		s := takeSample(start)
 		samples = append(samples, s)
 		if long {
-			t.Logf("SOAK t=%v rss=%dkB heap=%dkB goroutines=%d cycles=%d drops=%d", s.at, s.rss, s.heapKB, s.goroutines, cycles.Load(), drops.Load())
+			t.Logf("SOAK t=%v rss=%dkB heap=%dkB goroutines=%d cycles=%d drops=%d state=%dkB tracked=%d", s.at, s.rss, s.heapKB, s.goroutines, cycles.Load(), drops.Load(), stateKB(h), trackedThreads(h))
 		}
 	}
 	tk.Stop()
@@ -291,4 +291,19 @@ func wantFromT3(t *testing.T, h *harness, guess want) want {
 		}
 	}
 	return out
+}
+
+// stateKB is the state file's size (bbolt grows it in pages and never
+// shrinks it: flat means the state stopped growing).
+func stateKB(h *harness) int64 {
+	fi, err := os.Stat(h.app.Store.Path())
+	if err != nil {
+		return -1
+	}
+	return fi.Size() >> 10
+}
+
+func trackedThreads(h *harness) int {
+	ts, _ := h.app.Store.ListThreads()
+	return len(ts)
 }
