@@ -666,7 +666,7 @@ func TestFlagsWinOverTheEnvironment(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	if want := []string{"t3_machines", "t3_projects", "t3_thread", "t3_wait", "t3_watch"}; !slices.Equal(names, want) {
+	if want := []string{"t3_machines", "t3_projects", "t3_thread", "t3_threads", "t3_wait", "t3_watch"}; !slices.Equal(names, want) {
 		t.Errorf("read-only tools/list = %v, want %v", names, want)
 	}
 	if _, err := c.s.CallTool(ctx, &mcp.CallToolParams{Name: "t3_dispatch", Arguments: map[string]any{"machine": "mac", "project": "api", "prompt": "hi"}}); err == nil || !strings.Contains(err.Error(), `unknown tool "t3_dispatch"`) {
