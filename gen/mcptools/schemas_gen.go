@@ -38,7 +38,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolMachines,
 		Title:        "List T3 Code machines",
-		Description:  "List every T3 Code machine this connector is configured for, with its status. Call it first: the machine names it returns are the `machine` argument of t3_projects and t3_dispatch. Only a machine whose status is `online` can run threads. For any other status, `problem` says what is wrong; `offline` may pass by itself (try again later), the other statuses need a person to fix the machine or the connector's configuration, so do not retry them.",
+		Description:  "The configured T3 Code machines and their status; call it first. Only an `online` machine runs threads; else `problem` says why (`offline` may pass; the others need a person).",
 		ReadOnly:     true,
 		Destructive:  false,
 		Idempotent:   true,
@@ -48,7 +48,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolProjects,
 		Title:        "List projects on a machine",
-		Description:  "List the projects (workspaces) you may use on one machine: only those the machine's allowlist permits are shown, and only those can take a thread. Use a project's id, title or path as the `project` argument of t3_dispatch; default_model is the model a new thread gets when t3_dispatch is called without `model`.",
+		Description:  "A machine's projects (workspaces) that its allowlist permits: only these can take a thread.",
 		ReadOnly:     true,
 		Destructive:  false,
 		Idempotent:   true,
@@ -58,7 +58,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolDispatch,
 		Title:        "Send a prompt to a coding agent",
-		Description:  "Start a coding run on a T3 Code machine: the prompt goes to the coding agent working in the project's workspace, which reads, edits and runs code there on its own. Without thread_id a new thread is created (title names it; model picks the agent's model). With thread_id the prompt becomes the next message of that existing thread, which keeps its conversation and model; sent to a thread whose run is still going, it is queued and runs after it (t3_wait then waits for the queued run). Returns at once, without waiting for the agent: call t3_wait to block until the run ends or asks a question, or t3_thread to look at its progress. watch (default true) sends a webhook event to the configured receiver when the run completes, fails, is interrupted or asks a question. Keep the returned thread_id: every other thread tool needs it.",
+		Description:  "Start a coding run: the prompt goes to the coding agent in the project's workspace, which reads, edits and runs code there on its own. Without thread_id a new thread is created; with it, the prompt is that thread's next message (queued after a run still going; t3_wait then waits for it). Returns at once: t3_wait blocks until the run ends or asks something.",
 		ReadOnly:     false,
 		Destructive:  false,
 		Idempotent:   false,
@@ -68,7 +68,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolThread,
 		Title:        "Read a thread",
-		Description:  "Read a thread's current state without waiting: its status, the last `turns` runs (each with its prompt, the agent's final reply, one-line summaries of the tools it used, the files it changed and any error) and the question it is waiting on, if any. Use t3_wait instead to block until something happens. Long texts are cut to keep the answer small: `truncated` says which fields were cut and by how much.",
+		Description:  "A thread's state now, without waiting: status, the last `turns` runs (prompt, reply, tools used, changed files, error), the question it waits on. Long texts are cut (`truncated`). t3_wait, t3_answer and t3_interrupt return this state too.",
 		ReadOnly:     true,
 		Destructive:  false,
 		Idempotent:   true,
@@ -78,7 +78,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolWait,
 		Title:        "Wait for a thread",
-		Description:  "Block until the thread's current run ends or needs you, then return why and the thread's state (as t3_thread shows it with 3 turns). reason is `completed`, `interrupted` or `failed` when the run ended; `question` when the agent asks something and waits (answer it with t3_answer, then call t3_wait again); `timeout` when `timeout` seconds passed with the run still going (call t3_wait again, or t3_interrupt to stop it); `archived` when the thread was archived. It waits for the run t3_dispatch started last on the thread (a prompt sent to a busy thread is queued and waited for in turn), else the thread's latest run. If the run has already ended or a question is already pending, it returns at once.",
+		Description:  "Block until the thread's run ends or needs you; returns the `reason` and the thread's state. It waits for the run t3_dispatch started last (a prompt to a busy thread is queued, waited for in turn), else the latest; at once when that has ended or a question is pending.",
 		ReadOnly:     true,
 		Destructive:  false,
 		Idempotent:   true,
@@ -88,7 +88,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolAnswer,
 		Title:        "Answer a pending question",
-		Description:  "Answer the question a thread is waiting on (pending_question in the output of t3_thread or t3_wait). answers maps each question's id to its answer: one of the question's option labels; free text when the question has allow_custom; a list of option labels when it has multi_select. Answer every question marked required. Answers are checked before they are sent: an unknown question id, an unknown label or a missing required answer is refused with an error that lists the valid choices. For kind `approval` (the agent asks permission, for example to run a command) pass decision instead of answers: accept, acceptForSession, decline, or cancel (ends the run). A request with answerable false cannot be answered. The run then goes on: call t3_wait for its outcome. Returns the thread's state after the answer was sent.",
+		Description:  "Answer a thread's pending_question: answers for kind `user_input` (every required one), decision for `approval`. Invalid answers are refused with the valid choices. Then t3_wait for the outcome.",
 		ReadOnly:     false,
 		Destructive:  false,
 		Idempotent:   false,
@@ -98,7 +98,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolInterrupt,
 		Title:        "Interrupt a running thread",
-		Description:  "Stop the thread's active run (for example one that takes too long or went the wrong way). The run ends as `interrupted`; the thread keeps its history and can take a new prompt through t3_dispatch with its thread_id. Fails when the thread has no active run.",
+		Description:  "Stop the thread's active run; it ends `interrupted` and the thread takes new prompts.",
 		ReadOnly:     false,
 		Destructive:  true,
 		Idempotent:   false,
@@ -108,7 +108,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolWatch,
 		Title:        "List or switch webhook events for threads",
-		Description:  "Manage which threads send webhook events (thread.completed, thread.failed, thread.interrupted, thread.question) to the configured receiver. Call it with no arguments to list the threads this connector tracks (every thread started with t3_dispatch, and any thread watched before), with whether events are on for each. Call it with both thread_id and enabled to switch events for one thread on (true) or off (false); this also starts tracking a thread that was created elsewhere. Passing only one of thread_id and enabled is an error.",
+		Description:  "Webhook events (completed, failed, interrupted, question) per thread. No arguments: the tracked threads and whether events are on. thread_id with enabled: switch one thread, also one created elsewhere.",
 		ReadOnly:     false,
 		Destructive:  false,
 		Idempotent:   true,
@@ -118,7 +118,7 @@ var Tools = []ToolSpec{
 	{
 		Name:         ToolThreads,
 		Title:        "List threads on a machine",
-		Description:  "List a machine's threads, newest activity first, including threads started in the T3 app: status, latest run, pending question, branch, and whether this connector tracks and watches it. Filter by project, status or message text (query); archived adds archived threads. Page with cursor. Adopt one with t3_watch, read it with t3_thread.",
+		Description:  "A machine's threads, newest activity first, those started in the T3 app too: status, latest run, question, branch, tracked/watched. Filter by project, status or text (query); page with cursor. Adopt one with t3_watch.",
 		ReadOnly:     true,
 		Destructive:  false,
 		Idempotent:   true,
@@ -156,7 +156,6 @@ var OutputSchemas = map[string]json.RawMessage{
 
 // inputMachines is the input schema of t3_machines (Go type MachinesInput).
 const inputMachines = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "description": "No arguments.",
   "properties": {},
@@ -165,7 +164,6 @@ const inputMachines = `{
 
 // outputMachines is the output schema of t3_machines (Go type MachinesOutput).
 const outputMachines = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "machines"
@@ -175,7 +173,6 @@ const outputMachines = `{
       "type": "array",
       "items": {
         "type": "object",
-        "description": "One T3 Code machine (a computer running ` + "`" + `t3 serve` + "`" + `) that the connector is configured for.",
         "required": [
           "name",
           "url",
@@ -186,20 +183,17 @@ const outputMachines = `{
         ],
         "properties": {
           "name": {
-            "type": "string",
-            "description": "The machine's name: pass it as ` + "`" + `machine` + "`" + ` to t3_projects and t3_dispatch."
+            "type": "string"
           },
           "url": {
-            "type": "string",
-            "description": "Base URL of the machine's T3 Code server."
+            "type": "string"
           },
           "online": {
-            "type": "boolean",
-            "description": "True when the connector is connected to the machine and can run threads on it (status online)."
+            "type": "boolean"
           },
           "status": {
             "type": "string",
-            "description": "Whether the machine can be used. online: connected, threads can run. offline: unreachable right now (may pass; try later). incompatible: the server speaks another T3 protocol (needs a T3 Code upgrade). misconfigured: the connector's configuration for it is wrong. unauthorized: its token is missing, invalid or lacks a scope.",
+            "description": "offline: unreachable now. incompatible: another T3 protocol. misconfigured: the connector's configuration. unauthorized: the token.",
             "enum": [
               "online",
               "offline",
@@ -210,45 +204,38 @@ const outputMachines = `{
           },
           "problem": {
             "type": "string",
-            "description": "What is wrong and what fixes it, when status is not online."
+            "description": "What is wrong and what to do."
           },
           "protocol": {
-            "type": "integer",
-            "description": "The T3 orchestration protocol the machine speaks, when known (this connector needs 2)."
+            "type": "integer"
           },
           "t3_version": {
-            "type": "string",
-            "description": "The T3 Code server version, when known."
+            "type": "string"
           },
           "environment": {
-            "type": "string",
-            "description": "The machine's own environment label as T3 reports it, when known."
+            "type": "string"
           },
           "allowlist": {
             "type": "array",
             "items": {
               "type": "string"
-            },
-            "description": "Workspace path patterns (fnmatch, e.g. /srv/work/*) of the projects threads may run in; projects outside them are hidden."
+            }
           },
           "demo": {
-            "type": "boolean",
-            "description": "True for the built-in demo machine: a simulated T3 Code server whose agent does no real work, for trying the tools out."
+            "type": "boolean"
           },
           "threads_awaiting_lookup": {
             "type": "integer",
-            "description": "Watched threads whose next events wait for the connector to read the thread from the machine (how a run ended, runs or questions missed during a reconnect); absent when none. They are retried with backoff; a count that stays up means those threads cannot be read (see the log), while every other thread's events go on."
+            "description": "Watched threads whose events wait to re-read the thread; retried with backoff (stuck: see the log)."
           }
         }
-      },
-      "description": "Every configured machine, in configuration order."
+      }
     }
   }
 }`
 
 // inputProjects is the input schema of t3_projects (Go type ProjectsInput).
 const inputProjects = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "machine"
@@ -264,7 +251,6 @@ const inputProjects = `{
 
 // outputProjects is the output schema of t3_projects (Go type ProjectsOutput).
 const outputProjects = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "machine",
@@ -272,14 +258,12 @@ const outputProjects = `{
   ],
   "properties": {
     "machine": {
-      "type": "string",
-      "description": "The machine the projects are on."
+      "type": "string"
     },
     "projects": {
       "type": "array",
       "items": {
         "type": "object",
-        "description": "A project: a workspace directory on the machine where coding agents work.",
         "required": [
           "id",
           "title",
@@ -289,35 +273,28 @@ const outputProjects = `{
         ],
         "properties": {
           "id": {
-            "type": "string",
-            "description": "T3's project id."
+            "type": "string"
           },
           "title": {
-            "type": "string",
-            "description": "The project's name."
+            "type": "string"
           },
           "path": {
-            "type": "string",
-            "description": "The workspace root directory on the machine."
+            "type": "string"
           },
           "default_model": {
-            "type": "string",
-            "description": "Model new threads get when none is given, as instanceId/model (e.g. codex/gpt-5.6-sol); empty when the project sets none (T3 then uses its own default)."
+            "type": "string"
           },
           "thread_count": {
-            "type": "integer",
-            "description": "How many threads (not archived) the project has."
+            "type": "integer"
           }
         }
-      },
-      "description": "The allowlisted projects, by title."
+      }
     }
   }
 }`
 
 // inputDispatch is the input schema of t3_dispatch (Go type DispatchInput).
 const inputDispatch = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "prompt"
@@ -326,40 +303,39 @@ const inputDispatch = `{
   "properties": {
     "machine": {
       "type": "string",
-      "description": "Machine name from t3_machines; the machine must be online. Required for a new thread; may be left out with thread_id."
+      "description": "For a new thread."
     },
     "project": {
       "type": "string",
-      "description": "The project to work in, from t3_projects: its id, its title or its workspace path. Required for a new thread; may be left out with thread_id."
+      "description": "id, title or path; for a new thread."
     },
     "prompt": {
       "type": "string",
       "minLength": 1,
-      "description": "What the coding agent should do, written as you would to a capable engineer who sees only this message and the workspace: the goal, constraints, and how to check the result."
+      "description": "For a capable engineer who sees only this and the workspace: goal, constraints, how to check."
     },
     "title": {
       "type": "string",
-      "description": "Title of a new thread (default: derived from the prompt). Ignored with thread_id."
+      "description": "A new thread's title (default: from the prompt)."
     },
     "model": {
       "type": "string",
-      "description": "Model for a new thread as instanceId/model, e.g. codex/gpt-5.6-sol (default: the project's default_model). Ignored with thread_id."
+      "description": "instanceId/model of a new thread (default: the project's)."
     },
     "thread_id": {
       "type": "string",
-      "description": "Continue this existing thread instead of creating one (then prompt is all it needs); it must be idle."
+      "description": "Continue this idle thread; then prompt is all it needs."
     },
     "watch": {
       "type": "boolean",
       "default": true,
-      "description": "Send webhook events for this thread (default true)."
+      "description": "Webhook events."
     }
   }
 }`
 
 // outputDispatch is the output schema of t3_dispatch (Go type DispatchOutput).
 const outputDispatch = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "thread_id",
@@ -371,53 +347,43 @@ const outputDispatch = `{
   ],
   "properties": {
     "thread_id": {
-      "type": "string",
-      "description": "The thread the prompt went to: pass it to t3_wait, t3_thread, t3_answer, t3_interrupt and t3_watch."
+      "type": "string"
     },
     "machine": {
-      "type": "string",
-      "description": "The machine the thread is on."
+      "type": "string"
     },
     "project": {
       "type": "object",
-      "description": "The project a thread belongs to.",
       "required": [
         "id",
         "title"
       ],
       "properties": {
         "id": {
-          "type": "string",
-          "description": "T3's project id."
+          "type": "string"
         },
         "title": {
-          "type": "string",
-          "description": "The project's name."
+          "type": "string"
         }
       }
     },
     "message_id": {
-      "type": "string",
-      "description": "Id of the message that carried the prompt."
+      "type": "string"
     },
     "run_id": {
-      "type": "string",
-      "description": "The run the prompt started, when already known (it may appear only a moment later)."
+      "type": "string"
     },
     "created": {
-      "type": "boolean",
-      "description": "True when a new thread was created, false when the prompt went to an existing thread."
+      "type": "boolean"
     },
     "watching": {
-      "type": "boolean",
-      "description": "True when webhook events are on for the thread."
+      "type": "boolean"
     }
   }
 }`
 
 // inputThread is the input schema of t3_thread (Go type ThreadInput).
 const inputThread = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "thread_id"
@@ -426,31 +392,30 @@ const inputThread = `{
   "properties": {
     "thread_id": {
       "type": "string",
-      "description": "The thread, as returned by t3_dispatch or listed by t3_watch."
+      "description": "From t3_dispatch or t3_watch."
     },
     "turns": {
       "type": "integer",
       "minimum": 1,
       "maximum": 20,
       "default": 3,
-      "description": "How many of the latest runs to show (1 to 20, default 3)."
+      "description": "Runs to show."
     },
     "diff": {
       "type": "boolean",
-      "description": "Add the files a run changed and its unified diff (cut to a size limit)."
+      "description": "Add a run's unified diff."
     },
     "run_id": {
       "type": "string",
-      "description": "The run to diff (default: the latest)."
+      "description": "Default: the latest."
     }
   }
 }`
 
 // outputThread is the output schema of t3_thread (Go type ThreadState).
 const outputThread = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
-  "description": "A thread as it is now.",
+  "description": "The thread's state.",
   "required": [
     "thread_id",
     "machine",
@@ -461,66 +426,54 @@ const outputThread = `{
   ],
   "properties": {
     "thread_id": {
-      "type": "string",
-      "description": "The thread's id."
+      "type": "string"
     },
     "machine": {
-      "type": "string",
-      "description": "The machine the thread is on."
+      "type": "string"
     },
     "project": {
       "type": "object",
-      "description": "The project a thread belongs to.",
       "required": [
         "id",
         "title"
       ],
       "properties": {
         "id": {
-          "type": "string",
-          "description": "T3's project id."
+          "type": "string"
         },
         "title": {
-          "type": "string",
-          "description": "The project's name."
+          "type": "string"
         }
       }
     },
     "title": {
-      "type": "string",
-      "description": "The thread's title."
+      "type": "string"
     },
     "status": {
       "type": "string",
-      "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
+      "description": "idle, or the latest run's: preparing, queued, starting, running, waiting (saving; completed follows), completed, interrupted, failed, cancelled, rolled_back. Unknown ones: still working."
     },
     "latest_run": {
       "type": "object",
-      "description": "The thread's latest run; absent when it has none yet.",
       "required": [
         "id",
         "status"
       ],
       "properties": {
         "id": {
-          "type": "string",
-          "description": "The run's id."
+          "type": "string"
         },
         "status": {
-          "type": "string",
-          "description": "The run's status: preparing, queued, starting, running, waiting, completed, interrupted, failed, cancelled or rolled_back (T3 may add more)."
+          "type": "string"
         },
         "started_at": {
-          "type": "string",
-          "description": "When it started (RFC 3339), once it has."
+          "type": "string"
         },
         "completed_at": {
-          "type": "string",
-          "description": "When it ended (RFC 3339), once it has."
+          "type": "string"
         },
         "error": {
-          "type": "string",
-          "description": "Why it failed, when it failed."
+          "type": "string"
         }
       }
     },
@@ -528,34 +481,30 @@ const outputThread = `{
       "type": "array",
       "items": {
         "type": "object",
-        "description": "One run: a prompt and the agent's work on it.",
         "required": [
           "run_id",
           "status"
         ],
         "properties": {
           "run_id": {
-            "type": "string",
-            "description": "The run's id."
+            "type": "string"
           },
           "status": {
-            "type": "string",
-            "description": "The run's status (see latest_run.status)."
+            "type": "string"
           },
           "prompt": {
-            "type": "string",
-            "description": "The message that started the run."
+            "type": "string"
           },
           "reply": {
             "type": "string",
-            "description": "The agent's final answer: its last message in the run. Absent while it is still working or when it said nothing."
+            "description": "The agent's final message."
           },
           "tools": {
             "type": "array",
             "items": {
               "type": "string"
             },
-            "description": "One line per tool the agent used, in order, e.g. \"ran ` + "`" + `go test ./...` + "`" + ` (exit 0)\", \"edited main.go +3 −1\", \"searched for ` + "`" + `TODO` + "`" + `\"."
+            "description": "One line per tool used."
           },
           "changed_files": {
             "type": "array",
@@ -566,40 +515,31 @@ const outputThread = `{
               ],
               "properties": {
                 "path": {
-                  "type": "string",
-                  "description": "Path of the file, relative to the workspace root."
+                  "type": "string"
                 },
                 "kind": {
-                  "type": "string",
-                  "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
+                  "type": "string"
                 },
                 "additions": {
-                  "type": "integer",
-                  "description": "Lines added, when known."
+                  "type": "integer"
                 },
                 "deletions": {
-                  "type": "integer",
-                  "description": "Lines deleted, when known."
+                  "type": "integer"
                 }
               }
-            },
-            "description": "Files the run changed in the workspace."
+            }
           },
           "error": {
-            "type": "string",
-            "description": "Why the run failed, when it failed."
+            "type": "string"
           }
         }
-      },
-      "description": "The latest runs, oldest first, at most ` + "`" + `turns` + "`" + ` of them; empty when the thread has no run yet."
+      }
     },
     "run_count": {
-      "type": "integer",
-      "description": "How many runs the thread has in all (runs shows only the latest)."
+      "type": "integer"
     },
     "pending_question": {
       "type": "object",
-      "description": "What the thread waits on: answer it with t3_answer. Absent when nothing is pending.",
       "required": [
         "request_id",
         "kind",
@@ -607,12 +547,11 @@ const outputThread = `{
       ],
       "properties": {
         "request_id": {
-          "type": "string",
-          "description": "T3's id of the request (t3_answer finds it by itself)."
+          "type": "string"
         },
         "kind": {
           "type": "string",
-          "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
+          "description": "user_input: answer with answers. approval: a permission (e.g. a command), answer with decision.",
           "enum": [
             "user_input",
             "approval"
@@ -628,61 +567,53 @@ const outputThread = `{
             ],
             "properties": {
               "id": {
-                "type": "string",
-                "description": "Key for this question's answer in t3_answer's answers."
+                "type": "string"
               },
               "header": {
-                "type": "string",
-                "description": "A short heading for the question."
+                "type": "string"
               },
               "text": {
-                "type": "string",
-                "description": "The question itself."
+                "type": "string"
               },
               "options": {
                 "type": "array",
                 "items": {
                   "type": "string"
                 },
-                "description": "The labels to choose from; empty when only free text is expected."
+                "description": "Labels to choose from."
               },
               "multi_select": {
                 "type": "boolean",
-                "description": "True when several labels may be chosen: answer with a list of labels."
+                "description": "Answer with a list of labels."
               },
               "allow_custom": {
                 "type": "boolean",
-                "description": "True when free text is accepted instead of a label."
+                "description": "Free text is accepted too."
               },
               "required": {
-                "type": "boolean",
-                "description": "True when the question must be answered."
+                "type": "boolean"
               }
             }
           },
-          "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
+          "description": "An approval has one: what the agent asks to do."
         },
         "answerable": {
           "type": "boolean",
-          "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
+          "description": "False: it cannot be answered any more."
         },
         "not_answerable_reason": {
-          "type": "string",
-          "description": "Why it cannot be answered, as T3 says."
+          "type": "string"
         }
       }
     },
     "branch": {
-      "type": "string",
-      "description": "The git branch the thread works on, when T3 knows one."
+      "type": "string"
     },
     "worktree": {
-      "type": "string",
-      "description": "The thread's own git worktree, when it has one."
+      "type": "string"
     },
     "diff": {
       "type": "object",
-      "description": "A run's changes. unavailable says why T3 could not give the diff.",
       "required": [
         "run_id",
         "files",
@@ -691,8 +622,7 @@ const outputThread = `{
       ],
       "properties": {
         "run_id": {
-          "type": "string",
-          "description": "The run diffed."
+          "type": "string"
         },
         "files": {
           "type": "array",
@@ -703,36 +633,28 @@ const outputThread = `{
             ],
             "properties": {
               "path": {
-                "type": "string",
-                "description": "Path of the file, relative to the workspace root."
+                "type": "string"
               },
               "kind": {
-                "type": "string",
-                "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
+                "type": "string"
               },
               "additions": {
-                "type": "integer",
-                "description": "Lines added, when known."
+                "type": "integer"
               },
               "deletions": {
-                "type": "integer",
-                "description": "Lines deleted, when known."
+                "type": "integer"
               }
             }
-          },
-          "description": "Files in the diff."
+          }
         },
         "diff": {
-          "type": "string",
-          "description": "Unified diff; when cut, it ends with a marker."
+          "type": "string"
         },
         "total_bytes": {
-          "type": "integer",
-          "description": "Size of the whole diff."
+          "type": "integer"
         },
         "unavailable": {
-          "type": "string",
-          "description": "Why T3 gave no diff."
+          "type": "string"
         }
       }
     },
@@ -740,30 +662,25 @@ const outputThread = `{
       "type": "array",
       "items": {
         "type": "object",
-        "description": "One text that was cut. The cut text itself ends with the marker \"… [N characters cut]\".",
         "required": [
           "field",
           "cut_chars"
         ],
         "properties": {
           "field": {
-            "type": "string",
-            "description": "Which field was cut, e.g. runs[2].reply or runs[0].tools[4]."
+            "type": "string"
           },
           "cut_chars": {
-            "type": "integer",
-            "description": "How many characters were cut from it."
+            "type": "integer"
           }
         }
-      },
-      "description": "Where text was cut to keep this answer small; absent when nothing was cut."
+      }
     }
   }
 }`
 
 // inputWait is the input schema of t3_wait (Go type WaitInput).
 const inputWait = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "thread_id"
@@ -772,21 +689,20 @@ const inputWait = `{
   "properties": {
     "thread_id": {
       "type": "string",
-      "description": "The thread to wait for."
+      "description": "From t3_dispatch or t3_watch."
     },
     "timeout": {
       "type": "integer",
       "minimum": 1,
       "maximum": 3600,
       "default": 600,
-      "description": "Seconds to wait at most (1 to 3600, default 600). Use a shorter timeout when your client gives up on long tool calls."
+      "description": "Seconds at most."
     }
   }
 }`
 
 // outputWait is the output schema of t3_wait (Go type WaitOutput).
 const outputWait = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "reason",
@@ -795,7 +711,7 @@ const outputWait = `{
   "properties": {
     "reason": {
       "type": "string",
-      "description": "Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the run waits for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to wait for: dispatch one), archived (the thread was archived; it no longer runs).",
+      "description": "question: answer, then wait again. timeout: still working. idle: no run to wait for.",
       "enum": [
         "completed",
         "interrupted",
@@ -808,322 +724,13 @@ const outputWait = `{
     },
     "state": {
       "type": "object",
-      "description": "A thread as it is now.",
-      "required": [
-        "thread_id",
-        "machine",
-        "project",
-        "title",
-        "status",
-        "runs"
-      ],
-      "properties": {
-        "thread_id": {
-          "type": "string",
-          "description": "The thread's id."
-        },
-        "machine": {
-          "type": "string",
-          "description": "The machine the thread is on."
-        },
-        "project": {
-          "type": "object",
-          "description": "The project a thread belongs to.",
-          "required": [
-            "id",
-            "title"
-          ],
-          "properties": {
-            "id": {
-              "type": "string",
-              "description": "T3's project id."
-            },
-            "title": {
-              "type": "string",
-              "description": "The project's name."
-            }
-          }
-        },
-        "title": {
-          "type": "string",
-          "description": "The thread's title."
-        },
-        "status": {
-          "type": "string",
-          "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
-        },
-        "latest_run": {
-          "type": "object",
-          "description": "The thread's latest run; absent when it has none yet.",
-          "required": [
-            "id",
-            "status"
-          ],
-          "properties": {
-            "id": {
-              "type": "string",
-              "description": "The run's id."
-            },
-            "status": {
-              "type": "string",
-              "description": "The run's status: preparing, queued, starting, running, waiting, completed, interrupted, failed, cancelled or rolled_back (T3 may add more)."
-            },
-            "started_at": {
-              "type": "string",
-              "description": "When it started (RFC 3339), once it has."
-            },
-            "completed_at": {
-              "type": "string",
-              "description": "When it ended (RFC 3339), once it has."
-            },
-            "error": {
-              "type": "string",
-              "description": "Why it failed, when it failed."
-            }
-          }
-        },
-        "runs": {
-          "type": "array",
-          "items": {
-            "type": "object",
-            "description": "One run: a prompt and the agent's work on it.",
-            "required": [
-              "run_id",
-              "status"
-            ],
-            "properties": {
-              "run_id": {
-                "type": "string",
-                "description": "The run's id."
-              },
-              "status": {
-                "type": "string",
-                "description": "The run's status (see latest_run.status)."
-              },
-              "prompt": {
-                "type": "string",
-                "description": "The message that started the run."
-              },
-              "reply": {
-                "type": "string",
-                "description": "The agent's final answer: its last message in the run. Absent while it is still working or when it said nothing."
-              },
-              "tools": {
-                "type": "array",
-                "items": {
-                  "type": "string"
-                },
-                "description": "One line per tool the agent used, in order, e.g. \"ran ` + "`" + `go test ./...` + "`" + ` (exit 0)\", \"edited main.go +3 −1\", \"searched for ` + "`" + `TODO` + "`" + `\"."
-              },
-              "changed_files": {
-                "type": "array",
-                "items": {
-                  "type": "object",
-                  "required": [
-                    "path"
-                  ],
-                  "properties": {
-                    "path": {
-                      "type": "string",
-                      "description": "Path of the file, relative to the workspace root."
-                    },
-                    "kind": {
-                      "type": "string",
-                      "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
-                    },
-                    "additions": {
-                      "type": "integer",
-                      "description": "Lines added, when known."
-                    },
-                    "deletions": {
-                      "type": "integer",
-                      "description": "Lines deleted, when known."
-                    }
-                  }
-                },
-                "description": "Files the run changed in the workspace."
-              },
-              "error": {
-                "type": "string",
-                "description": "Why the run failed, when it failed."
-              }
-            }
-          },
-          "description": "The latest runs, oldest first, at most ` + "`" + `turns` + "`" + ` of them; empty when the thread has no run yet."
-        },
-        "run_count": {
-          "type": "integer",
-          "description": "How many runs the thread has in all (runs shows only the latest)."
-        },
-        "pending_question": {
-          "type": "object",
-          "description": "What the thread waits on: answer it with t3_answer. Absent when nothing is pending.",
-          "required": [
-            "request_id",
-            "kind",
-            "questions"
-          ],
-          "properties": {
-            "request_id": {
-              "type": "string",
-              "description": "T3's id of the request (t3_answer finds it by itself)."
-            },
-            "kind": {
-              "type": "string",
-              "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
-              "enum": [
-                "user_input",
-                "approval"
-              ]
-            },
-            "questions": {
-              "type": "array",
-              "items": {
-                "type": "object",
-                "required": [
-                  "id",
-                  "text"
-                ],
-                "properties": {
-                  "id": {
-                    "type": "string",
-                    "description": "Key for this question's answer in t3_answer's answers."
-                  },
-                  "header": {
-                    "type": "string",
-                    "description": "A short heading for the question."
-                  },
-                  "text": {
-                    "type": "string",
-                    "description": "The question itself."
-                  },
-                  "options": {
-                    "type": "array",
-                    "items": {
-                      "type": "string"
-                    },
-                    "description": "The labels to choose from; empty when only free text is expected."
-                  },
-                  "multi_select": {
-                    "type": "boolean",
-                    "description": "True when several labels may be chosen: answer with a list of labels."
-                  },
-                  "allow_custom": {
-                    "type": "boolean",
-                    "description": "True when free text is accepted instead of a label."
-                  },
-                  "required": {
-                    "type": "boolean",
-                    "description": "True when the question must be answered."
-                  }
-                }
-              },
-              "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
-            },
-            "answerable": {
-              "type": "boolean",
-              "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
-            },
-            "not_answerable_reason": {
-              "type": "string",
-              "description": "Why it cannot be answered, as T3 says."
-            }
-          }
-        },
-        "branch": {
-          "type": "string",
-          "description": "The git branch the thread works on, when T3 knows one."
-        },
-        "worktree": {
-          "type": "string",
-          "description": "The thread's own git worktree, when it has one."
-        },
-        "diff": {
-          "type": "object",
-          "description": "A run's changes. unavailable says why T3 could not give the diff.",
-          "required": [
-            "run_id",
-            "files",
-            "diff",
-            "total_bytes"
-          ],
-          "properties": {
-            "run_id": {
-              "type": "string",
-              "description": "The run diffed."
-            },
-            "files": {
-              "type": "array",
-              "items": {
-                "type": "object",
-                "required": [
-                  "path"
-                ],
-                "properties": {
-                  "path": {
-                    "type": "string",
-                    "description": "Path of the file, relative to the workspace root."
-                  },
-                  "kind": {
-                    "type": "string",
-                    "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
-                  },
-                  "additions": {
-                    "type": "integer",
-                    "description": "Lines added, when known."
-                  },
-                  "deletions": {
-                    "type": "integer",
-                    "description": "Lines deleted, when known."
-                  }
-                }
-              },
-              "description": "Files in the diff."
-            },
-            "diff": {
-              "type": "string",
-              "description": "Unified diff; when cut, it ends with a marker."
-            },
-            "total_bytes": {
-              "type": "integer",
-              "description": "Size of the whole diff."
-            },
-            "unavailable": {
-              "type": "string",
-              "description": "Why T3 gave no diff."
-            }
-          }
-        },
-        "truncated": {
-          "type": "array",
-          "items": {
-            "type": "object",
-            "description": "One text that was cut. The cut text itself ends with the marker \"… [N characters cut]\".",
-            "required": [
-              "field",
-              "cut_chars"
-            ],
-            "properties": {
-              "field": {
-                "type": "string",
-                "description": "Which field was cut, e.g. runs[2].reply or runs[0].tools[4]."
-              },
-              "cut_chars": {
-                "type": "integer",
-                "description": "How many characters were cut from it."
-              }
-            }
-          },
-          "description": "Where text was cut to keep this answer small; absent when nothing was cut."
-        }
-      }
+      "description": "The thread's state. Fields: see t3_thread's output schema."
     }
   }
 }`
 
 // inputAnswer is the input schema of t3_answer (Go type AnswerInput).
 const inputAnswer = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "thread_id"
@@ -1132,14 +739,13 @@ const inputAnswer = `{
   "properties": {
     "thread_id": {
       "type": "string",
-      "description": "The thread whose pending question you answer."
+      "description": "The thread waiting on a question."
     },
     "answers": {
       "type": "object",
       "minProperties": 1,
-      "description": "For kind user_input: question id → answer: an option label, free text (allow_custom), or a list of labels (multi_select). Example: {\"q1\": \"Keep a Changelog\", \"q2\": [\"lint\", \"test\"]}.",
+      "description": "For user_input: question id → label, free text (allow_custom) or labels (multi_select).",
       "additionalProperties": {
-        "description": "One answer: an option label or free text, or a list of option labels for a multi_select question.",
         "oneOf": [
           {
             "type": "string"
@@ -1155,7 +761,7 @@ const inputAnswer = `{
     },
     "decision": {
       "type": "string",
-      "description": "For kind approval: accept (allow this once), acceptForSession (allow it for the rest of the agent's session), decline (refuse; the agent goes on without it), cancel (refuse and end the run, which ends cancelled).",
+      "description": "For approval. decline: the agent goes on without it; cancel ends the run.",
       "enum": [
         "accept",
         "acceptForSession",
@@ -1168,322 +774,12 @@ const inputAnswer = `{
 
 // outputAnswer is the output schema of t3_answer (Go type ThreadState).
 const outputAnswer = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
-  "description": "A thread as it is now.",
-  "required": [
-    "thread_id",
-    "machine",
-    "project",
-    "title",
-    "status",
-    "runs"
-  ],
-  "properties": {
-    "thread_id": {
-      "type": "string",
-      "description": "The thread's id."
-    },
-    "machine": {
-      "type": "string",
-      "description": "The machine the thread is on."
-    },
-    "project": {
-      "type": "object",
-      "description": "The project a thread belongs to.",
-      "required": [
-        "id",
-        "title"
-      ],
-      "properties": {
-        "id": {
-          "type": "string",
-          "description": "T3's project id."
-        },
-        "title": {
-          "type": "string",
-          "description": "The project's name."
-        }
-      }
-    },
-    "title": {
-      "type": "string",
-      "description": "The thread's title."
-    },
-    "status": {
-      "type": "string",
-      "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
-    },
-    "latest_run": {
-      "type": "object",
-      "description": "The thread's latest run; absent when it has none yet.",
-      "required": [
-        "id",
-        "status"
-      ],
-      "properties": {
-        "id": {
-          "type": "string",
-          "description": "The run's id."
-        },
-        "status": {
-          "type": "string",
-          "description": "The run's status: preparing, queued, starting, running, waiting, completed, interrupted, failed, cancelled or rolled_back (T3 may add more)."
-        },
-        "started_at": {
-          "type": "string",
-          "description": "When it started (RFC 3339), once it has."
-        },
-        "completed_at": {
-          "type": "string",
-          "description": "When it ended (RFC 3339), once it has."
-        },
-        "error": {
-          "type": "string",
-          "description": "Why it failed, when it failed."
-        }
-      }
-    },
-    "runs": {
-      "type": "array",
-      "items": {
-        "type": "object",
-        "description": "One run: a prompt and the agent's work on it.",
-        "required": [
-          "run_id",
-          "status"
-        ],
-        "properties": {
-          "run_id": {
-            "type": "string",
-            "description": "The run's id."
-          },
-          "status": {
-            "type": "string",
-            "description": "The run's status (see latest_run.status)."
-          },
-          "prompt": {
-            "type": "string",
-            "description": "The message that started the run."
-          },
-          "reply": {
-            "type": "string",
-            "description": "The agent's final answer: its last message in the run. Absent while it is still working or when it said nothing."
-          },
-          "tools": {
-            "type": "array",
-            "items": {
-              "type": "string"
-            },
-            "description": "One line per tool the agent used, in order, e.g. \"ran ` + "`" + `go test ./...` + "`" + ` (exit 0)\", \"edited main.go +3 −1\", \"searched for ` + "`" + `TODO` + "`" + `\"."
-          },
-          "changed_files": {
-            "type": "array",
-            "items": {
-              "type": "object",
-              "required": [
-                "path"
-              ],
-              "properties": {
-                "path": {
-                  "type": "string",
-                  "description": "Path of the file, relative to the workspace root."
-                },
-                "kind": {
-                  "type": "string",
-                  "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
-                },
-                "additions": {
-                  "type": "integer",
-                  "description": "Lines added, when known."
-                },
-                "deletions": {
-                  "type": "integer",
-                  "description": "Lines deleted, when known."
-                }
-              }
-            },
-            "description": "Files the run changed in the workspace."
-          },
-          "error": {
-            "type": "string",
-            "description": "Why the run failed, when it failed."
-          }
-        }
-      },
-      "description": "The latest runs, oldest first, at most ` + "`" + `turns` + "`" + ` of them; empty when the thread has no run yet."
-    },
-    "run_count": {
-      "type": "integer",
-      "description": "How many runs the thread has in all (runs shows only the latest)."
-    },
-    "pending_question": {
-      "type": "object",
-      "description": "What the thread waits on: answer it with t3_answer. Absent when nothing is pending.",
-      "required": [
-        "request_id",
-        "kind",
-        "questions"
-      ],
-      "properties": {
-        "request_id": {
-          "type": "string",
-          "description": "T3's id of the request (t3_answer finds it by itself)."
-        },
-        "kind": {
-          "type": "string",
-          "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
-          "enum": [
-            "user_input",
-            "approval"
-          ]
-        },
-        "questions": {
-          "type": "array",
-          "items": {
-            "type": "object",
-            "required": [
-              "id",
-              "text"
-            ],
-            "properties": {
-              "id": {
-                "type": "string",
-                "description": "Key for this question's answer in t3_answer's answers."
-              },
-              "header": {
-                "type": "string",
-                "description": "A short heading for the question."
-              },
-              "text": {
-                "type": "string",
-                "description": "The question itself."
-              },
-              "options": {
-                "type": "array",
-                "items": {
-                  "type": "string"
-                },
-                "description": "The labels to choose from; empty when only free text is expected."
-              },
-              "multi_select": {
-                "type": "boolean",
-                "description": "True when several labels may be chosen: answer with a list of labels."
-              },
-              "allow_custom": {
-                "type": "boolean",
-                "description": "True when free text is accepted instead of a label."
-              },
-              "required": {
-                "type": "boolean",
-                "description": "True when the question must be answered."
-              }
-            }
-          },
-          "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
-        },
-        "answerable": {
-          "type": "boolean",
-          "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
-        },
-        "not_answerable_reason": {
-          "type": "string",
-          "description": "Why it cannot be answered, as T3 says."
-        }
-      }
-    },
-    "branch": {
-      "type": "string",
-      "description": "The git branch the thread works on, when T3 knows one."
-    },
-    "worktree": {
-      "type": "string",
-      "description": "The thread's own git worktree, when it has one."
-    },
-    "diff": {
-      "type": "object",
-      "description": "A run's changes. unavailable says why T3 could not give the diff.",
-      "required": [
-        "run_id",
-        "files",
-        "diff",
-        "total_bytes"
-      ],
-      "properties": {
-        "run_id": {
-          "type": "string",
-          "description": "The run diffed."
-        },
-        "files": {
-          "type": "array",
-          "items": {
-            "type": "object",
-            "required": [
-              "path"
-            ],
-            "properties": {
-              "path": {
-                "type": "string",
-                "description": "Path of the file, relative to the workspace root."
-              },
-              "kind": {
-                "type": "string",
-                "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
-              },
-              "additions": {
-                "type": "integer",
-                "description": "Lines added, when known."
-              },
-              "deletions": {
-                "type": "integer",
-                "description": "Lines deleted, when known."
-              }
-            }
-          },
-          "description": "Files in the diff."
-        },
-        "diff": {
-          "type": "string",
-          "description": "Unified diff; when cut, it ends with a marker."
-        },
-        "total_bytes": {
-          "type": "integer",
-          "description": "Size of the whole diff."
-        },
-        "unavailable": {
-          "type": "string",
-          "description": "Why T3 gave no diff."
-        }
-      }
-    },
-    "truncated": {
-      "type": "array",
-      "items": {
-        "type": "object",
-        "description": "One text that was cut. The cut text itself ends with the marker \"… [N characters cut]\".",
-        "required": [
-          "field",
-          "cut_chars"
-        ],
-        "properties": {
-          "field": {
-            "type": "string",
-            "description": "Which field was cut, e.g. runs[2].reply or runs[0].tools[4]."
-          },
-          "cut_chars": {
-            "type": "integer",
-            "description": "How many characters were cut from it."
-          }
-        }
-      },
-      "description": "Where text was cut to keep this answer small; absent when nothing was cut."
-    }
-  }
+  "description": "The thread's state. Fields: see t3_thread's output schema."
 }`
 
 // inputInterrupt is the input schema of t3_interrupt (Go type InterruptInput).
 const inputInterrupt = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "thread_id"
@@ -1492,14 +788,13 @@ const inputInterrupt = `{
   "properties": {
     "thread_id": {
       "type": "string",
-      "description": "The thread whose active run to stop."
+      "description": "The thread whose run to stop."
     }
   }
 }`
 
 // outputInterrupt is the output schema of t3_interrupt (Go type InterruptOutput).
 const outputInterrupt = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "thread_id",
@@ -1509,360 +804,46 @@ const outputInterrupt = `{
   ],
   "properties": {
     "thread_id": {
-      "type": "string",
-      "description": "The thread."
+      "type": "string"
     },
     "run_id": {
-      "type": "string",
-      "description": "The run that was interrupted."
+      "type": "string"
     },
     "status": {
-      "type": "string",
-      "description": "The run's status now: interrupted, or its final status if it ended first."
+      "type": "string"
     },
     "state": {
       "type": "object",
-      "description": "A thread as it is now.",
-      "required": [
-        "thread_id",
-        "machine",
-        "project",
-        "title",
-        "status",
-        "runs"
-      ],
-      "properties": {
-        "thread_id": {
-          "type": "string",
-          "description": "The thread's id."
-        },
-        "machine": {
-          "type": "string",
-          "description": "The machine the thread is on."
-        },
-        "project": {
-          "type": "object",
-          "description": "The project a thread belongs to.",
-          "required": [
-            "id",
-            "title"
-          ],
-          "properties": {
-            "id": {
-              "type": "string",
-              "description": "T3's project id."
-            },
-            "title": {
-              "type": "string",
-              "description": "The project's name."
-            }
-          }
-        },
-        "title": {
-          "type": "string",
-          "description": "The thread's title."
-        },
-        "status": {
-          "type": "string",
-          "description": "The thread's status: idle, or the status of its latest run: preparing, queued, starting or running (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown ones as still working."
-        },
-        "latest_run": {
-          "type": "object",
-          "description": "The thread's latest run; absent when it has none yet.",
-          "required": [
-            "id",
-            "status"
-          ],
-          "properties": {
-            "id": {
-              "type": "string",
-              "description": "The run's id."
-            },
-            "status": {
-              "type": "string",
-              "description": "The run's status: preparing, queued, starting, running, waiting, completed, interrupted, failed, cancelled or rolled_back (T3 may add more)."
-            },
-            "started_at": {
-              "type": "string",
-              "description": "When it started (RFC 3339), once it has."
-            },
-            "completed_at": {
-              "type": "string",
-              "description": "When it ended (RFC 3339), once it has."
-            },
-            "error": {
-              "type": "string",
-              "description": "Why it failed, when it failed."
-            }
-          }
-        },
-        "runs": {
-          "type": "array",
-          "items": {
-            "type": "object",
-            "description": "One run: a prompt and the agent's work on it.",
-            "required": [
-              "run_id",
-              "status"
-            ],
-            "properties": {
-              "run_id": {
-                "type": "string",
-                "description": "The run's id."
-              },
-              "status": {
-                "type": "string",
-                "description": "The run's status (see latest_run.status)."
-              },
-              "prompt": {
-                "type": "string",
-                "description": "The message that started the run."
-              },
-              "reply": {
-                "type": "string",
-                "description": "The agent's final answer: its last message in the run. Absent while it is still working or when it said nothing."
-              },
-              "tools": {
-                "type": "array",
-                "items": {
-                  "type": "string"
-                },
-                "description": "One line per tool the agent used, in order, e.g. \"ran ` + "`" + `go test ./...` + "`" + ` (exit 0)\", \"edited main.go +3 −1\", \"searched for ` + "`" + `TODO` + "`" + `\"."
-              },
-              "changed_files": {
-                "type": "array",
-                "items": {
-                  "type": "object",
-                  "required": [
-                    "path"
-                  ],
-                  "properties": {
-                    "path": {
-                      "type": "string",
-                      "description": "Path of the file, relative to the workspace root."
-                    },
-                    "kind": {
-                      "type": "string",
-                      "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
-                    },
-                    "additions": {
-                      "type": "integer",
-                      "description": "Lines added, when known."
-                    },
-                    "deletions": {
-                      "type": "integer",
-                      "description": "Lines deleted, when known."
-                    }
-                  }
-                },
-                "description": "Files the run changed in the workspace."
-              },
-              "error": {
-                "type": "string",
-                "description": "Why the run failed, when it failed."
-              }
-            }
-          },
-          "description": "The latest runs, oldest first, at most ` + "`" + `turns` + "`" + ` of them; empty when the thread has no run yet."
-        },
-        "run_count": {
-          "type": "integer",
-          "description": "How many runs the thread has in all (runs shows only the latest)."
-        },
-        "pending_question": {
-          "type": "object",
-          "description": "What the thread waits on: answer it with t3_answer. Absent when nothing is pending.",
-          "required": [
-            "request_id",
-            "kind",
-            "questions"
-          ],
-          "properties": {
-            "request_id": {
-              "type": "string",
-              "description": "T3's id of the request (t3_answer finds it by itself)."
-            },
-            "kind": {
-              "type": "string",
-              "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
-              "enum": [
-                "user_input",
-                "approval"
-              ]
-            },
-            "questions": {
-              "type": "array",
-              "items": {
-                "type": "object",
-                "required": [
-                  "id",
-                  "text"
-                ],
-                "properties": {
-                  "id": {
-                    "type": "string",
-                    "description": "Key for this question's answer in t3_answer's answers."
-                  },
-                  "header": {
-                    "type": "string",
-                    "description": "A short heading for the question."
-                  },
-                  "text": {
-                    "type": "string",
-                    "description": "The question itself."
-                  },
-                  "options": {
-                    "type": "array",
-                    "items": {
-                      "type": "string"
-                    },
-                    "description": "The labels to choose from; empty when only free text is expected."
-                  },
-                  "multi_select": {
-                    "type": "boolean",
-                    "description": "True when several labels may be chosen: answer with a list of labels."
-                  },
-                  "allow_custom": {
-                    "type": "boolean",
-                    "description": "True when free text is accepted instead of a label."
-                  },
-                  "required": {
-                    "type": "boolean",
-                    "description": "True when the question must be answered."
-                  }
-                }
-              },
-              "description": "The questions; answer them together in one t3_answer call. An approval has one, whose text is what the agent asks to do."
-            },
-            "answerable": {
-              "type": "boolean",
-              "description": "False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer; t3_interrupt the run or dispatch again."
-            },
-            "not_answerable_reason": {
-              "type": "string",
-              "description": "Why it cannot be answered, as T3 says."
-            }
-          }
-        },
-        "branch": {
-          "type": "string",
-          "description": "The git branch the thread works on, when T3 knows one."
-        },
-        "worktree": {
-          "type": "string",
-          "description": "The thread's own git worktree, when it has one."
-        },
-        "diff": {
-          "type": "object",
-          "description": "A run's changes. unavailable says why T3 could not give the diff.",
-          "required": [
-            "run_id",
-            "files",
-            "diff",
-            "total_bytes"
-          ],
-          "properties": {
-            "run_id": {
-              "type": "string",
-              "description": "The run diffed."
-            },
-            "files": {
-              "type": "array",
-              "items": {
-                "type": "object",
-                "required": [
-                  "path"
-                ],
-                "properties": {
-                  "path": {
-                    "type": "string",
-                    "description": "Path of the file, relative to the workspace root."
-                  },
-                  "kind": {
-                    "type": "string",
-                    "description": "How it changed as T3 reports it, e.g. added, modified, deleted, renamed."
-                  },
-                  "additions": {
-                    "type": "integer",
-                    "description": "Lines added, when known."
-                  },
-                  "deletions": {
-                    "type": "integer",
-                    "description": "Lines deleted, when known."
-                  }
-                }
-              },
-              "description": "Files in the diff."
-            },
-            "diff": {
-              "type": "string",
-              "description": "Unified diff; when cut, it ends with a marker."
-            },
-            "total_bytes": {
-              "type": "integer",
-              "description": "Size of the whole diff."
-            },
-            "unavailable": {
-              "type": "string",
-              "description": "Why T3 gave no diff."
-            }
-          }
-        },
-        "truncated": {
-          "type": "array",
-          "items": {
-            "type": "object",
-            "description": "One text that was cut. The cut text itself ends with the marker \"… [N characters cut]\".",
-            "required": [
-              "field",
-              "cut_chars"
-            ],
-            "properties": {
-              "field": {
-                "type": "string",
-                "description": "Which field was cut, e.g. runs[2].reply or runs[0].tools[4]."
-              },
-              "cut_chars": {
-                "type": "integer",
-                "description": "How many characters were cut from it."
-              }
-            }
-          },
-          "description": "Where text was cut to keep this answer small; absent when nothing was cut."
-        }
-      }
+      "description": "The thread's state. Fields: see t3_thread's output schema."
     }
   }
 }`
 
 // inputWatch is the input schema of t3_watch (Go type WatchInput).
 const inputWatch = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "additionalProperties": false,
-  "description": "Either no arguments (list) or both thread_id and enabled (switch).",
+  "description": "No arguments (list), or thread_id and enabled (switch).",
   "properties": {
     "thread_id": {
       "type": "string",
-      "description": "The thread to switch events for; give enabled too."
+      "description": "With enabled."
     },
     "enabled": {
       "type": "boolean",
-      "description": "True turns the thread's webhook events on, false off; give thread_id too."
+      "description": "Events on or off; with thread_id."
     }
   }
 }`
 
 // outputWatch is the output schema of t3_watch (Go type WatchOutput).
 const outputWatch = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "properties": {
     "threads": {
       "type": "array",
       "items": {
         "type": "object",
-        "description": "A thread the connector tracks. With thread_id and enabled, t3_watch returns it as ` + "`" + `thread` + "`" + `.",
         "required": [
           "thread_id",
           "machine",
@@ -1873,54 +854,43 @@ const outputWatch = `{
         ],
         "properties": {
           "thread_id": {
-            "type": "string",
-            "description": "The thread's id."
+            "type": "string"
           },
           "machine": {
-            "type": "string",
-            "description": "The machine it is on."
+            "type": "string"
           },
           "project": {
             "type": "object",
-            "description": "The project a thread belongs to.",
             "required": [
               "id",
               "title"
             ],
             "properties": {
               "id": {
-                "type": "string",
-                "description": "T3's project id."
+                "type": "string"
               },
               "title": {
-                "type": "string",
-                "description": "The project's name."
+                "type": "string"
               }
             }
           },
           "title": {
-            "type": "string",
-            "description": "The thread's title."
+            "type": "string"
           },
           "origin": {
-            "type": "string",
-            "description": "The conversation that dispatched it (the X-Conversation-Origin header of that call), when there was one; webhook events carry it back."
+            "type": "string"
           },
           "status": {
-            "type": "string",
-            "description": "The thread's status (see t3_thread)."
+            "type": "string"
           },
           "watching": {
-            "type": "boolean",
-            "description": "True when webhook events are on for it."
+            "type": "boolean"
           }
         }
-      },
-      "description": "Without arguments: every tracked thread, most recently active first."
+      }
     },
     "thread": {
       "type": "object",
-      "description": "A thread the connector tracks. With thread_id and enabled, t3_watch returns it as ` + "`" + `thread` + "`" + `.",
       "required": [
         "thread_id",
         "machine",
@@ -1931,46 +901,37 @@ const outputWatch = `{
       ],
       "properties": {
         "thread_id": {
-          "type": "string",
-          "description": "The thread's id."
+          "type": "string"
         },
         "machine": {
-          "type": "string",
-          "description": "The machine it is on."
+          "type": "string"
         },
         "project": {
           "type": "object",
-          "description": "The project a thread belongs to.",
           "required": [
             "id",
             "title"
           ],
           "properties": {
             "id": {
-              "type": "string",
-              "description": "T3's project id."
+              "type": "string"
             },
             "title": {
-              "type": "string",
-              "description": "The project's name."
+              "type": "string"
             }
           }
         },
         "title": {
-          "type": "string",
-          "description": "The thread's title."
+          "type": "string"
         },
         "origin": {
-          "type": "string",
-          "description": "The conversation that dispatched it (the X-Conversation-Origin header of that call), when there was one; webhook events carry it back."
+          "type": "string"
         },
         "status": {
-          "type": "string",
-          "description": "The thread's status (see t3_thread)."
+          "type": "string"
         },
         "watching": {
-          "type": "boolean",
-          "description": "True when webhook events are on for it."
+          "type": "boolean"
         }
       }
     }
@@ -1979,7 +940,6 @@ const outputWatch = `{
 
 // inputThreads is the input schema of t3_threads (Go type ThreadsInput).
 const inputThreads = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "machine"
@@ -1992,15 +952,15 @@ const inputThreads = `{
     },
     "project": {
       "type": "string",
-      "description": "Only this project (id, title or path)."
+      "description": "id, title or path."
     },
     "status": {
       "type": "string",
-      "description": "Only threads with this status, or busy (a run is going) or question (waits for t3_answer)."
+      "description": "A status, or busy or question."
     },
     "query": {
       "type": "string",
-      "description": "Only threads whose messages contain this text (2+ characters; T3 search, at most 50 threads, not archived ones)."
+      "description": "Message text (2+ characters; at most 50 threads)."
     },
     "archived": {
       "type": "boolean",
@@ -2015,14 +975,13 @@ const inputThreads = `{
     },
     "cursor": {
       "type": "string",
-      "description": "next_cursor of the previous page."
+      "description": "A next_cursor."
     }
   }
 }`
 
 // outputThreads is the output schema of t3_threads (Go type ThreadsOutput).
 const outputThreads = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
   "type": "object",
   "required": [
     "machine",
@@ -2031,8 +990,7 @@ const outputThreads = `{
   ],
   "properties": {
     "machine": {
-      "type": "string",
-      "description": "The machine."
+      "type": "string"
     },
     "threads": {
       "type": "array",
@@ -2048,86 +1006,69 @@ const outputThreads = `{
         ],
         "properties": {
           "thread_id": {
-            "type": "string",
-            "description": "Pass to t3_thread, t3_wait, t3_watch."
+            "type": "string"
           },
           "project": {
             "type": "object",
-            "description": "The project a thread belongs to.",
             "required": [
               "id",
               "title"
             ],
             "properties": {
               "id": {
-                "type": "string",
-                "description": "T3's project id."
+                "type": "string"
               },
               "title": {
-                "type": "string",
-                "description": "The project's name."
+                "type": "string"
               }
             }
           },
           "title": {
-            "type": "string",
-            "description": "The thread's title."
+            "type": "string"
           },
           "status": {
-            "type": "string",
-            "description": "As in t3_thread."
+            "type": "string"
           },
           "latest_run_id": {
-            "type": "string",
-            "description": "Its latest run."
+            "type": "string"
           },
           "question": {
             "type": "string",
-            "description": "What the thread waits for. user_input: the agent asks for information or a choice (answer with answers). approval: the agent asks permission to do something, such as run a command or change files (answer with decision).",
+            "description": "user_input: answer with answers. approval: a permission (e.g. a command), answer with decision.",
             "enum": [
               "user_input",
               "approval"
             ]
           },
           "branch": {
-            "type": "string",
-            "description": "Its git branch."
+            "type": "string"
           },
           "worktree": {
-            "type": "string",
-            "description": "Its own git worktree."
+            "type": "string"
           },
           "archived": {
-            "type": "boolean",
-            "description": "True for an archived thread."
+            "type": "boolean"
           },
           "updated_at": {
-            "type": "string",
-            "description": "Last activity (RFC 3339)."
+            "type": "string"
           },
           "match": {
-            "type": "string",
-            "description": "The message text query matched."
+            "type": "string"
           },
           "tracked": {
-            "type": "boolean",
-            "description": "Known to this connector (dispatched or adopted)."
+            "type": "boolean"
           },
           "watching": {
-            "type": "boolean",
-            "description": "Webhook events are on."
+            "type": "boolean"
           }
         }
-      },
-      "description": "This page."
+      }
     },
     "total": {
-      "type": "integer",
-      "description": "Threads matching, over all pages."
+      "type": "integer"
     },
     "next_cursor": {
-      "type": "string",
-      "description": "Pass as cursor for the next page; absent on the last."
+      "type": "string"
     }
   }
 }`

@@ -14,10 +14,9 @@ import (
 
 // Ref: #/$defs/AnswerInput
 type AnswerInput struct {
-	// The thread whose pending question you answer.
+	// The thread waiting on a question.
 	ThreadID string `json:"thread_id"`
-	// For kind user_input: question id → answer: an option label, free text (allow_custom), or a list of
-	// labels (multi_select). Example: {"q1": "Keep a Changelog", "q2": ["lint", "test"]}.
+	// For user_input: question id → label, free text (allow_custom) or labels (multi_select).
 	Answers  OptAnswerInputAnswers `json:"answers"`
 	Decision OptApprovalDecision   `json:"decision"`
 }
@@ -52,8 +51,7 @@ func (s *AnswerInput) SetDecision(val OptApprovalDecision) {
 	s.Decision = val
 }
 
-// For kind user_input: question id → answer: an option label, free text (allow_custom), or a list of
-// labels (multi_select). Example: {"q1": "Keep a Changelog", "q2": ["lint", "test"]}.
+// For user_input: question id → label, free text (allow_custom) or labels (multi_select).
 type AnswerInputAnswers map[string]AnswerValue
 
 func (s *AnswerInputAnswers) init() AnswerInputAnswers {
@@ -65,7 +63,6 @@ func (s *AnswerInputAnswers) init() AnswerInputAnswers {
 	return m
 }
 
-// One answer: an option label or free text, or a list of option labels for a multi_select question.
 // Ref: #/$defs/AnswerValue
 // AnswerValue represents sum type.
 type AnswerValue struct {
@@ -132,9 +129,7 @@ func NewStringArrayAnswerValue(v []string) AnswerValue {
 	return s
 }
 
-// For kind approval: accept (allow this once), acceptForSession (allow it for the rest of the agent's
-// session), decline (refuse; the agent goes on without it), cancel (refuse and end the run, which ends
-// cancelled).
+// For approval. decline: the agent goes on without it; cancel ends the run.
 // Ref: #/$defs/ApprovalDecision
 type ApprovalDecision string
 
@@ -193,14 +188,10 @@ func (s *ApprovalDecision) UnmarshalText(data []byte) error {
 
 // Ref: #/$defs/ChangedFile
 type ChangedFile struct {
-	// Path of the file, relative to the workspace root.
-	Path string `json:"path"`
-	// How it changed as T3 reports it, e.g. added, modified, deleted, renamed.
-	Kind OptString `json:"kind"`
-	// Lines added, when known.
-	Additions OptInt `json:"additions"`
-	// Lines deleted, when known.
-	Deletions OptInt `json:"deletions"`
+	Path      string    `json:"path"`
+	Kind      OptString `json:"kind"`
+	Additions OptInt    `json:"additions"`
+	Deletions OptInt    `json:"deletions"`
 }
 
 // GetPath returns the value of Path.
@@ -245,24 +236,19 @@ func (s *ChangedFile) SetDeletions(val OptInt) {
 
 // Ref: #/$defs/DispatchInput
 type DispatchInput struct {
-	// Machine name from t3_machines; the machine must be online. Required for a new thread; may be left
-	// out with thread_id.
+	// For a new thread.
 	Machine OptString `json:"machine"`
-	// The project to work in, from t3_projects: its id, its title or its workspace path. Required for a
-	// new thread; may be left out with thread_id.
+	// Id, title or path; for a new thread.
 	Project OptString `json:"project"`
-	// What the coding agent should do, written as you would to a capable engineer who sees only this
-	// message and the workspace: the goal, constraints, and how to check the result.
+	// For a capable engineer who sees only this and the workspace: goal, constraints, how to check.
 	Prompt string `json:"prompt"`
-	// Title of a new thread (default: derived from the prompt). Ignored with thread_id.
+	// A new thread's title (default: from the prompt).
 	Title OptString `json:"title"`
-	// Model for a new thread as instanceId/model, e.g. codex/gpt-5.6-sol (default: the project's
-	// default_model). Ignored with thread_id.
+	// InstanceId/model of a new thread (default: the project's).
 	Model OptString `json:"model"`
-	// Continue this existing thread instead of creating one (then prompt is all it needs); it must be
-	// idle.
+	// Continue this idle thread; then prompt is all it needs.
 	ThreadID OptString `json:"thread_id"`
-	// Send webhook events for this thread (default true).
+	// Webhook events.
 	Watch OptBool `json:"watch"`
 }
 
@@ -338,19 +324,13 @@ func (s *DispatchInput) SetWatch(val OptBool) {
 
 // Ref: #/$defs/DispatchOutput
 type DispatchOutput struct {
-	// The thread the prompt went to: pass it to t3_wait, t3_thread, t3_answer, t3_interrupt and t3_watch.
-	ThreadID string `json:"thread_id"`
-	// The machine the thread is on.
-	Machine string     `json:"machine"`
-	Project ProjectRef `json:"project"`
-	// Id of the message that carried the prompt.
-	MessageID string `json:"message_id"`
-	// The run the prompt started, when already known (it may appear only a moment later).
-	RunID OptString `json:"run_id"`
-	// True when a new thread was created, false when the prompt went to an existing thread.
-	Created bool `json:"created"`
-	// True when webhook events are on for the thread.
-	Watching bool `json:"watching"`
+	ThreadID  string     `json:"thread_id"`
+	Machine   string     `json:"machine"`
+	Project   ProjectRef `json:"project"`
+	MessageID string     `json:"message_id"`
+	RunID     OptString  `json:"run_id"`
+	Created   bool       `json:"created"`
+	Watching  bool       `json:"watching"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -425,7 +405,7 @@ func (s *DispatchOutput) SetWatching(val bool) {
 
 // Ref: #/$defs/InterruptInput
 type InterruptInput struct {
-	// The thread whose active run to stop.
+	// The thread whose run to stop.
 	ThreadID string `json:"thread_id"`
 }
 
@@ -441,13 +421,10 @@ func (s *InterruptInput) SetThreadID(val string) {
 
 // Ref: #/$defs/InterruptOutput
 type InterruptOutput struct {
-	// The thread.
-	ThreadID string `json:"thread_id"`
-	// The run that was interrupted.
-	RunID string `json:"run_id"`
-	// The run's status now: interrupted, or its final status if it ended first.
-	Status string      `json:"status"`
-	State  ThreadState `json:"state"`
+	ThreadID string      `json:"thread_id"`
+	RunID    string      `json:"run_id"`
+	Status   string      `json:"status"`
+	State    ThreadState `json:"state"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -490,20 +467,13 @@ func (s *InterruptOutput) SetState(val ThreadState) {
 	s.State = val
 }
 
-// The thread's latest run; absent when it has none yet.
 // Ref: #/$defs/LatestRun
 type LatestRun struct {
-	// The run's id.
-	ID string `json:"id"`
-	// The run's status: preparing, queued, starting, running, waiting, completed, interrupted, failed,
-	// cancelled or rolled_back (T3 may add more).
-	Status string `json:"status"`
-	// When it started (RFC 3339), once it has.
-	StartedAt OptString `json:"started_at"`
-	// When it ended (RFC 3339), once it has.
+	ID          string    `json:"id"`
+	Status      string    `json:"status"`
+	StartedAt   OptString `json:"started_at"`
 	CompletedAt OptString `json:"completed_at"`
-	// Why it failed, when it failed.
-	Error OptString `json:"error"`
+	Error       OptString `json:"error"`
 }
 
 // GetID returns the value of ID.
@@ -556,34 +526,20 @@ func (s *LatestRun) SetError(val OptString) {
 	s.Error = val
 }
 
-// One T3 Code machine (a computer running `t3 serve`) that the connector is configured for.
 // Ref: #/$defs/Machine
 type Machine struct {
-	// The machine's name: pass it as `machine` to t3_projects and t3_dispatch.
-	Name string `json:"name"`
-	// Base URL of the machine's T3 Code server.
-	URL string `json:"url"`
-	// True when the connector is connected to the machine and can run threads on it (status online).
+	Name   string        `json:"name"`
+	URL    string        `json:"url"`
 	Online bool          `json:"online"`
 	Status MachineStatus `json:"status"`
-	// What is wrong and what fixes it, when status is not online.
-	Problem OptString `json:"problem"`
-	// The T3 orchestration protocol the machine speaks, when known (this connector needs 2).
-	Protocol OptInt `json:"protocol"`
-	// The T3 Code server version, when known.
-	T3Version OptString `json:"t3_version"`
-	// The machine's own environment label as T3 reports it, when known.
+	// What is wrong and what to do.
+	Problem     OptString `json:"problem"`
+	Protocol    OptInt    `json:"protocol"`
+	T3Version   OptString `json:"t3_version"`
 	Environment OptString `json:"environment"`
-	// Workspace path patterns (fnmatch, e.g. /srv/work/*) of the projects threads may run in; projects
-	// outside them are hidden.
-	Allowlist []string `json:"allowlist"`
-	// True for the built-in demo machine: a simulated T3 Code server whose agent does no real work, for
-	// trying the tools out.
-	Demo bool `json:"demo"`
-	// Watched threads whose next events wait for the connector to read the thread from the machine (how a
-	// run ended, runs or questions missed during a reconnect); absent when none. They are retried with
-	// backoff; a count that stays up means those threads cannot be read (see the log), while every other
-	// thread's events go on.
+	Allowlist   []string  `json:"allowlist"`
+	Demo        bool      `json:"demo"`
+	// Watched threads whose events wait to re-read the thread; retried with backoff (stuck: see the log).
 	ThreadsAwaitingLookup OptInt `json:"threads_awaiting_lookup"`
 }
 
@@ -697,10 +653,8 @@ func (s *Machine) SetThreadsAwaitingLookup(val OptInt) {
 	s.ThreadsAwaitingLookup = val
 }
 
-// Whether the machine can be used. online: connected, threads can run. offline: unreachable right now
-// (may pass; try later). incompatible: the server speaks another T3 protocol (needs a T3 Code
-// upgrade). misconfigured: the connector's configuration for it is wrong. unauthorized: its token is
-// missing, invalid or lacks a scope.
+// Offline: unreachable now. incompatible: another T3 protocol. misconfigured: the connector's
+// configuration. unauthorized: the token.
 // Ref: #/$defs/MachineStatus
 type MachineStatus string
 
@@ -770,7 +724,6 @@ type MachinesInput struct{}
 
 // Ref: #/$defs/MachinesOutput
 type MachinesOutput struct {
-	// Every configured machine, in configuration order.
 	Machines []Machine `json:"machines"`
 }
 
@@ -2486,19 +2439,14 @@ func (o OptWatchOutput) Or(d WatchOutput) WatchOutput {
 	return d
 }
 
-// What the thread waits on: answer it with t3_answer. Absent when nothing is pending.
 // Ref: #/$defs/PendingQuestion
 type PendingQuestion struct {
-	// T3's id of the request (t3_answer finds it by itself).
 	RequestID string       `json:"request_id"`
 	Kind      QuestionKind `json:"kind"`
-	// The questions; answer them together in one t3_answer call. An approval has one, whose text is what
-	// the agent asks to do.
+	// An approval has one: what the agent asks to do.
 	Questions []Question `json:"questions"`
-	// False when T3 can no longer deliver an answer (the agent session that asked is gone): do not answer;
-	// t3_interrupt the run or dispatch again.
-	Answerable OptBool `json:"answerable"`
-	// Why it cannot be answered, as T3 says.
+	// False: it cannot be answered any more.
+	Answerable          OptBool   `json:"answerable"`
 	NotAnswerableReason OptString `json:"not_answerable_reason"`
 }
 
@@ -2552,20 +2500,13 @@ func (s *PendingQuestion) SetNotAnswerableReason(val OptString) {
 	s.NotAnswerableReason = val
 }
 
-// A project: a workspace directory on the machine where coding agents work.
 // Ref: #/$defs/Project
 type Project struct {
-	// T3's project id.
-	ID string `json:"id"`
-	// The project's name.
-	Title string `json:"title"`
-	// The workspace root directory on the machine.
-	Path string `json:"path"`
-	// Model new threads get when none is given, as instanceId/model (e.g. codex/gpt-5.6-sol); empty when
-	// the project sets none (T3 then uses its own default).
+	ID           string `json:"id"`
+	Title        string `json:"title"`
+	Path         string `json:"path"`
 	DefaultModel string `json:"default_model"`
-	// How many threads (not archived) the project has.
-	ThreadCount int `json:"thread_count"`
+	ThreadCount  int    `json:"thread_count"`
 }
 
 // GetID returns the value of ID.
@@ -2618,12 +2559,9 @@ func (s *Project) SetThreadCount(val int) {
 	s.ThreadCount = val
 }
 
-// The project a thread belongs to.
 // Ref: #/$defs/ProjectRef
 type ProjectRef struct {
-	// T3's project id.
-	ID string `json:"id"`
-	// The project's name.
+	ID    string `json:"id"`
 	Title string `json:"title"`
 }
 
@@ -2665,9 +2603,7 @@ func (s *ProjectsInput) SetMachine(val string) {
 
 // Ref: #/$defs/ProjectsOutput
 type ProjectsOutput struct {
-	// The machine the projects are on.
-	Machine string `json:"machine"`
-	// The allowlisted projects, by title.
+	Machine  string    `json:"machine"`
 	Projects []Project `json:"projects"`
 }
 
@@ -2693,20 +2629,16 @@ func (s *ProjectsOutput) SetProjects(val []Project) {
 
 // Ref: #/$defs/Question
 type Question struct {
-	// Key for this question's answer in t3_answer's answers.
-	ID string `json:"id"`
-	// A short heading for the question.
+	ID     string    `json:"id"`
 	Header OptString `json:"header"`
-	// The question itself.
-	Text string `json:"text"`
-	// The labels to choose from; empty when only free text is expected.
+	Text   string    `json:"text"`
+	// Labels to choose from.
 	Options []string `json:"options"`
-	// True when several labels may be chosen: answer with a list of labels.
+	// Answer with a list of labels.
 	MultiSelect OptBool `json:"multi_select"`
-	// True when free text is accepted instead of a label.
+	// Free text is accepted too.
 	AllowCustom OptBool `json:"allow_custom"`
-	// True when the question must be answered.
-	Required OptBool `json:"required"`
+	Required    OptBool `json:"required"`
 }
 
 // GetID returns the value of ID.
@@ -2779,9 +2711,7 @@ func (s *Question) SetRequired(val OptBool) {
 	s.Required = val
 }
 
-// What the thread waits for. user_input: the agent asks for information or a choice (answer with
-// answers). approval: the agent asks permission to do something, such as run a command or change files
-// (answer with decision).
+// User_input: answer with answers. approval: a permission (e.g. a command), answer with decision.
 // Ref: #/$defs/QuestionKind
 type QuestionKind string
 
@@ -3230,19 +3160,13 @@ func (s *Root) SetRunDiff(val OptRunDiff) {
 	s.RunDiff = val
 }
 
-// A run's changes. unavailable says why T3 could not give the diff.
 // Ref: #/$defs/RunDiff
 type RunDiff struct {
-	// The run diffed.
-	RunID string `json:"run_id"`
-	// Files in the diff.
-	Files []ChangedFile `json:"files"`
-	// Unified diff; when cut, it ends with a marker.
-	Diff string `json:"diff"`
-	// Size of the whole diff.
-	TotalBytes int `json:"total_bytes"`
-	// Why T3 gave no diff.
-	Unavailable OptString `json:"unavailable"`
+	RunID       string        `json:"run_id"`
+	Files       []ChangedFile `json:"files"`
+	Diff        string        `json:"diff"`
+	TotalBytes  int           `json:"total_bytes"`
+	Unavailable OptString     `json:"unavailable"`
 }
 
 // GetRunID returns the value of RunID.
@@ -3295,25 +3219,17 @@ func (s *RunDiff) SetUnavailable(val OptString) {
 	s.Unavailable = val
 }
 
-// One run: a prompt and the agent's work on it.
 // Ref: #/$defs/RunSummary
 type RunSummary struct {
-	// The run's id.
-	RunID string `json:"run_id"`
-	// The run's status (see latest_run.status).
-	Status string `json:"status"`
-	// The message that started the run.
+	RunID  string    `json:"run_id"`
+	Status string    `json:"status"`
 	Prompt OptString `json:"prompt"`
-	// The agent's final answer: its last message in the run. Absent while it is still working or when it
-	// said nothing.
+	// The agent's final message.
 	Reply OptString `json:"reply"`
-	// One line per tool the agent used, in order, e.g. "ran `go test ./...` (exit 0)", "edited main.go +3
-	// −1", "searched for `TODO`".
-	Tools []string `json:"tools"`
-	// Files the run changed in the workspace.
+	// One line per tool used.
+	Tools        []string      `json:"tools"`
 	ChangedFiles []ChangedFile `json:"changed_files"`
-	// Why the run failed, when it failed.
-	Error OptString `json:"error"`
+	Error        OptString     `json:"error"`
 }
 
 // GetRunID returns the value of RunID.
@@ -3388,30 +3304,19 @@ func (s *RunSummary) SetError(val OptString) {
 
 // Ref: #/$defs/ThreadEntry
 type ThreadEntry struct {
-	// Pass to t3_thread, t3_wait, t3_watch.
-	ThreadID string     `json:"thread_id"`
-	Project  ProjectRef `json:"project"`
-	// The thread's title.
-	Title string `json:"title"`
-	// As in t3_thread.
-	Status string `json:"status"`
-	// Its latest run.
+	ThreadID    string          `json:"thread_id"`
+	Project     ProjectRef      `json:"project"`
+	Title       string          `json:"title"`
+	Status      string          `json:"status"`
 	LatestRunID OptString       `json:"latest_run_id"`
 	Question    OptQuestionKind `json:"question"`
-	// Its git branch.
-	Branch OptString `json:"branch"`
-	// Its own git worktree.
-	Worktree OptString `json:"worktree"`
-	// True for an archived thread.
-	Archived OptBool `json:"archived"`
-	// Last activity (RFC 3339).
-	UpdatedAt OptString `json:"updated_at"`
-	// The message text query matched.
-	Match OptString `json:"match"`
-	// Known to this connector (dispatched or adopted).
-	Tracked bool `json:"tracked"`
-	// Webhook events are on.
-	Watching bool `json:"watching"`
+	Branch      OptString       `json:"branch"`
+	Worktree    OptString       `json:"worktree"`
+	Archived    OptBool         `json:"archived"`
+	UpdatedAt   OptString       `json:"updated_at"`
+	Match       OptString       `json:"match"`
+	Tracked     bool            `json:"tracked"`
+	Watching    bool            `json:"watching"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -3546,13 +3451,13 @@ func (s *ThreadEntry) SetWatching(val bool) {
 
 // Ref: #/$defs/ThreadInput
 type ThreadInput struct {
-	// The thread, as returned by t3_dispatch or listed by t3_watch.
+	// From t3_dispatch or t3_watch.
 	ThreadID string `json:"thread_id"`
-	// How many of the latest runs to show (1 to 20, default 3).
+	// Runs to show.
 	Turns OptInt `json:"turns"`
-	// Add the files a run changed and its unified diff (cut to a size limit).
+	// Add a run's unified diff.
 	Diff OptBool `json:"diff"`
-	// The run to diff (default: the latest).
+	// Default: the latest.
 	RunID OptString `json:"run_id"`
 }
 
@@ -3596,34 +3501,24 @@ func (s *ThreadInput) SetRunID(val OptString) {
 	s.RunID = val
 }
 
-// A thread as it is now.
+// The thread's state.
 // Ref: #/$defs/ThreadState
 type ThreadState struct {
-	// The thread's id.
-	ThreadID string `json:"thread_id"`
-	// The machine the thread is on.
-	Machine string     `json:"machine"`
-	Project ProjectRef `json:"project"`
-	// The thread's title.
-	Title string `json:"title"`
-	// The thread's status: idle, or the status of its latest run: preparing, queued, starting or running
-	// (the agent is working), waiting (the agent finished its turn; T3 is saving a checkpoint, completed
-	// follows), completed, interrupted, failed, cancelled, rolled_back. T3 may add statuses; treat unknown
-	// ones as still working.
-	Status    string       `json:"status"`
-	LatestRun OptLatestRun `json:"latest_run"`
-	// The latest runs, oldest first, at most `turns` of them; empty when the thread has no run yet.
-	Runs []RunSummary `json:"runs"`
-	// How many runs the thread has in all (runs shows only the latest).
+	ThreadID string     `json:"thread_id"`
+	Machine  string     `json:"machine"`
+	Project  ProjectRef `json:"project"`
+	Title    string     `json:"title"`
+	// Idle, or the latest run's: preparing, queued, starting, running, waiting (saving; completed
+	// follows), completed, interrupted, failed, cancelled, rolled_back. Unknown ones: still working.
+	Status          string             `json:"status"`
+	LatestRun       OptLatestRun       `json:"latest_run"`
+	Runs            []RunSummary       `json:"runs"`
 	RunCount        OptInt             `json:"run_count"`
 	PendingQuestion OptPendingQuestion `json:"pending_question"`
-	// The git branch the thread works on, when T3 knows one.
-	Branch OptString `json:"branch"`
-	// The thread's own git worktree, when it has one.
-	Worktree OptString  `json:"worktree"`
-	Diff     OptRunDiff `json:"diff"`
-	// Where text was cut to keep this answer small; absent when nothing was cut.
-	Truncated []TruncationNote `json:"truncated"`
+	Branch          OptString          `json:"branch"`
+	Worktree        OptString          `json:"worktree"`
+	Diff            OptRunDiff         `json:"diff"`
+	Truncated       []TruncationNote   `json:"truncated"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -3760,18 +3655,17 @@ func (s *ThreadState) SetTruncated(val []TruncationNote) {
 type ThreadsInput struct {
 	// Machine name from t3_machines.
 	Machine string `json:"machine"`
-	// Only this project (id, title or path).
+	// Id, title or path.
 	Project OptString `json:"project"`
-	// Only threads with this status, or busy (a run is going) or question (waits for t3_answer).
+	// A status, or busy or question.
 	Status OptString `json:"status"`
-	// Only threads whose messages contain this text (2+ characters; T3 search, at most 50 threads, not
-	// archived ones).
+	// Message text (2+ characters; at most 50 threads).
 	Query OptString `json:"query"`
 	// Include archived threads.
 	Archived OptBool `json:"archived"`
 	// Threads per page.
 	Limit OptInt `json:"limit"`
-	// Next_cursor of the previous page.
+	// A next_cursor.
 	Cursor OptString `json:"cursor"`
 }
 
@@ -3847,14 +3741,10 @@ func (s *ThreadsInput) SetCursor(val OptString) {
 
 // Ref: #/$defs/ThreadsOutput
 type ThreadsOutput struct {
-	// The machine.
-	Machine string `json:"machine"`
-	// This page.
-	Threads []ThreadEntry `json:"threads"`
-	// Threads matching, over all pages.
-	Total int `json:"total"`
-	// Pass as cursor for the next page; absent on the last.
-	NextCursor OptString `json:"next_cursor"`
+	Machine    string        `json:"machine"`
+	Threads    []ThreadEntry `json:"threads"`
+	Total      int           `json:"total"`
+	NextCursor OptString     `json:"next_cursor"`
 }
 
 // GetMachine returns the value of Machine.
@@ -3897,23 +3787,15 @@ func (s *ThreadsOutput) SetNextCursor(val OptString) {
 	s.NextCursor = val
 }
 
-// A thread the connector tracks. With thread_id and enabled, t3_watch returns it as `thread`.
 // Ref: #/$defs/TrackedThread
 type TrackedThread struct {
-	// The thread's id.
-	ThreadID string `json:"thread_id"`
-	// The machine it is on.
-	Machine string     `json:"machine"`
-	Project ProjectRef `json:"project"`
-	// The thread's title.
-	Title string `json:"title"`
-	// The conversation that dispatched it (the X-Conversation-Origin header of that call), when there was
-	// one; webhook events carry it back.
-	Origin OptString `json:"origin"`
-	// The thread's status (see t3_thread).
-	Status string `json:"status"`
-	// True when webhook events are on for it.
-	Watching bool `json:"watching"`
+	ThreadID string     `json:"thread_id"`
+	Machine  string     `json:"machine"`
+	Project  ProjectRef `json:"project"`
+	Title    string     `json:"title"`
+	Origin   OptString  `json:"origin"`
+	Status   string     `json:"status"`
+	Watching bool       `json:"watching"`
 }
 
 // GetThreadID returns the value of ThreadID.
@@ -3986,13 +3868,10 @@ func (s *TrackedThread) SetWatching(val bool) {
 	s.Watching = val
 }
 
-// One text that was cut. The cut text itself ends with the marker "… [N characters cut]".
 // Ref: #/$defs/TruncationNote
 type TruncationNote struct {
-	// Which field was cut, e.g. runs[2].reply or runs[0].tools[4].
-	Field string `json:"field"`
-	// How many characters were cut from it.
-	CutChars int `json:"cut_chars"`
+	Field    string `json:"field"`
+	CutChars int    `json:"cut_chars"`
 }
 
 // GetField returns the value of Field.
@@ -4017,10 +3896,9 @@ func (s *TruncationNote) SetCutChars(val int) {
 
 // Ref: #/$defs/WaitInput
 type WaitInput struct {
-	// The thread to wait for.
+	// From t3_dispatch or t3_watch.
 	ThreadID string `json:"thread_id"`
-	// Seconds to wait at most (1 to 3600, default 600). Use a shorter timeout when your client gives up on
-	// long tool calls.
+	// Seconds at most.
 	Timeout OptInt `json:"timeout"`
 }
 
@@ -4070,9 +3948,7 @@ func (s *WaitOutput) SetState(val ThreadState) {
 	s.State = val
 }
 
-// Why t3_wait returned: completed, interrupted or failed (the run ended so), question (the run waits
-// for t3_answer), timeout (still working; call t3_wait again), idle (the thread has no run to wait
-// for: dispatch one), archived (the thread was archived; it no longer runs).
+// Question: answer, then wait again. timeout: still working. idle: no run to wait for.
 // Ref: #/$defs/WaitReason
 type WaitReason string
 
@@ -4150,12 +4026,12 @@ func (s *WaitReason) UnmarshalText(data []byte) error {
 	}
 }
 
-// Either no arguments (list) or both thread_id and enabled (switch).
+// No arguments (list), or thread_id and enabled (switch).
 // Ref: #/$defs/WatchInput
 type WatchInput struct {
-	// The thread to switch events for; give enabled too.
+	// With enabled.
 	ThreadID OptString `json:"thread_id"`
-	// True turns the thread's webhook events on, false off; give thread_id too.
+	// Events on or off; with thread_id.
 	Enabled OptBool `json:"enabled"`
 }
 
@@ -4181,7 +4057,6 @@ func (s *WatchInput) SetEnabled(val OptBool) {
 
 // Ref: #/$defs/WatchOutput
 type WatchOutput struct {
-	// Without arguments: every tracked thread, most recently active first.
 	Threads []TrackedThread  `json:"threads"`
 	Thread  OptTrackedThread `json:"thread"`
 }

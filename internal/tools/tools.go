@@ -180,22 +180,22 @@ func Register(s *mcp.Server, d *Deps) {
 	}
 }
 
+// mcpTool is what tools/list shows of a tool. Every byte is in every agent's
+// context, so what MCP defaults to is left out: openWorldHint (true),
+// destructiveHint of a read-only tool (meaningless), and the title, which
+// goes in the annotations only (clients of every MCP version read it there).
 func mcpTool(s mcptools.ToolSpec) *mcp.Tool {
-	open := true
-	destructive := s.Destructive
+	ann := &mcp.ToolAnnotations{Title: s.Title, ReadOnlyHint: s.ReadOnly, IdempotentHint: s.Idempotent}
+	if !s.ReadOnly {
+		destructive := s.Destructive
+		ann.DestructiveHint = &destructive
+	}
 	return &mcp.Tool{
 		Name:         s.Name,
-		Title:        s.Title,
 		Description:  s.Description,
 		InputSchema:  s.InputSchema,
 		OutputSchema: s.OutputSchema,
-		Annotations: &mcp.ToolAnnotations{
-			Title:           s.Title,
-			ReadOnlyHint:    s.ReadOnly,
-			DestructiveHint: &destructive,
-			IdempotentHint:  s.Idempotent,
-			OpenWorldHint:   &open,
-		},
+		Annotations:  ann,
 	}
 }
 

@@ -4,6 +4,12 @@
 // hints, as Go data. It is run by `go generate ./tools.go`; the output depends only on the input
 // file, so regenerating is deterministic.
 //
+// Every tool's schemas go into every agent's context (tools/list), so a large definition that
+// several tools return is spelled out once: a definition marked "x-describedIn": "t3_thread" is
+// inlined in full only in that tool's output schema; elsewhere it becomes
+// {"type": "object", "description": "<its description> Fields: see t3_thread's output schema."}.
+// The schemas carry no "$schema": MCP's default dialect is draft 2020-12.
+//
 //	go run ./gen/generators/mcpschema -in schema/mcp/tools.json -out gen/mcptools/schemas_gen.go -package mcptools
 package main
 
@@ -66,7 +72,6 @@ type tool struct {
 	outputType   string
 }
 
-const draft = "https://json-schema.org/draft/2020-12/schema"
 
 func generate(data []byte, srcName, pkg string) ([]byte, error) {
 	root, err := parse(data)
@@ -103,7 +108,7 @@ func generate(data []byte, srcName, pkg string) ([]byte, error) {
 		}
 		seen[t.Name] = true
 		t.goName = goName(t.Name)
-		r := &resolver{defs: defs}
+		r := &resolver{defs: defs, tool: t.Name}
 		if t.inputSchema, t.inputType, err = r.toolSchema(t.Input); err != nil {
 			return nil, fmt.Errorf("%s input: %w", t.Name, err)
 		}
@@ -130,7 +135,21 @@ func goName(tool string) string {
 
 type resolver struct {
 	defs  *object
+	tool  string // the tool whose schema is being built
 	stack []string
+}
+
+// describedInKey marks a definition spelled out in one tool's output only.
+const describedInKey = "x-describedIn"
+
+// stub is what a definition described in another tool's output becomes.
+func stub(def *object, tool string) *object {
+	desc, _ := def.get("description")
+	d, _ := desc.(string)
+	out := &object{vals: map[string]any{}}
+	out.set("type", "object")
+	out.set("description", strings.TrimSpace(d+" Fields: see "+tool+"'s output schema."))
+	return out
 }
 
 // toolSchema returns the definition name's schema with every $ref inlined, plus the Go type
@@ -168,13 +187,7 @@ func (r *resolver) toolSchema(name string) ([]byte, string, error) {
 	if t, _ := o.get("type"); t != "object" {
 		return nil, "", errors.New(`MCP needs "type": "object" at the top of a tool schema`)
 	}
-	// $schema first, then the definition's own keys in their written order.
-	top := &object{vals: map[string]any{}}
-	top.set("$schema", draft)
-	for _, k := range o.keys {
-		top.set(k, o.vals[k])
-	}
-	return encode(top, true), goType, nil
+	return encode(o, true), goType, nil
 }
 
 func defName(ref string) (string, error) {
@@ -208,11 +221,21 @@ func (r *resolver) inline(v any) (any, error) {
 			if !ok {
 				return nil, fmt.Errorf("$ref %s: no such definition", s)
 			}
-			r.stack = append(r.stack, name)
-			resolved, err := r.inline(target)
-			r.stack = r.stack[:len(r.stack)-1]
-			if err != nil {
-				return nil, err
+			var resolved any
+			if def, isObj := target.(*object); isObj && len(r.stack) > 0 {
+				if in, ok := def.get(describedInKey); ok {
+					if in, _ := in.(string); in != "" && in != r.tool {
+						resolved = stub(def, in)
+					}
+				}
+			}
+			if resolved == nil {
+				r.stack = append(r.stack, name)
+				resolved, err = r.inline(target)
+				r.stack = r.stack[:len(r.stack)-1]
+				if err != nil {
+					return nil, err
+				}
 			}
 			obj, ok := resolved.(*object)
 			if !ok {
@@ -233,7 +256,7 @@ func (r *resolver) inline(v any) (any, error) {
 		}
 		out := &object{vals: map[string]any{}}
 		for _, k := range v.keys {
-			if strings.HasPrefix(k, "x-ogen") || k == "$id" || k == "$schema" {
+			if strings.HasPrefix(k, "x-ogen") || k == describedInKey || k == "$id" || k == "$schema" {
 				continue
 			}
 			c, err := r.inline(v.vals[k])

@@ -26,14 +26,13 @@ func TestInlineRefs(t *testing.T) {
 		`ToolDemoTool = "t3_demo_tool"`,
 		"(Go type In)", "(Go type Real)",
 		`"description": "overridden"`,
-		`"$schema": "https://json-schema.org/draft/2020-12/schema"`,
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %s:\n%s", want, s)
 		}
 	}
 	schemas := s[strings.Index(s, "const inputDemoTool"):]
-	for _, bad := range []string{"$ref", "x-ogen", "$defs"} {
+	for _, bad := range []string{"$ref", "x-ogen", "$defs", "$schema"} {
 		if strings.Contains(schemas, bad) {
 			t.Errorf("output still holds %s:\n%s", bad, s)
 		}
@@ -46,6 +45,36 @@ func TestInlineRefs(t *testing.T) {
 	i := strings.Index(s, "const inputDemoTool")
 	if i < 0 || strings.Index(s[i:], `"type"`) > strings.Index(s[i:], `"properties"`) {
 		t.Error("keys reordered")
+	}
+}
+
+// A definition marked x-describedIn is spelled out in that tool's output
+// only; every other tool gets a stub that points there.
+func TestDescribedOnce(t *testing.T) {
+	src := []byte(`{
+	  "x-tools": [
+	    {"name": "t3_full", "title": "F", "description": "d", "input": "In", "output": "Full"},
+	    {"name": "t3_other", "title": "O", "description": "d", "input": "In", "output": "Other"}
+	  ],
+	  "$defs": {
+	    "In": {"type": "object", "properties": {}},
+	    "Full": {"$ref": "#/$defs/State"},
+	    "Other": {"type": "object", "properties": {"reason": {"type": "string"}, "state": {"$ref": "#/$defs/State"}}},
+	    "State": {"type": "object", "x-describedIn": "t3_full", "description": "A thing.", "properties": {"deep_field": {"type": "string", "description": "spelled out"}}}
+	  }
+	}`)
+	out, err := generate(src, "tools.json", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	full := s[strings.Index(s, "const outputFull"):strings.Index(s, "const inputOther")]
+	other := s[strings.Index(s, "const outputOther"):]
+	if !strings.Contains(full, "deep_field") || strings.Contains(full, "x-describedIn") {
+		t.Errorf("the full schema is not spelled out:\n%s", full)
+	}
+	if strings.Contains(other, "deep_field") || !strings.Contains(other, `"description": "A thing. Fields: see t3_full's output schema."`) {
+		t.Errorf("the other tool's schema does not point at t3_full:\n%s", other)
 	}
 }
 
