@@ -682,14 +682,19 @@ const outputThread = `{
 // inputWait is the input schema of t3_wait (Go type WaitInput).
 const inputWait = `{
   "type": "object",
-  "required": [
-    "thread_id"
-  ],
   "additionalProperties": false,
   "properties": {
     "thread_id": {
       "type": "string",
-      "description": "From t3_dispatch or t3_watch."
+      "description": "From t3_dispatch or t3_watch (or thread_ids)."
+    },
+    "thread_ids": {
+      "type": "array",
+      "items": {
+        "type": "string"
+      },
+      "maxItems": 100,
+      "description": "Up to 100: the first that settles or asks wins; state says which."
     },
     "timeout": {
       "type": "integer",

@@ -3896,15 +3896,22 @@ func (s *TruncationNote) SetCutChars(val int) {
 
 // Ref: #/$defs/WaitInput
 type WaitInput struct {
-	// From t3_dispatch or t3_watch.
-	ThreadID string `json:"thread_id"`
+	// From t3_dispatch or t3_watch (or thread_ids).
+	ThreadID OptString `json:"thread_id"`
+	// Up to 100: the first that settles or asks wins; state says which.
+	ThreadIds []string `json:"thread_ids"`
 	// Seconds at most.
 	Timeout OptInt `json:"timeout"`
 }
 
 // GetThreadID returns the value of ThreadID.
-func (s *WaitInput) GetThreadID() string {
+func (s *WaitInput) GetThreadID() OptString {
 	return s.ThreadID
+}
+
+// GetThreadIds returns the value of ThreadIds.
+func (s *WaitInput) GetThreadIds() []string {
+	return s.ThreadIds
 }
 
 // GetTimeout returns the value of Timeout.
@@ -3913,8 +3920,13 @@ func (s *WaitInput) GetTimeout() OptInt {
 }
 
 // SetThreadID sets the value of ThreadID.
-func (s *WaitInput) SetThreadID(val string) {
+func (s *WaitInput) SetThreadID(val OptString) {
 	s.ThreadID = val
+}
+
+// SetThreadIds sets the value of ThreadIds.
+func (s *WaitInput) SetThreadIds(val []string) {
+	s.ThreadIds = val
 }
 
 // SetTimeout sets the value of Timeout.
@@ -10479,8 +10491,20 @@ func (s *WaitInput) Encode(e *jx.Encoder) {
 // encodeFields encodes fields.
 func (s *WaitInput) encodeFields(e *jx.Encoder) {
 	{
-		e.FieldStart("thread_id")
-		e.Str(s.ThreadID)
+		if s.ThreadID.Set {
+			e.FieldStart("thread_id")
+			s.ThreadID.Encode(e)
+		}
+	}
+	{
+		if s.ThreadIds != nil {
+			e.FieldStart("thread_ids")
+			e.ArrStart()
+			for _, elem := range s.ThreadIds {
+				e.Str(elem)
+			}
+			e.ArrEnd()
+		}
 	}
 	{
 		if s.Timeout.Set {
@@ -10490,9 +10514,10 @@ func (s *WaitInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfWaitInput = [2]string{
+var jsonFieldsNameOfWaitInput = [3]string{
 	0: "thread_id",
-	1: "timeout",
+	1: "thread_ids",
+	2: "timeout",
 }
 
 // Decode decodes WaitInput from json.
@@ -10500,22 +10525,38 @@ func (s *WaitInput) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode WaitInput to nil")
 	}
-	var requiredBitSet [1]uint8
 	s.setDefaults()
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
 		case "thread_id":
-			requiredBitSet[0] |= 1 << 0
 			if err := func() error {
-				v, err := d.Str()
-				s.ThreadID = string(v)
-				if err != nil {
+				s.ThreadID.Reset()
+				if err := s.ThreadID.Decode(d); err != nil {
 					return err
 				}
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"thread_id\"")
+			}
+		case "thread_ids":
+			if err := func() error {
+				s.ThreadIds = make([]string, 0)
+				if err := d.Arr(func(d *jx.Decoder) error {
+					var elem string
+					v, err := d.Str()
+					elem = string(v)
+					if err != nil {
+						return err
+					}
+					s.ThreadIds = append(s.ThreadIds, elem)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"thread_ids\"")
 			}
 		case "timeout":
 			if err := func() error {
@@ -10533,38 +10574,6 @@ func (s *WaitInput) Decode(d *jx.Decoder) error {
 		return nil
 	}); err != nil {
 		return errors.Wrap(err, "decode WaitInput")
-	}
-	// Validate required fields.
-	var failures []validate.FieldError
-	for i, mask := range [1]uint8{
-		0b00000001,
-	} {
-		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
-			// Mask only required fields and check equality to mask using XOR.
-			//
-			// If XOR result is not zero, result is not equal to expected, so some fields are missed.
-			// Bits of fields which would be set are actually bits of missed fields.
-			missed := bits.OnesCount8(result)
-			for bitN := 0; bitN < missed; bitN++ {
-				bitIdx := bits.TrailingZeros8(result)
-				fieldIdx := i*8 + bitIdx
-				var name string
-				if fieldIdx < len(jsonFieldsNameOfWaitInput) {
-					name = jsonFieldsNameOfWaitInput[fieldIdx]
-				} else {
-					name = strconv.Itoa(fieldIdx)
-				}
-				failures = append(failures, validate.FieldError{
-					Name:  name,
-					Error: validate.ErrFieldRequired,
-				})
-				// Reset bit.
-				result &^= 1 << bitIdx
-			}
-		}
-	}
-	if len(failures) > 0 {
-		return &validate.Error{Fields: failures}
 	}
 
 	return nil
@@ -11875,6 +11884,25 @@ func (s *WaitInput) Validate() error {
 	}
 
 	var failures []validate.FieldError
+	if err := func() error {
+		if s.ThreadIds == nil {
+			return nil // optional
+		}
+		if err := (validate.Array{
+			MinLength:    0,
+			MinLengthSet: false,
+			MaxLength:    100,
+			MaxLengthSet: true,
+		}).ValidateLength(len(s.ThreadIds)); err != nil {
+			return errors.Wrap(err, "array")
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "thread_ids",
+			Error: err,
+		})
+	}
 	if err := func() error {
 		if value, ok := s.Timeout.Get(); ok {
 			if err := func() error {

@@ -26,7 +26,7 @@ var toolArgs = map[string]struct{ all, required []string }{
 	mcptools.ToolDispatch:  {[]string{"machine", "project", "prompt", "title", "model", "thread_id", "watch"}, []string{"prompt"}},
 	mcptools.ToolThread:    {[]string{"thread_id", "turns", "diff", "run_id"}, []string{"thread_id"}},
 	mcptools.ToolThreads:   {[]string{"machine", "project", "status", "query", "archived", "limit", "cursor"}, []string{"machine"}},
-	mcptools.ToolWait:      {[]string{"thread_id", "timeout"}, []string{"thread_id"}},
+	mcptools.ToolWait:      {[]string{"thread_id", "thread_ids", "timeout"}, nil},
 	mcptools.ToolAnswer:    {[]string{"thread_id", "answers", "decision"}, []string{"thread_id"}},
 	mcptools.ToolInterrupt: {[]string{"thread_id"}, []string{"thread_id"}},
 	mcptools.ToolWatch:     {[]string{"thread_id", "enabled"}, nil},

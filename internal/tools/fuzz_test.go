@@ -60,7 +60,7 @@ var toolSeeds = map[string][]string{
 	},
 	mcptools.ToolThreads: {`{"machine":"mac","project":"api","status":"busy","query":"zebra","archived":true,"limit":5,"cursor":"5"}`, `{"machine":"mac","limit":0}`, `{"machine":"mac","cursor":"-1"}`, `{"machine":"mac","query":"z"}`},
 	mcptools.ToolThread:  {`{"thread_id":"t","diff":true,"run_id":"r"}`, `{"thread_id":"t","turns":3}`, `{"thread_id":"t","turns":0}`, `{"thread_id":"t","turns":1e9}`, `{"thread_id":"t","turns":-1}`},
-	mcptools.ToolWait:    {`{"thread_id":"t","timeout":1}`, `{"thread_id":"t","timeout":0}`, `{"thread_id":"t","timeout":3601}`, `{"thread_id":"t","timeout":1.5}`, `{"thread_id":"t","timeout":"10"}`},
+	mcptools.ToolWait:    {`{"thread_ids":["a","b","a"],"timeout":1}`, `{"thread_ids":[]}`, `{"thread_ids":[1]}`, `{"thread_id":"t","thread_ids":["u"]}`, `{"thread_id":"t","timeout":1}`, `{"thread_id":"t","timeout":0}`, `{"thread_id":"t","timeout":3601}`, `{"thread_id":"t","timeout":1.5}`, `{"thread_id":"t","timeout":"10"}`},
 	mcptools.ToolAnswer: {
 		`{"thread_id":"t","answers":{"scope":"Workspace","checks":["lint","test"]}}`,
 		`{"thread_id":"t","answers":{}}`, `{"thread_id":"t","answers":{"q":5}}`, `{"thread_id":"t","answers":{"q":[1]}}`,

@@ -137,7 +137,10 @@ func waitTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
-		f, err := d.Fleet.Thread(in.ThreadID)
+		if len(in.ThreadIds) > 0 || !in.ThreadID.Set {
+			return d.waitAny(ctx, c, in) // waitany.go
+		}
+		f, err := d.Fleet.Thread(in.ThreadID.Value)
 		if err != nil {
 			return Result{}, err
 		}

@@ -1,0 +1,158 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/wait"
+)
+
+// maxWaitThreads bounds t3_wait's thread_ids.
+const maxWaitThreads = 100
+
+// waitAny is t3_wait with thread_ids: one wait per thread (each woken by its
+// machine's watcher), the first that settles or asks ends them all; the
+// result has the one-thread shape, its state naming the thread. It takes one
+// wait slot, not one per thread.
+func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Result, error) {
+	const tool = mcptools.ToolWait
+	ids := append([]string{}, in.ThreadIds...)
+	if id, ok := in.ThreadID.Get(); ok {
+		ids = append(ids, id)
+	}
+	switch {
+	case len(ids) == 0:
+		return Result{}, fmt.Errorf("%s: pass thread_id, or thread_ids to wait for whichever of several threads moves first", tool)
+	case len(ids) > maxWaitThreads:
+		return Result{}, fmt.Errorf("%s: thread_ids has %d threads; at most %d per call", tool, len(ids), maxWaitThreads)
+	}
+	seen := map[string]bool{}
+	var found []fleet.Found
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		f, err := d.Fleet.Thread(id)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := f.Machine.Ready(); err != nil {
+			return Result{}, err
+		}
+		found = append(found, f)
+	}
+	timeout := d.Limits.DefaultWait
+	if s, ok := in.Timeout.Get(); ok {
+		timeout = time.Duration(s) * time.Second
+	}
+	if timeout <= 0 || timeout > d.Limits.MaxWait {
+		return Result{}, fmt.Errorf("%s: timeout must be between 1 and %d seconds", tool, int(d.Limits.MaxWait/time.Second))
+	}
+	session := ""
+	if c.Req != nil && c.Req.Session != nil {
+		session = c.Req.Session.ID()
+	}
+	release, err := d.waits.acquire(session, d.Limits)
+	if err != nil {
+		return Result{}, err
+	}
+	defer release()
+	ctx, cancelWait := context.WithCancelCause(ctx)
+	defer cancelWait(nil)
+	defer d.waits.track(session, cancelWait)()
+
+	type outcome struct {
+		f   fleet.Found
+		r   wait.Result
+		err error
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	results := make(chan outcome, len(found))
+	answered := d.answered.snapshot()
+	for _, f := range found {
+		target := wait.Target{ThreadID: f.Shell.ID, Answered: answered}
+		if f.IsTracked {
+			target.RunID = f.Tracked.LastRunID
+			if target.RunID == "" {
+				target.MessageID = f.Tracked.LastMessageID
+			}
+		}
+		m := f.Machine
+		read := func(ctx context.Context) (*t3api.ThreadProjection, error) {
+			rec, err := m.Recent(ctx, f.Shell.ID)
+			return rec.Projection, err
+		}
+		go func() {
+			r, err := wait.Wait(wctx, m.Watcher(), target, wait.Options{Read: read})
+			results <- outcome{f, r, err}
+		}()
+	}
+	// The first that settles or asks wins; a timeout counts only once every
+	// wait has timed out (they share one deadline), then the first reports.
+	var tick <-chan time.Time
+	tok := progressToken(c.Req)
+	if tok != nil {
+		tk := time.NewTicker(d.Limits.ProgressEvery)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	start := time.Now()
+	var first *outcome
+	for n := 0; n < len(found); {
+		var o outcome
+		select {
+		case o = <-results:
+			n++
+		case <-tick:
+			elapsed := time.Since(start)
+			_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: tok, Progress: elapsed.Seconds(), Total: timeout.Seconds(),
+				Message: fmt.Sprintf("%d threads still going after %s", len(found)-n, elapsed.Round(time.Second)),
+			})
+			continue
+		}
+		if o.err == nil && o.r.Reason != wait.Timeout {
+			first = &o
+			break
+		}
+		if first == nil || (first.err != nil && o.err == nil) {
+			first = &o
+		}
+	}
+	cancel()
+	if first.err != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, ErrShuttingDown) {
+			return Result{}, fmt.Errorf("%s: %w", tool, ErrShuttingDown)
+		}
+		if ctx.Err() != nil {
+			return Result{}, fmt.Errorf("%s: the wait on threads %s was abandoned by the client: %w", tool, strings.Join(ids, ", "), context.Cause(ctx))
+		}
+		return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, first.f.Shell.ID, first.err)
+	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
+	defer rcancel()
+	shell := first.r.Shell
+	if shell.ID == "" {
+		shell = first.f.Shell
+	}
+	st, err := d.state(rctx, first.f, shell, 3, first.r.Projection)
+	if err != nil {
+		return Result{}, err
+	}
+	out := mcptools.WaitOutput{Reason: mcptools.WaitReason(first.r.Reason), State: st}
+	text := fmt.Sprintf("%s (thread %s, first of %d): %s", first.r.Reason, st.ThreadID, len(found), stateText(st))
+	if first.r.Reason == wait.Timeout {
+		text = fmt.Sprintf("timeout: none of the %d threads settled or asked; showing %s", len(found), stateText(st))
+	}
+	return Result{Structured: &out, Text: text}, nil
+}
