@@ -72,7 +72,6 @@ type tool struct {
 	outputType   string
 }
 
-
 func generate(data []byte, srcName, pkg string) ([]byte, error) {
 	root, err := parse(data)
 	if err != nil {
