@@ -147,27 +147,11 @@ func waitTool(d *Deps) Handler {
 		if err := f.Machine.Ready(); err != nil {
 			return Result{}, err
 		}
-		timeout := d.Limits.DefaultWait
-		if s, ok := in.Timeout.Get(); ok {
-			timeout = time.Duration(s) * time.Second
-		}
-		if timeout <= 0 || timeout > d.Limits.MaxWait {
-			return Result{}, fmt.Errorf("%s: timeout must be between 1 and %d seconds", tool, int(d.Limits.MaxWait/time.Second))
-		}
-		session := ""
-		if c.Req != nil && c.Req.Session != nil {
-			session = c.Req.Session.ID()
-		}
-		release, err := d.waits.acquire(session, d.Limits)
+		ctx, timeout, end, err := d.beginWait(ctx, c, in)
 		if err != nil {
 			return Result{}, err
 		}
-		defer release()
-		// The wait ends when its client goes: a cancelled call, a dropped
-		// connection (the SDK cancels ctx), or an ended session (EndSession).
-		ctx, cancelWait := context.WithCancelCause(ctx)
-		defer cancelWait(nil)
-		defer d.waits.track(session, cancelWait)()
+		defer end()
 
 		target := wait.Target{ThreadID: f.Shell.ID, Answered: d.answered.snapshot()}
 		if f.IsTracked {
@@ -229,4 +213,33 @@ func progressToken(req *mcp.CallToolRequest) any {
 		return nil
 	}
 	return req.Params.GetProgressToken()
+}
+
+// beginWait checks a wait's timeout, takes a wait slot for the call's session
+// and ties the wait to its client: a cancelled call, a dropped connection (the
+// SDK cancels ctx) or an ended session (EndSession) cancel the returned ctx.
+// Call end when the wait is over.
+func (d *Deps) beginWait(ctx context.Context, c *Call, in mcptools.WaitInput) (_ context.Context, timeout time.Duration, end func(), _ error) {
+	timeout = d.Limits.DefaultWait
+	if s, ok := in.Timeout.Get(); ok {
+		timeout = time.Duration(s) * time.Second
+	}
+	if timeout <= 0 || timeout > d.Limits.MaxWait {
+		return nil, 0, nil, fmt.Errorf("%s: timeout must be between 1 and %d seconds", mcptools.ToolWait, int(d.Limits.MaxWait/time.Second))
+	}
+	session := ""
+	if c.Req != nil && c.Req.Session != nil {
+		session = c.Req.Session.ID()
+	}
+	release, err := d.waits.acquire(session, d.Limits)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	ctx, cancelWait := context.WithCancelCause(ctx)
+	untrack := d.waits.track(session, cancelWait)
+	return ctx, timeout, func() {
+		untrack()
+		cancelWait(nil)
+		release()
+	}, nil
 }

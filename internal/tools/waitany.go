@@ -50,25 +50,11 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 		}
 		found = append(found, f)
 	}
-	timeout := d.Limits.DefaultWait
-	if s, ok := in.Timeout.Get(); ok {
-		timeout = time.Duration(s) * time.Second
-	}
-	if timeout <= 0 || timeout > d.Limits.MaxWait {
-		return Result{}, fmt.Errorf("%s: timeout must be between 1 and %d seconds", tool, int(d.Limits.MaxWait/time.Second))
-	}
-	session := ""
-	if c.Req != nil && c.Req.Session != nil {
-		session = c.Req.Session.ID()
-	}
-	release, err := d.waits.acquire(session, d.Limits)
+	ctx, timeout, end, err := d.beginWait(ctx, c, in)
 	if err != nil {
 		return Result{}, err
 	}
-	defer release()
-	ctx, cancelWait := context.WithCancelCause(ctx)
-	defer cancelWait(nil)
-	defer d.waits.track(session, cancelWait)()
+	defer end()
 
 	type outcome struct {
 		f   fleet.Found
