@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-faster/jx"
 
@@ -823,4 +824,40 @@ func TestRefuseDispatch(t *testing.T) {
 	}
 	s.RefuseDispatch("")
 	c.success(c.call("orchestration.dispatchCommand", dispatchPayload("c3", "t-r", "m-2", "hello")))
+}
+
+// A Chunk out when its socket died is never acknowledged: the cumulative counters stay one
+// apart for good (the load harness's "1 of N chunks unacknowledged" after a reconnect), while
+// ShellStreams/ShellUnsettled tell that the new stream has everything applied.
+func TestStreamsSettledAfterReconnect(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("api", "/srv/api")
+	s.AddThread(pid, "t", "idle")
+	c := dial(t, s, s.Token(), nil)
+	sh := c.subscribe("orchestration.subscribeShell", `{"requestCompletionMarker":true}`, false)
+	for len(c.chunks[sh]) == 0 {
+		c.pump()
+	}
+	if st := s.Stats(); st.ShellStreams != 1 || st.ShellUnsettled != 1 {
+		t.Fatalf("chunk out, no Ack: stats %+v, want one shell stream, unsettled", st)
+	}
+	c.close() // the link dies with the Chunk unacknowledged
+	for s.Stats().WSOpen != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if st := s.Stats(); st.ShellStreams != 0 || st.ShellUnsettled != 0 {
+		t.Fatalf("after the drop: stats %+v, want no stream", st)
+	}
+
+	c2 := dial(t, s, s.Token(), nil)
+	sh2 := c2.subscribe("orchestration.subscribeShell", fmt.Sprintf(`{"afterSequence":%d,"requestCompletionMarker":true}`, s.Head()), true)
+	c2.waitItem(sh2, 0, func(v map[string]any) bool { return v["kind"] == "synchronized" })
+	c2.barrier()
+	st := s.Stats()
+	if st.ShellStreams != 1 || st.ShellUnsettled != 0 {
+		t.Errorf("resubscribed and acknowledged: stats %+v, want one shell stream, settled", st)
+	}
+	if st.AcksReceived >= st.ChunksSent {
+		t.Errorf("stats %+v: the lost Chunk should stay unacknowledged in the totals", st)
+	}
 }

@@ -75,12 +75,18 @@ type Options struct {
 
 // Stats are counters since the server started.
 type Stats struct {
-	HTTPRequests     map[string]int64 // by route, e.g. "GET /api/orchestration/shell", "GET /ws"
-	WSConnections    int64            // WebSocket upgrades accepted
-	WSOpen           int64            // WebSockets open now
-	TicketsIssued    int64
-	AcksReceived     int64
-	ChunksSent       int64
+	HTTPRequests  map[string]int64 // by route, e.g. "GET /api/orchestration/shell", "GET /ws"
+	WSConnections int64            // WebSocket upgrades accepted
+	WSOpen        int64            // WebSockets open now
+	TicketsIssued int64
+	AcksReceived  int64
+	ChunksSent    int64 // all connections': a Chunk out when its socket died is never acknowledged
+	// ShellStreams counts the shell subscriptions open now, and ShellUnsettled those of them
+	// with a Chunk awaiting its Ack or items not sent yet: "the client has applied the whole
+	// shell stream" is ShellStreams > 0 && ShellUnsettled == 0, which, unlike
+	// AcksReceived >= ChunksSent, can hold again after a reconnect.
+	ShellStreams     int64
+	ShellUnsettled   int64
 	ItemsSent        int64 // stream items inside those chunks
 	Requests         int64 // RPC requests received
 	CommandsAccepted int64 // dispatchCommand and launchThread calls that succeeded (replays included)
@@ -339,6 +345,7 @@ func (s *Server) Stats() Stats {
 		CommandsAccepted: s.accepted.Load(),
 		HTTPRequests:     map[string]int64{},
 	}
+	st.ShellStreams, st.ShellUnsettled = s.openStreams()
 	s.statMu.Lock()
 	for k, v := range s.httpRequests {
 		st.HTTPRequests[k] = v

@@ -356,6 +356,27 @@ func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
 	s.threadSubs[th.id][sb] = struct{}{}
 }
 
+// openStreams counts the shell streams open now and those of them not settled (a Chunk
+// awaiting its Ack, or items queued), for Stats.
+func (s *Server) openStreams() (shell, unsettled int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.mu.Lock()
+		for _, sb := range c.order {
+			if !sb.shell {
+				continue
+			}
+			shell++
+			if sb.inflight || len(sb.queue) > 0 {
+				unsettled++
+			}
+		}
+		c.mu.Unlock()
+	}
+	return shell, unsettled
+}
+
 func (c *conn) ack(id t3rpc.RequestId) {
 	c.mu.Lock()
 	sb := c.subs[requestKey(id)]
