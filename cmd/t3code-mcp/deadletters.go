@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
 func (c *cli) deadLettersCommand() *cobra.Command {
@@ -29,15 +30,25 @@ connector's next pass. The state file is locked while a connector runs: stop it 
 	return list
 }
 
-func (c *cli) listDeadLetters() error {
+// openStateStore opens the state file the settings name for a command that
+// reads or changes it; a failure is already reported on stderr.
+func (c *cli) openStateStore() (*store.Store, error) {
 	s, err := c.settings()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	st, err := openStore(s)
 	if err != nil {
 		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
-		return exitFailed
+		return nil, exitFailed
+	}
+	return st, nil
+}
+
+func (c *cli) listDeadLetters() error {
+	st, err := c.openStateStore()
+	if err != nil {
+		return err
 	}
 	defer st.Close()
 	dead, err := st.Dead()
@@ -53,14 +64,9 @@ func (c *cli) listDeadLetters() error {
 }
 
 func (c *cli) retryDeadLetters(ids []string) error {
-	s, err := c.settings()
+	st, err := c.openStateStore()
 	if err != nil {
 		return err
-	}
-	st, err := openStore(s)
-	if err != nil {
-		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
-		return exitFailed
 	}
 	defer st.Close()
 	n, err := st.Requeue(time.Now(), ids...)
