@@ -149,11 +149,12 @@ func benchApply(b *testing.B, watched bool) {
 	}
 	head := fk.Head()
 	benchUntil(b, "the watcher to apply every item", func() bool { return w.Status().Cursor >= head })
-	// The cursor moves before the sink runs; a chunk is acknowledged after it: wait for the last
-	// Ack too.
-	benchUntil(b, "every chunk to be acknowledged", func() bool {
+	// The cursor moves before the sink runs; a chunk is acknowledged after it: wait for the open
+	// shell stream to be settled (its last Chunk acknowledged), which, unlike
+	// AcksReceived >= ChunksSent, still holds after a reconnect.
+	benchUntil(b, "the shell stream to be settled", func() bool {
 		st := fk.Stats()
-		return st.AcksReceived >= st.ChunksSent
+		return st.ShellStreams > 0 && st.ShellUnsettled == 0
 	})
 	b.StopTimer()
 	items := runs * shellItemsPerRun
