@@ -41,13 +41,12 @@ type lookups struct {
 	// tasks by detector key; a key is in running while a read is in flight.
 	tasks   map[string]*lookupTask
 	running map[string]bool
-	failing map[string]bool // last read failed (for health)
 }
 
 type lookupTask struct {
 	next    time.Time
 	bo      *backoff.ExponentialBackOff
-	lastErr error
+	lastErr error // the last read failed (for health: LookupStatus.Failing)
 }
 
 func newLookups(o LookupOptions) *lookups {
@@ -63,7 +62,7 @@ func newLookups(o LookupOptions) *lookups {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = time.Minute
 	}
-	return &lookups{opt: o, wake: make(chan struct{}, 1), tasks: map[string]*lookupTask{}, running: map[string]bool{}, failing: map[string]bool{}}
+	return &lookups{opt: o, wake: make(chan struct{}, 1), tasks: map[string]*lookupTask{}, running: map[string]bool{}}
 }
 
 func (l *lookups) newBackoff() *backoff.ExponentialBackOff {
@@ -89,7 +88,6 @@ func (l *lookups) add(k string) {
 func (l *lookups) drop(k string) {
 	l.mu.Lock()
 	delete(l.tasks, k)
-	delete(l.failing, k)
 	l.mu.Unlock()
 }
 
@@ -139,14 +137,8 @@ func (l *lookups) done(k string, err error, retry, again bool) {
 	case err != nil || retry:
 		t.lastErr = err
 		t.next = time.Now().Add(t.bo.NextBackOff())
-		if err != nil {
-			l.failing[k] = true
-		} else {
-			delete(l.failing, k)
-		}
 	default:
 		delete(l.tasks, k)
-		delete(l.failing, k)
 	}
 	l.mu.Unlock()
 	l.poke()
@@ -164,11 +156,11 @@ func (d *Detector) Lookups() map[string]LookupStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[string]LookupStatus{}
-	for k := range l.tasks {
+	for k, t := range l.tasks {
 		m, _, _ := splitKey(k)
 		s := out[m]
 		s.Pending++
-		if l.failing[k] {
+		if t.lastErr != nil {
 			s.Failing++
 		}
 		out[m] = s
