@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -170,12 +171,7 @@ func New(o Options) *Detector {
 func key(machine, thread string) string { return machine + "\x00" + thread }
 
 func splitKey(k string) (machine, thread string, ok bool) {
-	for i := 0; i < len(k); i++ {
-		if k[i] == 0 {
-			return k[:i], k[i+1:], true
-		}
-	}
-	return "", "", false
+	return strings.Cut(k, "\x00")
 }
 
 // Track records a tracked thread (store.PutThread's job) and, when the thread
@@ -420,15 +416,15 @@ func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, mach
 			// older ones, so a thread's events keep their order.
 		}
 	}
-	if p, ok := threadstate.PendingRequest(row); ok && p.ID != s.Question && !slices.Contains(s.Asked, p.ID) {
-		run := s.Active
-		if run == "" {
-			run = s.Latest
-		}
-		out = append(out, d.transition(machine, row, tr, run, Question, p.ID, p.Kind))
-		s.Asked = append(s.Asked, p.ID)
-	}
 	if p, ok := threadstate.PendingRequest(row); ok {
+		if p.ID != s.Question && !slices.Contains(s.Asked, p.ID) {
+			run := s.Active
+			if run == "" {
+				run = s.Latest
+			}
+			out = append(out, d.transition(machine, row, tr, run, Question, p.ID, p.Kind))
+			s.Asked = append(s.Asked, p.ID)
+		}
 		s.Question = p.ID
 	}
 	updated := row.UpdatedAt.Or("")
