@@ -23,8 +23,8 @@ The state file is locked while a connector runs: stop it first.`,
 	list.AddCommand(&cobra.Command{
 		Use:   "retry [id…]",
 		Short: "requeue dead letters (all of them when no id is given)",
-		Long: `Requeue dead letters, all of them when no id is given; they are delivered on the
-connector's next pass. The state file is locked while a connector runs: stop it first.`,
+		Long: `Requeue dead letters, all of them when no id is given; they are delivered when the
+connector starts again. The state file is locked while a connector runs: stop it first.`,
 		RunE: func(_ *cobra.Command, ids []string) error { return c.retryDeadLetters(ids) },
 	})
 	return list
@@ -74,6 +74,6 @@ func (c *cli) retryDeadLetters(ids []string) error {
 		fmt.Fprintln(c.stderr, "t3code-mcp:", err)
 		return exitFailed
 	}
-	fmt.Fprintf(c.stdout, "requeued %s; a running connector delivers them on its next pass\n", plural.Count(n, "dead letter"))
+	fmt.Fprintf(c.stdout, "requeued %s; the connector delivers them when it starts again\n", plural.Count(n, "dead letter"))
 	return nil
 }

@@ -49,7 +49,7 @@ func TestDeadLettersListAndRetry(t *testing.T) {
 	}
 
 	out.Reset()
-	if code := run([]string{"dead-letters", "retry", "ev1"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "requeued 1 dead letter;") {
+	if code := run([]string{"dead-letters", "retry", "ev1"}, &out, &errb); code != 0 || out.String() != "requeued 1 dead letter; the connector delivers them when it starts again\n" {
 		t.Fatalf("retry: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
 	}
 	out.Reset()
