@@ -47,45 +47,28 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "t3code_mcp_outbox_dead",
 			Help: "Dead letters waiting for an operator (retry-dead).",
 		}),
-		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "t3code_mcp_outbox_deliveries_total",
-			Help: "Delivery attempts by outcome: delivered, receiver_error (the endpoint answered with a failure status), network_error (no answer).",
-		}, []string{"outcome"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "t3code_mcp_outbox_retries_total",
-			Help: "Failed attempts scheduled for a retry, by cause (receiver or network).",
-		}, []string{"cause"}),
-		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "t3code_mcp_outbox_dead_letters_total",
-			Help: "Events given up on, by reason: rejected (non-retryable status) or expired (older than the maximum age).",
-		}, []string{"reason"}),
+		deliveries: labelled("t3code_mcp_outbox_deliveries_total",
+			"Delivery attempts by outcome: delivered, receiver_error (the endpoint answered with a failure status), network_error (no answer).",
+			"outcome", outcomeDelivered, outcomeReceiver, outcomeNetwork),
+		retries: labelled("t3code_mcp_outbox_retries_total",
+			"Failed attempts scheduled for a retry, by cause (receiver or network).",
+			"cause", causeReceiver, causeNetwork),
+		deadLetters: labelled("t3code_mcp_outbox_dead_letters_total",
+			"Events given up on, by reason: rejected (non-retryable status) or expired (older than the maximum age).",
+			"reason", reasonRejected, reasonExpired),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "t3code_mcp_outbox_event_lag_seconds",
 			Help:    "Time from an event happening to its delivery.",
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600},
 		}),
-		enrichments: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "t3code_mcp_outbox_enrichments_total",
-			Help: "Completions of event bodies before their first attempt, by outcome: complete, retry (T3 could not be read), partial (gave up after the enrichment timeout).",
-		}, []string{"outcome"}),
+		enrichments: labelled("t3code_mcp_outbox_enrichments_total",
+			"Completions of event bodies before their first attempt, by outcome: complete, retry (T3 could not be read), partial (gave up after the enrichment timeout).",
+			"outcome", enrichComplete, enrichRetry, enrichPartial),
 		recordBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "t3code_mcp_outbox_record_batch_events",
 			Help:    "Delivery outcomes recorded per store transaction (group commit: one fsync per batch).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
 		}),
-	}
-	// Create every labelled series up front so dashboards and alerts see zeros, not gaps.
-	for _, o := range []string{outcomeDelivered, outcomeReceiver, outcomeNetwork} {
-		m.deliveries.WithLabelValues(o)
-	}
-	for _, c := range []string{causeReceiver, causeNetwork} {
-		m.retries.WithLabelValues(c)
-	}
-	for _, r := range []string{reasonRejected, reasonExpired} {
-		m.deadLetters.WithLabelValues(r)
-	}
-	for _, e := range []string{enrichComplete, enrichRetry, enrichPartial} {
-		m.enrichments.WithLabelValues(e)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch} {
@@ -95,4 +78,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// labelled returns a counter with one label whose series for every value in values exist from
+// the start, so dashboards and alerts see zeros, not gaps.
+func labelled(name, help, label string, values ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
+	for _, v := range values {
+		c.WithLabelValues(v)
+	}
+	return c
 }

@@ -883,12 +883,20 @@ func TestMetricsRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := map[string]bool{}
+	series := map[string]int{}
 	for _, mf := range mfs {
 		names[mf.GetName()] = true
+		series[mf.GetName()] = len(mf.GetMetric())
 	}
-	for _, n := range []string{"t3code_mcp_outbox_pending", "t3code_mcp_outbox_dead", "t3code_mcp_outbox_deliveries_total", "t3code_mcp_outbox_retries_total", "t3code_mcp_outbox_dead_letters_total", "t3code_mcp_outbox_event_lag_seconds"} {
+	for _, n := range []string{"t3code_mcp_outbox_pending", "t3code_mcp_outbox_dead", "t3code_mcp_outbox_deliveries_total", "t3code_mcp_outbox_retries_total", "t3code_mcp_outbox_dead_letters_total", "t3code_mcp_outbox_event_lag_seconds", "t3code_mcp_outbox_enrichments_total", "t3code_mcp_outbox_record_batch_events"} {
 		if !names[n] {
 			t.Errorf("metric %s not registered", n)
+		}
+	}
+	// Every labelled series exists before anything happened (zeros, not gaps).
+	for n, want := range map[string]int{"t3code_mcp_outbox_deliveries_total": 3, "t3code_mcp_outbox_retries_total": 2, "t3code_mcp_outbox_dead_letters_total": 2, "t3code_mcp_outbox_enrichments_total": 3} {
+		if series[n] != want {
+			t.Errorf("metric %s has %d series before any event, want %d", n, series[n], want)
 		}
 	}
 }
