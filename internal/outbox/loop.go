@@ -252,7 +252,8 @@ func (l *loop) scan() {
 		s.queue = append(s.queue, e.Seq)
 		if len(s.queue) == 1 {
 			s.newHead()
-			s.head = e
+			h := *e // a copy: a pointer into evs would keep the whole scan's array alive
+			s.head = &h
 			l.makeReady(s)
 		}
 	}
