@@ -8,6 +8,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 )
 
@@ -79,14 +80,8 @@ func projectsTool(d *Deps) Handler {
 		if err := decodeArgs(mcptools.ToolProjects, c.Args, &in); err != nil {
 			return Result{}, err
 		}
-		if err := requireText(mcptools.ToolProjects, "machine", in.Machine); err != nil {
-			return Result{}, err
-		}
-		m, err := d.Fleet.Machine(in.Machine)
+		m, err := d.readyMachine(mcptools.ToolProjects, in.Machine)
 		if err != nil {
-			return Result{}, err
-		}
-		if err := m.Ready(); err != nil {
 			return Result{}, err
 		}
 		counts := m.ThreadCounts()
@@ -101,4 +96,20 @@ func projectsTool(d *Deps) Handler {
 		}
 		return Result{Structured: &out, Text: strings.TrimSpace(b.String())}, nil
 	}
+}
+
+// readyMachine is the machine a read tool names in its machine argument,
+// connected and with its threads loaded.
+func (d *Deps) readyMachine(tool, name string) (*fleet.Machine, error) {
+	if err := requireText(tool, "machine", name); err != nil {
+		return nil, err
+	}
+	m, err := d.Fleet.Machine(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Ready(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }

@@ -37,14 +37,8 @@ func threadsTool(d *Deps) Handler {
 		if err := decodeArgs(tool, c.Args, &in); err != nil {
 			return Result{}, err
 		}
-		if err := requireText(tool, "machine", in.Machine); err != nil {
-			return Result{}, err
-		}
-		m, err := d.Fleet.Machine(in.Machine)
+		m, err := d.readyMachine(tool, in.Machine)
 		if err != nil {
-			return Result{}, err
-		}
-		if err := m.Ready(); err != nil {
 			return Result{}, err
 		}
 		limit := in.Limit.Or(threadsPageDefault)
