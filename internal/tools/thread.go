@@ -153,20 +153,8 @@ func waitTool(d *Deps) Handler {
 		}
 		defer end()
 
-		target := wait.Target{ThreadID: f.Shell.ID, Answered: d.answered.snapshot()}
-		if f.IsTracked {
-			// The run t3_dispatch saw T3 make; else the message it sent (the
-			// run is then found with one read).
-			target.RunID = f.Tracked.LastRunID
-			if target.RunID == "" {
-				target.MessageID = f.Tracked.LastMessageID
-			}
-		}
+		target, read := waitTarget(f, d.answered.snapshot())
 		m := f.Machine
-		read := func(ctx context.Context) (*t3api.ThreadProjection, error) {
-			rec, err := m.Recent(ctx, f.Shell.ID)
-			return rec.Projection, err
-		}
 		opts := wait.Options{Read: read, ProgressEvery: d.Limits.ProgressEvery}
 		if tok := progressToken(c.Req); tok != nil {
 			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
@@ -242,4 +230,22 @@ func (d *Deps) beginWait(ctx context.Context, c *Call, in mcptools.WaitInput) (_
 		cancelWait(nil)
 		release()
 	}, nil
+}
+
+// waitTarget is what t3_wait waits for on a found thread — the run
+// t3_dispatch saw T3 make, else the message it sent (the run is then found
+// with one read) — and how it reads the thread (bounded, t3.Client.ThreadRecent).
+func waitTarget(f fleet.Found, answered map[string]bool) (wait.Target, func(context.Context) (*t3api.ThreadProjection, error)) {
+	target := wait.Target{ThreadID: f.Shell.ID, Answered: answered}
+	if f.IsTracked {
+		target.RunID = f.Tracked.LastRunID
+		if target.RunID == "" {
+			target.MessageID = f.Tracked.LastMessageID
+		}
+	}
+	m, id := f.Machine, f.Shell.ID
+	return target, func(ctx context.Context) (*t3api.ThreadProjection, error) {
+		rec, err := m.Recent(ctx, id)
+		return rec.Projection, err
+	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
-	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/wait"
 )
@@ -66,20 +65,9 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	results := make(chan outcome, len(found))
 	answered := d.answered.snapshot()
 	for _, f := range found {
-		target := wait.Target{ThreadID: f.Shell.ID, Answered: answered}
-		if f.IsTracked {
-			target.RunID = f.Tracked.LastRunID
-			if target.RunID == "" {
-				target.MessageID = f.Tracked.LastMessageID
-			}
-		}
-		m := f.Machine
-		read := func(ctx context.Context) (*t3api.ThreadProjection, error) {
-			rec, err := m.Recent(ctx, f.Shell.ID)
-			return rec.Projection, err
-		}
+		target, read := waitTarget(f, answered)
 		go func() {
-			r, err := wait.Wait(wctx, m.Watcher(), target, wait.Options{Read: read})
+			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: read})
 			results <- outcome{f, r, err}
 		}()
 	}
