@@ -247,24 +247,29 @@ func (v *View) RequestStatus(requestID string) string {
 	return ""
 }
 
-// RequestCapability says whether a runtime request can be answered: T3's
-// responseCapability type ("live", "not_resumable"; "" when T3 did not say)
-// and, for not_resumable, its reason.
-func (v *View) RequestCapability(requestID string) (typ, reason string) {
+// Unanswerable reports whether T3 can no longer deliver an answer to a
+// runtime request (its responseCapability is not_resumable), and why: such a
+// request is reported, never answered.
+func (v *View) Unanswerable(requestID string) (reason string, ok bool) {
 	for _, r := range v.p.RuntimeRequests {
-		if r.ID == requestID {
-			if c, ok := r.ResponseCapability.Get(); ok {
-				return c.Type, c.Reason.Or("")
-			}
-			return "", ""
+		if r.ID != requestID {
+			continue
 		}
+		c, set := r.ResponseCapability.Get()
+		if !set || c.Type != notResumable {
+			return "", false
+		}
+		if reason = c.Reason.Or(""); reason == "" {
+			reason = "the agent session that asked is gone"
+		}
+		return reason, true
 	}
-	return "", ""
+	return "", false
 }
 
-// NotResumable is the responseCapability type of a request T3 can no longer
-// deliver an answer to: report it, never answer it.
-const NotResumable = "not_resumable"
+// notResumable is the responseCapability type of a request T3 can no longer
+// deliver an answer to.
+const notResumable = "not_resumable"
 
 // ApprovalDecisions are what an approval request is answered with (T3's
 // closed set; cancel also ends the run cancelled).
@@ -424,11 +429,8 @@ func (v *View) PendingQuestion(requestID, kind string, lim Limits, c *cutter) (m
 	if kind != "" && kind != "user_input" {
 		pq.Kind = mcptools.QuestionKindApproval
 	}
-	if typ, reason := v.RequestCapability(requestID); typ == NotResumable {
+	if reason, ok := v.Unanswerable(requestID); ok {
 		pq.Answerable.SetTo(false)
-		if reason == "" {
-			reason = "the agent session that asked is gone"
-		}
 		pq.NotAnswerableReason.SetTo(c.cut("pending_question.not_answerable_reason", reason, lim.Question))
 	}
 	it, ok := v.Request(requestID)

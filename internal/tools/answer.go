@@ -59,11 +59,8 @@ func answerTool(d *Deps) Handler {
 			view = threadview.New(p)
 			item, _ = view.Request(pending.ID)
 		}
-		if typ, reason := view.RequestCapability(pending.ID); typ == threadview.NotResumable {
+		if reason, ok := view.Unanswerable(pending.ID); ok {
 			// T3 would accept an answer and deliver it nowhere.
-			if reason == "" {
-				reason = "the agent session that asked is gone"
-			}
 			return Result{}, fmt.Errorf("%s: thread %q: request %s cannot be answered any more (T3: not_resumable, %s); stop the run with t3_interrupt, or dispatch the prompt again", tool, f.Shell.ID, pending.ID, reason)
 		}
 		cmd, err := buildResponse(f.Shell.ID, pending, item, in)
