@@ -2,6 +2,7 @@ package tools
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
@@ -38,5 +39,13 @@ func TestArgumentErrorsNameTheFieldTheTypeAndTheValue(t *testing.T) {
 		if err == nil || len(err.Error()) < len(tc.want) || err.Error()[:len(tc.want)] != tc.want {
 			t.Errorf("%s %s:\n got %v\nwant %s…", tc.tool, tc.raw, err, tc.want)
 		}
+	}
+}
+
+// run_id only picks the run of a diff: alone it would be ignored without a word.
+func TestThreadRunIDWithoutDiffIsRefused(t *testing.T) {
+	_, err := threadTool(&Deps{})(t.Context(), &Call{Args: json.RawMessage(`{"thread_id":"t","run_id":"r"}`)})
+	if err == nil || !strings.Contains(err.Error(), "pass diff: true") {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -103,6 +103,9 @@ func threadTool(d *Deps) Handler {
 		if err := decodeArgs(mcptools.ToolThread, c.Args, &in); err != nil {
 			return Result{}, err
 		}
+		if in.RunID.Set && !in.Diff.Or(false) {
+			return Result{}, fmt.Errorf("%s: run_id picks the run whose diff to show; pass diff: true with it, or leave run_id out", mcptools.ToolThread)
+		}
 		f, err := d.Fleet.Thread(in.ThreadID)
 		if err != nil {
 			return Result{}, err
