@@ -1,5 +1,6 @@
 // Package store is the connector's one embedded, crash-safe store: a bbolt file holding the
-// tracked threads, the event detector's per-thread state and the webhook outbox.
+// tracked threads, the event detector's per-thread state, the webhook outbox and the
+// t3_dispatch idempotency keys.
 //
 // Everything that must survive a crash together is written in one bbolt transaction, and bbolt
 // fsyncs every committed Update (NoSync stays false): when Commit returns, the detector state and
@@ -53,7 +54,7 @@ var (
 	kVersion   = []byte("version")
 )
 
-var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads}
+var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads, bIdempotency}
 
 // Errors callers may test with errors.Is.
 var (
