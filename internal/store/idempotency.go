@@ -44,6 +44,21 @@ func (s *Store) ClaimIdempotency(rec Idempotency) (stored Idempotency, claimed b
 	return stored, claimed, err
 }
 
+// GetIdempotency returns the entry stored under key.
+func (s *Store) GetIdempotency(key string) (Idempotency, bool, error) {
+	var e Idempotency
+	var ok bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bIdempotency).Get([]byte(key))
+		if v == nil {
+			return nil
+		}
+		ok = true
+		return json.Unmarshal(v, &e)
+	})
+	return e, ok, err
+}
+
 // UpdateIdempotency replaces the record of a stored key, keeping its CreatedAt; ErrNotFound when
 // the key is not stored (pruned meanwhile).
 func (s *Store) UpdateIdempotency(key string, record json.RawMessage) error {

@@ -22,6 +22,12 @@ func TestIdempotencyClaimOnceAcrossReopen(t *testing.T) {
 	if err := s.UpdateIdempotency("k1", json.RawMessage(`{"thread":"a","run":"r"}`)); err != nil {
 		t.Fatal(err)
 	}
+	if e, ok, err := s.GetIdempotency("k1"); err != nil || !ok || string(e.Record) != `{"thread":"a","run":"r"}` || !e.CreatedAt.Equal(t0) {
+		t.Fatalf("get = %+v, %v, %v", e, ok, err)
+	}
+	if _, ok, err := s.GetIdempotency("nope"); err != nil || ok {
+		t.Fatalf("get of an unknown key = %v, %v", ok, err)
+	}
 	if err := s.UpdateIdempotency("nope", json.RawMessage(`{}`)); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("update of an unknown key = %v, want ErrNotFound", err)
 	}
