@@ -34,8 +34,10 @@ vet: ## go vet
 staticcheck: ## staticcheck (pinned in go.mod)
 	$(GO) tool staticcheck $(PKGS)
 
-test: ## all tests with the race detector
-	$(GO) test -race -count=1 $(PKGS)
+# scripts/pg run starts a throwaway PostgreSQL for the run when T3CODE_MCP_TEST_DATABASE_URL is
+# unset and PostgreSQL is installed (the PostgreSQL tests skip when neither is there, except under CI=true).
+test: ## all tests with the race detector (PostgreSQL tests included: scripts/pg)
+	./scripts/pg run $(GO) test -race -count=1 $(PKGS)
 
 check: fmtcheck vet staticcheck gencheck test fuzz-short ## everything CI runs
 

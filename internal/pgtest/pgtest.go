@@ -1,0 +1,109 @@
+// Package pgtest gives tests a fresh PostgreSQL database of their own on the server that
+// T3CODE_MCP_TEST_DATABASE_URL names (scripts/pg starts a throwaway one; `make check` and .ci/run
+// do that for you).
+//
+// Without the variable, or when the server does not answer, a test that asks for a database is
+// skipped with a message saying how to get one, except under CI=true, where it fails: CI starts
+// the server itself, so a skipped PostgreSQL test there would hide a broken setup.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvURL names the variable holding the URL of a PostgreSQL server the tests may create and drop
+// databases on (a superuser, or a role with CREATEDB).
+const EnvURL = "T3CODE_MCP_TEST_DATABASE_URL"
+
+const howTo = "set " + EnvURL + " to a PostgreSQL server's URL, or run `make check` (it starts a throwaway server with scripts/pg when PostgreSQL is installed)"
+
+// ServerURL is the URL of the test server, or the test is skipped (failed under CI=true) when
+// there is none or it does not answer.
+func ServerURL(tb testing.TB) string {
+	tb.Helper()
+	u := os.Getenv(EnvURL)
+	if u == "" {
+		unavailable(tb, EnvURL+" is not set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		unavailable(tb, fmt.Sprintf("PostgreSQL at %s does not answer: %v", redact(u), err))
+	}
+	_ = conn.Close(ctx)
+	return u
+}
+
+// New creates an empty database for this test and returns its URL; the database is dropped when
+// the test ends (connections still open to it are ended). Skips or fails as ServerURL does.
+func New(tb testing.TB) string {
+	tb.Helper()
+	server := ServerURL(tb)
+	name := "t3test_" + randomHex()
+	// FILE_COPY: copying the template's files is much faster than WAL-logging them (PostgreSQL
+	// 15's default) and a test database needs no crash safety.
+	admin(tb, server, "CREATE DATABASE "+name+" STRATEGY FILE_COPY")
+	tb.Cleanup(func() { admin(tb, server, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	u, err := WithDatabase(server, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return u
+}
+
+// WithDatabase returns the server URL with its database replaced by name.
+func WithDatabase(serverURL, name string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("pgtest: %s must be a postgres:// URL", EnvURL)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+func admin(tb testing.TB, server, sql string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		tb.Fatalf("pgtest: connect to %s: %v", redact(server), err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		tb.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
+
+func unavailable(tb testing.TB, why string) {
+	tb.Helper()
+	if os.Getenv("CI") == "true" {
+		tb.Fatalf("pgtest: %s; CI must provide PostgreSQL (.ci/run starts one with scripts/pg)", why)
+	}
+	tb.Skipf("pgtest: %s; %s", why, howTo)
+}
+
+// redact drops a password from a URL before it is printed.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+func randomHex() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

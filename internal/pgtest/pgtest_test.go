@@ -1,0 +1,65 @@
+package pgtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestNewGivesAnEmptyDatabaseOfItsOwn proves each call yields a distinct, empty, writable database
+// and that it is gone after the test that created it.
+func TestNewGivesAnEmptyDatabaseOfItsOwn(t *testing.T) {
+	var name string
+	t.Run("inner", func(t *testing.T) {
+		a, b := New(t), New(t)
+		if a == b {
+			t.Fatalf("two calls gave the same database %s", a)
+		}
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = conn.Close(ctx) }()
+		var tables int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'`).Scan(&tables); err != nil {
+			t.Fatal(err)
+		}
+		if tables != 0 {
+			t.Fatalf("fresh database has %d tables", tables)
+		}
+		if _, err := conn.Exec(ctx, `CREATE TABLE x (id int)`); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, ServerURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if name == "" || n != 0 {
+		t.Fatalf("database %q still exists after its test ended (%d)", name, n)
+	}
+}
+
+func TestWithDatabaseReplacesOnlyTheDatabase(t *testing.T) {
+	got, err := WithDatabase("postgres://u:p@127.0.0.1:5432/postgres?sslmode=disable", "t3test_x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "postgres://u:p@127.0.0.1:5432/t3test_x?sslmode=disable"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if _, err := WithDatabase("host=/tmp dbname=x", "y"); err == nil {
+		t.Fatal("a keyword/value string was accepted")
+	}
+}
