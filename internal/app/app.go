@@ -40,6 +40,7 @@ type Settings struct {
 	HookURL, HookToken, HookSecret string        // T3CODE_MCP_HOOK_URL, _TOKEN, _SECRET
 	HookMaxAge                     time.Duration // T3CODE_MCP_HOOK_MAX_AGE (24h)
 	HookConcurrency                int           // T3CODE_MCP_HOOK_CONCURRENCY (32): threads delivered in parallel
+	HookEnrichConcurrency          int           // T3CODE_MCP_HOOK_ENRICH_CONCURRENCY (32): reads of T3 completing events in flight
 	HookEnrichTimeout              time.Duration // T3CODE_MCP_HOOK_ENRICH_TIMEOUT (2m): how long an event waits for its details from T3 before it goes out marked partial
 
 	Token  string // T3CODE_MCP_TOKEN: bearer required on /mcp
@@ -130,6 +131,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	}
 	durVar("T3CODE_MCP_HOOK_MAX_AGE", &s.HookMaxAge, 24*time.Hour)
 	intVar("T3CODE_MCP_HOOK_CONCURRENCY", &s.HookConcurrency, outbox.DefaultConcurrency)
+	intVar("T3CODE_MCP_HOOK_ENRICH_CONCURRENCY", &s.HookEnrichConcurrency, outbox.DefaultEnrichConcurrency)
 	durVar("T3CODE_MCP_HOOK_ENRICH_TIMEOUT", &s.HookEnrichTimeout, outbox.DefaultEnrichTimeout)
 	durVar("T3CODE_MCP_SESSION_TIMEOUT", &s.SessionTimeout, 30*time.Minute)
 	durVar("T3CODE_MCP_T3_TIMEOUT", &s.HTTPTimeout, 15*time.Second)
@@ -221,7 +223,7 @@ func New(s Settings, o Options) (*App, error) {
 			a.Close()
 			return nil, err
 		}
-		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, Logger: log, Metrics: m,
+		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: log, Metrics: m,
 			Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout})
 		if err != nil {
 			a.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -207,4 +208,108 @@ func TestShutdownKeepsEnrichedBody(t *testing.T) {
 	if got.State != store.StatePending || got.Attempts != 0 || got.Enrich || string(got.Body) != string(rc.requests()[0].Body) {
 		t.Fatalf("after shutdown: %+v %s", got, got.Body)
 	}
+}
+
+// While a stream's head is being delivered, the events behind it are completed (ahead of
+// delivery): when they become the head they go out without another Enrich call, each completed
+// once, in order, and the stored body is the one sent.
+func TestEnrichAheadWhileHeadIsDelivered(t *testing.T) {
+	rc := newReceiver(t)
+	first, release := holdFirst(rc)
+	en := &fakeEnricher{}
+	h := start(t, Config{URL: rc.srv.URL, Enricher: en})
+	evs := []store.Event{enrichEvent("m/a", 1), enrichEvent("m/a", 2), enrichEvent("m/a", 3)}
+	h.commit(t, evs...)
+	<-first
+	// The head's request is held by the receiver; its successors are completed meanwhile.
+	eventually(t, "the events behind the head completed", func() bool { return en.count(evs[1].ID) == 1 && en.count(evs[2].ID) == 1 })
+	if n := len(rc.requests()); n != 1 {
+		t.Fatalf("%d requests while the head was held", n)
+	}
+	close(release)
+	eventually(t, "delivery", func() bool { return h.event(t, evs[2].ID).State == store.StateDelivered })
+	if got := rc.acceptedBy("m/a"); !reflect.DeepEqual(got, []int{1, 2, 3}) {
+		t.Fatalf("accepted %v", got)
+	}
+	for i, e := range evs {
+		if n := en.count(e.ID); n != 1 {
+			t.Fatalf("event %d: Enrich called %d times", i+1, n)
+		}
+		got, sent := h.event(t, e.ID), rc.requests()[i]
+		if got.Enrich || string(got.Body) != string(sent.Body) || !strings.Contains(string(sent.Body), `"summary":"done: `+e.ID+`"`) {
+			t.Fatalf("event %d: stored %s (enrich %v), sent %s", i+1, got.Body, got.Enrich, sent.Body)
+		}
+	}
+}
+
+// A delivery slot is never held while T3 is read: with one delivery slot and one enrichment
+// slot, a thread whose event waits for its details does not hold back another thread's complete
+// event.
+func TestEnrichmentHoldsNoDeliverySlot(t *testing.T) {
+	rc := newReceiver(t)
+	gate := make(chan struct{})
+	en := &fakeEnricher{fail: func(ctx context.Context, _ int) bool {
+		select { // T3 answers only once the other thread's event is delivered
+		case <-gate:
+		case <-ctx.Done():
+		}
+		return false
+	}}
+	h := start(t, Config{URL: rc.srv.URL, Enricher: en, Concurrency: 1, EnrichConcurrency: 1})
+	slow := enrichEvent("m/a", 1)
+	h.commit(t, slow)
+	eventually(t, "the enrichment started", func() bool { return en.count(slow.ID) == 1 })
+	plain := mkEvent("m/b", 1)
+	h.commit(t, plain)
+	eventually(t, "the other thread delivered", func() bool { return h.event(t, plain.ID).State == store.StateDelivered })
+	close(gate)
+	eventually(t, "the completed event delivered", func() bool { return h.event(t, slow.ID).State == store.StateDelivered })
+	if got := h.event(t, slow.ID); !strings.Contains(string(got.Body), "done: ") || got.Attempts != 1 {
+		t.Fatalf("delivered: %+v %s", got, got.Body)
+	}
+}
+
+// An event that cannot be completed ahead of delivery (T3 failed once) is completed again when
+// it is the head, with the head's retries: nothing partial, nothing sent incomplete.
+func TestEnrichAheadFailureLeftToHead(t *testing.T) {
+	rc := newReceiver(t)
+	first, release := holdFirst(rc)
+	second := enrichEvent("m/a", 2)
+	en := &fakeEnricher{}
+	en.fail = func(_ context.Context, calls int) bool { return calls == 1 && en.count(second.ID) == 1 }
+	h := start(t, Config{URL: rc.srv.URL, Enricher: en})
+	head := enrichEvent("m/a", 1)
+	h.commit(t, head, second)
+	<-first
+	eventually(t, "the failed try ahead", func() bool { return en.count(second.ID) == 1 })
+	if v := value(h.m.enrichments.WithLabelValues(enrichRetry)); v != 1 {
+		t.Fatalf("retries = %v", v)
+	}
+	close(release)
+	eventually(t, "delivery", func() bool { return h.event(t, second.ID).State == store.StateDelivered })
+	if n := en.count(second.ID); n != 2 {
+		t.Fatalf("Enrich called %d times", n)
+	}
+	got := h.event(t, second.ID)
+	if !strings.Contains(string(got.Body), `"summary":"done: `+second.ID+`"`) || strings.Contains(string(got.Body), "partial") || got.Attempts != 1 {
+		t.Fatalf("delivered: %+v %s", got, got.Body)
+	}
+	if v := value(h.m.enrichments.WithLabelValues(enrichPartial)); v != 0 {
+		t.Fatalf("partial = %v", v)
+	}
+}
+
+// holdFirst makes rc hold every event number 1 until release is closed; first says when one
+// arrived.
+func holdFirst(rc *receiver) (first chan struct{}, release chan struct{}) {
+	release = make(chan struct{})
+	first = make(chan struct{}, 1)
+	rc.setHandle(func(_ http.ResponseWriter, _ *http.Request, req request) int {
+		if req.N == 1 {
+			first <- struct{}{}
+			<-release
+		}
+		return http.StatusNoContent
+	})
+	return first, release
 }

@@ -20,9 +20,25 @@ type stream struct {
 	queue []uint64     // pending sequence numbers, oldest first; queue[0] is the head
 	head  *store.Event // queue[0]'s header (no body) once read; nil until then
 	busy  bool         // a worker holds the head (enrichment, attempt, record)
-	ready bool         // in the ready queue
+	ready bool         // in one of the loop's ready queues (ready, toDeliver, toEnrich)
 	due   bool         // its scheduled wake-up came: start the head even if NextAttempt says later
 	gen   uint64       // bumped whenever a scheduled wake-up of this stream becomes stale
+
+	// body is the head's complete body when the loop holds it: read with the header (stored),
+	// or returned by the head's enrichment (enriched: not stored yet; it is stored with the
+	// first attempt's record, so every retry sends the same bytes).
+	body     []byte
+	enriched bool
+	// known counts the events at the front of queue known to need no enrichment (complete in
+	// the store, or completed in memory): the stage ahead works on queue[known].
+	known int
+	// done holds the events behind the head that the stage ahead completed: header and complete
+	// body, not stored yet (like a head's enriched body, it is stored with the event's first
+	// attempt's record; a restart completes it again). Counted in loop.aheadBytes.
+	done      map[uint64]store.Event
+	enriching bool // an enrichment job (of the head, or ahead of it) is in flight
+	inAhead   bool // in loop.ahead
+	aheadFail bool // an enrichment ahead failed: none again until the head moves on
 
 	// waitsOutOutage: the head waits for a retry after a failure of the receiver as a whole
 	// (no answer, a 5xx without Retry-After); it is in loop.outageWaiters.
@@ -35,6 +51,7 @@ type stream struct {
 // newHead forgets everything about the previous head.
 func (s *stream) newHead() {
 	s.head, s.bo, s.ebo, s.due, s.waitsOutOutage = nil, nil, nil, false, false
+	s.body, s.enriched = nil, false
 	s.gen++
 }
 
@@ -69,10 +86,20 @@ type loop struct {
 	ctx     context.Context
 	streams map[string]*stream
 	ready   []*stream // FIFO: a stream goes to the back after each event, so none starves
-	wall    wakeHeap  // by the injected clock
-	mono    wakeHeap  // by the real monotonic clock (time.Now with its monotonic reading)
-	last    uint64    // the highest sequence number taken into the queues
-	more    bool      // the last scan hit scanLimit: look again without sleeping
+	// A ready stream's head is looked at (header read, due?) and then waits in one of these for
+	// a slot: toDeliver for a delivery worker, toEnrich for an enrichment worker (its body must
+	// be completed from T3 first). Both hold at most a few more than their slots.
+	toDeliver []*stream
+	toEnrich  []*stream
+	// ahead holds streams with events behind a complete head that still need enrichment; spare
+	// enrichment slots work on them, so that a stream's next events are complete by the time
+	// they become its head (a delivery worker never waits on T3 for them).
+	ahead      []*stream
+	aheadBytes int      // the bodies held in the streams' done maps (at most aheadBudget, about)
+	wall       wakeHeap // by the injected clock
+	mono       wakeHeap // by the real monotonic clock (time.Now with its monotonic reading)
+	last       uint64   // the highest sequence number taken into the queues
+	more       bool     // the last scan hit scanLimit: look again without sleeping
 
 	// Receiver outages. After outageAfter failed attempts in a row (across all streams) with no
 	// success between them, the receiver counts as down; the first delivery after that ends the
@@ -95,6 +122,13 @@ type loop struct {
 	toRec     chan outcome  // workers → recorder
 	fromRec   chan outcome  // recorder → loop
 	recDone   chan struct{}
+
+	// Enrichment jobs (at most EnrichConcurrency) come back on fromEnrich with the body in
+	// memory: a head's is delivered next, one ahead of the head waits in its stream's done map;
+	// either is stored with the event's first attempt's record.
+	enriching   int
+	enrichFreed chan struct{}
+	fromEnrich  chan outcome
 }
 
 func (o *Outbox) newLoop(ctx context.Context) *loop {
@@ -102,10 +136,12 @@ func (o *Outbox) newLoop(ctx context.Context) *loop {
 		o: o, ctx: ctx, streams: map[string]*stream{},
 		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
 		// ever blocks on a loop that is busy elsewhere.
-		freed:   make(chan struct{}, o.cfg.Concurrency),
-		toRec:   make(chan outcome, o.cfg.Concurrency),
-		fromRec: make(chan outcome, o.cfg.Concurrency),
-		recDone: make(chan struct{}),
+		freed:       make(chan struct{}, o.cfg.Concurrency),
+		toRec:       make(chan outcome, o.cfg.Concurrency),
+		fromRec:     make(chan outcome, o.cfg.Concurrency),
+		recDone:     make(chan struct{}),
+		enrichFreed: make(chan struct{}, o.cfg.EnrichConcurrency),
+		fromEnrich:  make(chan outcome, o.cfg.EnrichConcurrency),
 	}
 }
 
@@ -128,8 +164,12 @@ func (o *Outbox) Run(ctx context.Context) {
 			select {
 			case r := <-l.fromRec:
 				l.finish(r)
+			case r := <-l.fromEnrich:
+				l.finish(r)
 			case <-l.freed:
 				l.inflight--
+			case <-l.enrichFreed:
+				l.enriching--
 			}
 		}
 		l.jobs.Wait()
@@ -164,7 +204,7 @@ func (o *Outbox) Run(ctx context.Context) {
 		l.due(now)
 		l.dispatch(now)
 		o.updateGauges()
-		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && o.burst != o.client {
+		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && len(l.toDeliver) == 0 && o.burst != o.client {
 			o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
 		}
 
@@ -195,8 +235,12 @@ func (o *Outbox) Run(ctx context.Context) {
 					drained = true
 				}
 			}
+		case r := <-l.fromEnrich:
+			l.finish(r)
 		case <-l.freed:
 			l.inflight--
+		case <-l.enrichFreed:
+			l.enriching--
 		case <-o.wake:
 		case <-timer.C:
 		}
@@ -255,7 +299,9 @@ func (l *loop) scan() {
 			h := *e // a copy: a pointer into evs would keep the whole scan's array alive
 			s.head = &h
 			l.makeReady(s)
+			continue
 		}
+		l.maybeAhead(s)
 	}
 }
 
@@ -276,6 +322,7 @@ func (l *loop) takeRequeued() {
 			i = 1 // the head in flight stays the head; the requeued event goes next
 		}
 		s.queue = slices.Insert(s.queue, i, e.Seq)
+		s.known = min(s.known, i) // whether the requeued event is complete is looked at again
 		if i == 0 {
 			s.newHead() // a new head: whatever was scheduled for the old one is stale
 			l.makeReady(s)
@@ -324,70 +371,213 @@ func (l *loop) due(now time.Time) {
 	pop(&l.mono, func(at time.Time) bool { return !at.After(mono) })
 }
 
-// dispatch starts workers on ready streams while fewer than Concurrency are in flight.
+// dispatch looks at the ready streams' heads and starts workers while slots are free: delivery
+// workers (at most Concurrency) on complete heads, enrichment workers (at most
+// EnrichConcurrency) on heads whose body must first be completed from T3, and with the
+// enrichment slots left, on events behind a complete head (ahead of delivery).
 func (l *loop) dispatch(now time.Time) {
-	for l.inflight < l.o.cfg.Concurrency && len(l.ready) > 0 && l.ctx.Err() == nil {
-		s := l.ready[0]
-		l.ready[0] = nil
-		l.ready = l.ready[1:]
+	cfg := l.o.cfg
+	// Look at as many ready heads as there is room for; a head that must wait for a slot of
+	// the other kind keeps its place at the back of the ready queue.
+	for n := len(l.ready); n > 0 && len(l.ready) > 0 && l.ctx.Err() == nil; n-- {
+		deliverRoom := l.inflight+len(l.toDeliver) < cfg.Concurrency
+		enrichRoom := l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
+		if !deliverRoom && !enrichRoom {
+			break
+		}
+		s := pop(&l.ready)
 		s.ready = false
-		if len(s.queue) == 0 {
+		if !l.lookAt(s, now) {
+			continue
+		}
+		switch {
+		case !l.needsEnrich(s) && deliverRoom:
+			s.ready = true
+			l.toDeliver = append(l.toDeliver, s)
+		case l.needsEnrich(s) && s.enriching:
+			// The stage ahead is completing this very event; its outcome makes s ready again.
+		case l.needsEnrich(s) && enrichRoom:
+			s.ready = true
+			l.toEnrich = append(l.toEnrich, s)
+		default:
+			l.makeReady(s)
+		}
+	}
+	for l.inflight < cfg.Concurrency && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
+		s := pop(&l.toDeliver)
+		s.ready = false
+		l.startDelivery(s)
+	}
+	for l.enriching < cfg.EnrichConcurrency && len(l.toEnrich) > 0 && l.ctx.Err() == nil {
+		s := pop(&l.toEnrich)
+		s.ready = false
+		l.startEnrich(s, 0)
+	}
+	for l.enriching < cfg.EnrichConcurrency && len(l.ahead) > 0 && l.aheadBytes < aheadBudget && l.ctx.Err() == nil {
+		s := pop(&l.ahead)
+		s.inAhead = false
+		for s.known < len(s.queue) && s.known > 0 {
+			if _, ok := s.done[s.queue[s.known]]; !ok {
+				break
+			}
+			s.known++ // completed before a requeue moved it back
+		}
+		if l.canEnrichAhead(s) {
+			l.startEnrich(s, s.known)
+		}
+	}
+	// Drop the consumed front of the queues' backing arrays now and then.
+	for _, q := range []*[]*stream{&l.ready, &l.toDeliver, &l.toEnrich, &l.ahead} {
+		if cap(*q) > 1024 && len(*q) < cap(*q)/4 {
+			*q = slices.Clone(*q)
+		}
+	}
+}
+
+// pop takes the first stream of a FIFO queue.
+func pop(q *[]*stream) *stream {
+	s := (*q)[0]
+	(*q)[0] = nil // the backing array must not keep it
+	*q = (*q)[1:]
+	return s
+}
+
+// lookAt reads s's head header (and its body with it, in the same read) when the loop does not
+// hold it yet, and reports whether the head is to be started now: false when s has nothing
+// pending (it is forgotten), when the store failed (retried later) or when the head is not due
+// yet (s is woken when it is).
+func (l *loop) lookAt(s *stream, now time.Time) bool {
+	if len(s.queue) == 0 {
+		if !s.enriching {
 			delete(l.streams, s.name)
-			continue
 		}
-		if s.head == nil {
-			e, err := l.o.q.PendingEvent(s.queue[0], false)
-			if errors.Is(err, store.ErrNotPending) {
-				// Not pending any more (never the case while this process is the only writer):
-				// drop it rather than block the stream.
-				l.o.log.Warn("outbox: a queued event is no longer pending; skipping it", "stream", s.name, "err", err)
-				s.queue = s.queue[1:]
-				s.newHead()
-				l.makeReady(s)
-				continue
-			}
-			if err != nil {
-				l.o.log.Error("outbox: reading the queue", "stream", s.name, "err", err)
-				l.schedule(s, now.Add(storePause), storePause)
-				continue
-			}
-			s.head = &e
+		return false
+	}
+	if s.head == nil {
+		e, err := l.o.q.PendingEvent(s.queue[0], true)
+		if errors.Is(err, store.ErrNotPending) {
+			// Not pending any more (never the case while this process is the only writer):
+			// drop it rather than block the stream.
+			l.o.log.Warn("outbox: a queued event is no longer pending; skipping it", "stream", s.name, "err", err)
+			s.queue = s.queue[1:]
+			s.known = max(0, s.known-1)
+			s.newHead()
+			l.makeReady(s)
+			return false
 		}
-		if !s.due && s.head.NextAttempt.After(now) {
-			l.schedule(s, s.head.NextAttempt, s.head.NextAttempt.Sub(now))
-			continue
+		if err != nil {
+			l.o.log.Error("outbox: reading the queue", "stream", s.name, "err", err)
+			l.schedule(s, now.Add(storePause), storePause)
+			return false
 		}
+		// Kept for the worker (sent as it is, or the facts to complete), so that it need not
+		// read the event again; a body completed in memory stays.
+		if !s.enriched {
+			s.body = e.Body
+		}
+		e.Body = nil
+		s.head = &e
+	}
+	if !s.due && s.head.NextAttempt.After(now) {
+		if !s.enriched {
+			s.body = nil // read again when due: a waiting head holds no body
+		}
+		l.schedule(s, s.head.NextAttempt, s.head.NextAttempt.Sub(now))
+		return false
+	}
+	return true
+}
+
+// needsEnrich reports whether s's head must be completed from T3 before its first attempt.
+func (l *loop) needsEnrich(s *stream) bool {
+	return l.o.cfg.Enricher != nil && s.known == 0 && !s.enriched && s.head.Enrich
+}
+
+func (l *loop) startDelivery(s *stream) {
+	s.due = false
+	s.known = max(s.known, 1) // complete: its body is sent as it is
+	if s.bo == nil {
+		s.bo = advanced(l.o.cfg.Backoff, s.head.Attempts)
+	}
+	if s.ebo == nil {
+		s.ebo = l.o.cfg.Backoff.NewBackOff()
+	}
+	s.busy = true
+	l.inflight++
+	l.unsettled++
+	l.jobs.Add(1)
+	j := job{s: s, seq: s.queue[0], bo: s.bo, client: l.o.client, head: *s.head, body: s.body, enriched: s.enriched, ebo: s.ebo}
+	s.body = nil                   // the job's now; an enriched one comes back stored with the attempt's record
+	if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
+		j.client = l.o.burst
+	}
+	go func() {
+		defer l.jobs.Done()
+		l.toRec <- l.o.work(l.ctx, j)
+		l.freed <- struct{}{}
+	}()
+	l.maybeAhead(s) // its next events can be completed while this one is sent
+}
+
+// startEnrich starts the enrichment of s.queue[i]: the head's (i == 0: with retries and the
+// partial body at EnrichTimeout, the head waits for it) or, ahead of the head, one try whose
+// body is stored for later.
+func (l *loop) startEnrich(s *stream, i int) {
+	s.enriching = true
+	l.enriching++
+	l.unsettled++
+	l.jobs.Add(1)
+	j := job{s: s, seq: s.queue[i]}
+	if i == 0 {
 		s.due = false
-		if s.bo == nil {
-			s.bo = advanced(l.o.cfg.Backoff, s.head.Attempts)
-		}
 		if s.ebo == nil {
 			s.ebo = l.o.cfg.Backoff.NewBackOff()
 		}
 		s.busy = true
-		l.inflight++
-		l.unsettled++
-		l.jobs.Add(1)
-		j := job{s: s, seq: s.queue[0], bo: s.bo, ebo: s.ebo, client: l.o.client}
-		if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
-			j.client = l.o.burst
-		}
+		j.enrich, j.head, j.body, j.ebo = true, *s.head, s.body, s.ebo
+		s.body = nil
 		go func() {
 			defer l.jobs.Done()
-			l.toRec <- l.o.work(l.ctx, j)
-			l.freed <- struct{}{}
+			l.fromEnrich <- l.o.enrichHead(l.ctx, j)
+			l.enrichFreed <- struct{}{}
 		}()
+		return
 	}
-	// Drop the consumed front of the ready queue's backing array now and then.
-	if cap(l.ready) > 1024 && len(l.ready) < cap(l.ready)/4 {
-		l.ready = slices.Clone(l.ready)
+	j.ahead = true
+	go func() {
+		defer l.jobs.Done()
+		l.fromEnrich <- l.o.enrichAhead(l.ctx, j)
+		l.enrichFreed <- struct{}{}
+	}()
+}
+
+// canEnrichAhead reports whether s has an event behind its complete head that the stage ahead
+// should complete now.
+func (l *loop) canEnrichAhead(s *stream) bool {
+	return l.o.cfg.Enricher != nil && !s.enriching && !s.aheadFail && s.known >= 1 && s.known < len(s.queue)
+}
+
+// maybeAhead queues s for the stage ahead when it has work there.
+func (l *loop) maybeAhead(s *stream) {
+	if !s.inAhead && l.canEnrichAhead(s) {
+		s.inAhead = true
+		l.ahead = append(l.ahead, s)
 	}
 }
 
-// finish takes a recorded outcome back into the stream's state.
+// finish takes an outcome back into the stream's state: a delivery's or an enrichment's ahead
+// once recorded, a head's enrichment as soon as it is known.
 func (l *loop) finish(r outcome) {
 	l.unsettled--
 	s := r.job.s
+	switch {
+	case r.job.ahead:
+		l.finishAhead(s, r)
+		return
+	case r.job.enrich:
+		l.finishEnrich(s, r)
+		return
+	}
 	s.busy = false
 	log := l.o.log.With("stream", s.name, "seq", r.job.seq)
 	switch {
@@ -402,25 +592,98 @@ func (l *loop) finish(r outcome) {
 		// have the receiver get the same event again and again without a pause.
 		log.Error("outbox: recording the attempt", "err", r.err)
 		s.newHead()
+		s.known = 0 // read again from the store, which says what is complete
 		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)
 	case r.final:
 		l.advance(s, r.job.seq)
 		if r.delivered {
 			l.receiverUp()
 		}
-	default: // retry, or enrichment retry
+	default: // retry
 		if len(s.queue) == 0 || s.queue[0] != r.job.seq {
 			l.makeReady(s) // the head changed meanwhile (a requeue put an older event first)
 			return
 		}
 		h := r.event
 		s.head = &h
+		s.body, s.enriched = nil, false // stored with the attempt's record; read again when due
 		l.schedule(s, r.retryAt, r.retryIn)
 		if r.outage {
 			l.receiverFailed(s)
 		}
 	}
 }
+
+// finishEnrich takes back a head's enrichment: its body is delivered next, or the head waits for
+// the next try.
+func (l *loop) finishEnrich(s *stream, r outcome) {
+	s.busy, s.enriching = false, false
+	switch {
+	case r.cancelled:
+	case r.err != nil && (errors.Is(r.err, store.ErrNotPending) || errors.Is(r.err, store.ErrNotFound)):
+		l.o.log.Warn("outbox: the event is no longer pending; skipping it", "stream", s.name, "seq", r.job.seq, "err", r.err)
+		l.advance(s, r.job.seq)
+	case r.err != nil:
+		l.o.log.Error("outbox: reading the event to complete it", "stream", s.name, "seq", r.job.seq, "err", r.err)
+		s.newHead()
+		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)
+	case len(s.queue) == 0 || s.queue[0] != r.job.seq:
+		l.makeReady(s) // a requeue put an older event first; this one is completed again later
+	case r.body != nil:
+		s.body, s.enriched = r.body, true
+		s.known = max(s.known, 1)
+		l.makeReady(s)
+	default: // T3 could not be read: try again at retryAt
+		l.schedule(s, r.retryAt, r.retryIn)
+	}
+}
+
+// finishAhead takes back an enrichment ahead of the head: the complete body waits in the
+// stream's done map (or is the head's, when the head came to it meanwhile).
+func (l *loop) finishAhead(s *stream, r outcome) {
+	s.enriching = false
+	i := slices.Index(s.queue, r.job.seq)
+	switch {
+	case r.cancelled || i < 0:
+	case r.err != nil || r.failed:
+		// The head's own enrichment tries again, with backoff and the partial body, when this
+		// event is the head; until the head moves on nothing more is tried ahead.
+		s.aheadFail = true
+		if r.err != nil {
+			l.o.log.Warn("outbox: completing an event ahead of delivery", "stream", s.name, "seq", r.job.seq, "err", r.err)
+		}
+	case r.body == nil: // complete in the store already
+		if i == s.known {
+			s.known++
+		}
+	case i == 0: // it is the head now, waiting for this
+		h := r.event
+		s.head, s.body, s.enriched = &h, r.body, true
+		s.known = max(s.known, 1)
+	default:
+		if s.done == nil {
+			s.done = map[uint64]store.Event{}
+		}
+		ev := r.event
+		ev.Body = r.body
+		s.done[r.job.seq] = ev
+		l.aheadBytes += len(r.body)
+		if i == s.known {
+			s.known++
+		}
+	}
+	switch {
+	case len(s.queue) == 0 && !s.ready && !s.busy:
+		delete(l.streams, s.name)
+	case i == 0 && !s.busy:
+		l.makeReady(s) // the head was waiting for this
+	}
+	l.maybeAhead(s)
+}
+
+// aheadBudget bounds the bytes of bodies completed ahead of delivery and held in memory; past
+// it the stage ahead pauses until deliveries consume some.
+const aheadBudget = 32 << 20
 
 // baseRequests is how many requests in flight use the base client's connections (see New).
 const baseRequests = 2
@@ -474,17 +737,37 @@ func (l *loop) advance(s *stream, seq uint64) {
 	switch i := slices.Index(s.queue, seq); {
 	case i == 0:
 		s.queue = s.queue[1:] // the usual case: O(1), a long backlog is not shifted
+		s.known = max(0, s.known-1)
 	case i > 0:
 		s.queue = slices.Delete(s.queue, i, i+1)
+		if i < s.known {
+			s.known--
+		}
+		if ev, ok := s.done[seq]; ok {
+			delete(s.done, seq)
+			l.aheadBytes -= len(ev.Body)
+		}
 	}
 	s.newHead()
+	s.aheadFail = false
+	if len(s.queue) > 0 {
+		if ev, ok := s.done[s.queue[0]]; ok { // completed ahead: delivered without reading T3 or the store
+			delete(s.done, s.queue[0])
+			l.aheadBytes -= len(ev.Body)
+			s.body, s.enriched = ev.Body, true
+			ev.Body = nil
+			s.head = &ev
+			s.known = max(s.known, 1)
+		}
+	}
 	if len(s.queue) == 0 {
-		if !s.ready {
+		if !s.ready && !s.enriching {
 			delete(l.streams, s.name)
 		}
 		return
 	}
 	l.makeReady(s)
+	l.maybeAhead(s)
 }
 
 func (o *Outbox) updateGauges() {

@@ -16,9 +16,18 @@
 // the store's stream index at start, extended by a cursor over the events committed since), so a
 // turn touches only the streams it starts or finishes, never the whole backlog; only the events
 // being delivered are read with their bodies; outcomes are recorded in batches, one fsync for
-// many (recorder.go). Files: attempt.go (one request and its classification), sign.go (Standard
-// Webhooks), loop.go (the scheduler), worker.go (enrichment and one delivery), recorder.go
-// (group commit), backoff.go (retry policy).
+// many (recorder.go).
+//
+// Enrichment: events committed with only their facts (store.Event.Enrich) are completed from T3
+// by the Enricher in a stage of their own (EnrichConcurrency slots, apart from the delivery
+// slots): a head is completed before it is handed to a delivery worker, so a delivery worker
+// never waits on T3; slots left over complete the events behind a thread's head (ahead of
+// delivery, held in memory up to a budget), so that a backlog drains without reading T3 at its
+// turn. A completed body is stored with (or before) the event's first attempt's record.
+//
+// Files: attempt.go (one request and its classification), sign.go (Standard Webhooks), loop.go
+// (the scheduler), worker.go (enrichment and one delivery), recorder.go (group commit),
+// backoff.go (retry policy).
 package outbox
 
 import (
@@ -39,7 +48,9 @@ const (
 	DefaultMaxAge      = 24 * time.Hour
 	DefaultTimeout     = 10 * time.Second
 	DefaultConcurrency = 32
-	DefaultRetention   = 24 * time.Hour
+	// DefaultEnrichConcurrency is how many Enricher calls (reads of T3) may be in flight.
+	DefaultEnrichConcurrency = 32
+	DefaultRetention         = 24 * time.Hour
 	// DefaultEnrichTimeout is how long, from an event's EnqueuedAt, the outbox keeps retrying
 	// Enricher.Enrich before it delivers Enricher.Partial instead.
 	DefaultEnrichTimeout = 2 * time.Minute
@@ -101,7 +112,11 @@ type Config struct {
 	MaxAge      time.Duration // give up on an event failing this long after it was queued (default 24h)
 	Timeout     time.Duration // per request, and per Enrich call (default 10s)
 	Concurrency int           // T3CODE_MCP_HOOK_CONCURRENCY: streams delivered in parallel (default 32)
-	Retention   time.Duration // keep delivered events this long, then prune them (default 24h)
+	// EnrichConcurrency bounds the Enricher calls in flight (T3CODE_MCP_HOOK_ENRICH_CONCURRENCY,
+	// default 32): heads being completed before delivery, and with the slots they leave, events
+	// behind a head completed ahead of it.
+	EnrichConcurrency int
+	Retention         time.Duration // keep delivered events this long, then prune them (default 24h)
 
 	// Enricher completes events stored with Enrich set before their first attempt; nil: events
 	// are delivered as stored.
@@ -158,6 +173,9 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.EnrichConcurrency <= 0 {
+		cfg.EnrichConcurrency = DefaultEnrichConcurrency
 	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention

@@ -19,7 +19,32 @@ import (
 // into a local receiver that answers 204 at once: the outbox's own cost per delivered event (its
 // loop, the signed request, and the fsynced record of each delivery) with a receiver that is never
 // the bottleneck. One op is one whole backlog; the store lives in b.TempDir().
-func benchDeliver(b *testing.B, events, streams int) {
+func benchDeliver(b *testing.B, events, streams int) { benchDeliverWith(b, events, streams, nil) }
+
+// slowEnricher stands for T3: every Enrich call takes delay (a bounded read of the thread on
+// a busy machine) and adds a summary.
+type slowEnricher struct {
+	delay time.Duration
+	calls atomic.Int64
+}
+
+func (s *slowEnricher) Enrich(ctx context.Context, e store.Event) ([]byte, error) {
+	s.calls.Add(1)
+	t := time.NewTimer(s.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return append(e.Body[:len(e.Body)-1:len(e.Body)-1], `,"summary":"Done: fix the flaky test"}`...), nil
+}
+
+func (s *slowEnricher) Partial(e store.Event, _ error) []byte { return e.Body }
+
+// benchDeliverWith is benchDeliver with events committed for enrichment (facts only) when en is
+// not nil.
+func benchDeliverWith(b *testing.B, events, streams int, en *slowEnricher) {
 	var got atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -28,6 +53,9 @@ func benchDeliver(b *testing.B, events, streams int) {
 	}))
 	defer srv.Close()
 	body := []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1","summary":"Done: fix the flaky test"}`)
+	if en != nil {
+		body = []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1"}`)
+	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var busy time.Duration
 	b.ReportAllocs()
@@ -39,7 +67,7 @@ func benchDeliver(b *testing.B, events, streams int) {
 		}
 		var batch []store.Event
 		for j := 0; j < events; j++ {
-			batch = append(batch, store.Event{ID: "evt_" + strconv.Itoa(j), Stream: "load-007/thread-" + strconv.Itoa(j%streams), Body: body, CreatedAt: time.Now()})
+			batch = append(batch, store.Event{ID: "evt_" + strconv.Itoa(j), Stream: "load-007/thread-" + strconv.Itoa(j%streams), Body: body, CreatedAt: time.Now(), Enrich: en != nil})
 			if len(batch) == 5000 || j == events-1 {
 				if err := st.Commit(store.Batch{Events: batch}); err != nil {
 					b.Fatal(err)
@@ -47,7 +75,11 @@ func benchDeliver(b *testing.B, events, streams int) {
 				batch = batch[:0]
 			}
 		}
-		ob, err := outbox.New(st, outbox.Config{URL: srv.URL, Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", Logger: quiet})
+		cfg := outbox.Config{URL: srv.URL, Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", Logger: quiet}
+		if en != nil {
+			cfg.Enricher = en
+		}
+		ob, err := outbox.New(st, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -93,3 +125,16 @@ func BenchmarkDeliver1000in1000Streams(b *testing.B) { benchDeliver(b, 1000, 100
 // BenchmarkDeliver20000in2000Streams: a backlog of 10 events each of 2,000 threads (what a
 // receiver outage leaves behind).
 func BenchmarkDeliver20000in2000Streams(b *testing.B) { benchDeliver(b, 20000, 2000) }
+
+// BenchmarkDeliverEnriched4000in400Streams: a backlog of 10 events each of 400 threads, every
+// one committed with its facts only, completed by an enricher that takes 5 ms per event (a read
+// of T3): delivery waits on T3 only where nothing could be completed earlier.
+func BenchmarkDeliverEnriched4000in400Streams(b *testing.B) {
+	benchDeliverWith(b, 4000, 400, &slowEnricher{delay: 5 * time.Millisecond})
+}
+
+// BenchmarkDeliverEnriched1000in1000Streams: one event each of 1,000 threads, completed (5 ms
+// each) before its delivery.
+func BenchmarkDeliverEnriched1000in1000Streams(b *testing.B) {
+	benchDeliverWith(b, 1000, 1000, &slowEnricher{delay: 5 * time.Millisecond})
+}

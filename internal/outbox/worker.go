@@ -13,12 +13,22 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
-// job is one stream head handed to a worker.
+// job is one event handed to a worker: a stream's head to deliver (or to enrich, enrich), or an
+// event behind the head to enrich ahead of delivery (ahead).
 type job struct {
 	s       *stream // the loop's; the worker never touches it
 	seq     uint64
 	bo, ebo backoff.BackOff
 	client  *http.Client // the pool this request's connection comes from
+
+	enrich bool // complete the head's body (enrichHead)
+	ahead  bool // complete the body of an event behind the head and store it (enrichAhead)
+	// head is the event's header as the loop holds it; body, when not nil, its body (complete
+	// for a delivery, the facts for an enrichment), so that the worker need not read the store;
+	// enriched: body came from the Enricher and is not stored yet.
+	head     store.Event
+	body     []byte
+	enriched bool
 }
 
 // outcome is what a worker did with a job: the op to record, and what the loop does once it is
@@ -34,21 +44,27 @@ type outcome struct {
 	// outage: a failed attempt that says nothing about this event (no answer, or a 5xx without
 	// Retry-After): when the receiver comes back, such retries need not wait for their backoff.
 	outage    bool
-	cancelled bool  // shutdown interrupted the job
-	err       error // reading the event, or recording the op, failed
+	cancelled bool   // shutdown interrupted the job
+	err       error  // reading the event, or recording the op, failed
+	body      []byte // an enrichment's complete body (enrichHead: nil means try again at retryAt)
+	failed    bool   // enrichAhead: T3 could not be read; the head's enrichment tries again later
 }
 
 // work reads the event with its body, completes it when it needs enrichment, makes one attempt
 // and classifies the result. It never writes to the store itself: the recorder does, in batches.
 func (o *Outbox) work(ctx context.Context, j job) outcome {
 	out := outcome{job: j}
-	e, err := o.q.PendingEvent(j.seq, true)
+	e, err := o.event(j)
 	if err != nil {
 		out.err = err
 		return out
 	}
 	var enriched []byte
-	if e.Enrich && o.cfg.Enricher != nil {
+	if j.enriched {
+		enriched, e.Enrich = e.Body, false
+	} else if e.Enrich && o.cfg.Enricher != nil {
+		// Not completed before it was handed over (the loop completes heads before delivery;
+		// this is the safety net): complete it here.
 		body, retryAt, err := o.enrich(ctx, e, j.ebo)
 		switch {
 		case ctx.Err() != nil:
@@ -75,6 +91,76 @@ func (o *Outbox) work(ctx context.Context, j job) outcome {
 	}
 	out.op = o.classify(e, r, j.bo, &out)
 	out.op.Body = enriched
+	return out
+}
+
+// event is j's event with its body: as the loop handed it over, else read from the store.
+func (o *Outbox) event(j job) (store.Event, error) {
+	if j.body == nil {
+		return o.q.PendingEvent(j.seq, true)
+	}
+	e := j.head
+	e.Body = j.body
+	return e, nil
+}
+
+// enrichHead completes a head's body before its first attempt: the body, or when to try again
+// (retries with backoff, then the partial body at EnrichTimeout). It writes nothing: the body
+// is stored with the first attempt's record.
+func (o *Outbox) enrichHead(ctx context.Context, j job) outcome {
+	out := outcome{job: j}
+	e, err := o.event(j)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	if !e.Enrich {
+		out.body = e.Body // completed meanwhile
+		return out
+	}
+	body, retryAt, err := o.enrich(ctx, e, j.ebo)
+	switch {
+	case ctx.Err() != nil:
+		out.cancelled = true
+	case err != nil:
+		out.retryAt, out.retryIn = retryAt, retryAt.Sub(o.cfg.Clock())
+	default:
+		out.body = body
+	}
+	return out
+}
+
+// enrichAhead completes the body of an event behind its stream's head, one try, for the loop to
+// hold until the event is the head (then it is stored with the first attempt's record, like a
+// head's). A failure is left to the head's enrichment, which retries and gives up in time.
+func (o *Outbox) enrichAhead(ctx context.Context, j job) outcome {
+	out := outcome{job: j}
+	e, err := o.q.PendingEvent(j.seq, true)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	if !e.Enrich {
+		return out // complete already
+	}
+	ectx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
+	body, err := o.cfg.Enricher.Enrich(ectx, e)
+	cancel()
+	if err == nil && !json.Valid(body) {
+		err = errors.New("the enricher returned a body that is not JSON")
+	}
+	switch {
+	case ctx.Err() != nil:
+		out.cancelled = true
+	case err != nil:
+		out.failed = true
+		o.m.enrichments.WithLabelValues(enrichRetry).Inc()
+		o.log.Debug("outbox: completing an event ahead of delivery failed; its turn as the head tries again", "id", e.ID, "stream", e.Stream, "err", err)
+	default:
+		o.m.enrichments.WithLabelValues(enrichComplete).Inc()
+		e.Body, e.Enrich = nil, false
+		out.event, out.body = e, body
+	}
 	return out
 }
 
