@@ -1,6 +1,7 @@
 // Package t3codemcp is the root of the t3code-mcp module. It holds no code: this file is the one
 // place where `go generate` (run by `make generate`) compiles the hand-written contracts under
-// schema/ into the typed code under gen/. The generators are pinned in go.mod's tool block and run
+// schema/ into the typed code under gen/, and writes the JSON Schema of t3code.toml from the config
+// types into schema/config/. The generators are pinned in go.mod's tool block and run
 // with `go tool`, so a fresh clone needs nothing installed but Go.
 //
 // After a T3 protocol bump: edit schema/, run `make generate`, then `make check`; the compiler and
@@ -19,3 +20,6 @@ package t3codemcp
 
 // The webhook event t3code-mcp delivers (docs/events.md).
 //go:generate go tool jschemagen -target gen/events/event_gen.go -package events -typename Event schema/events/event.json
+
+// The JSON Schema of t3code.toml, from internal/config's types, for editors (docs/configuration.md).
+//go:generate go run ./internal/generators/configschema -out schema/config/t3code.schema.json

@@ -7,6 +7,7 @@
 //	t3code-mcp dead-letters       list undeliverable events; `retry [id…]` requeues them
 //	t3code-mcp audit              print the audit log of mutating calls
 //	t3code-mcp healthcheck        exit 0 when the local serve answers /healthz (container HEALTHCHECK)
+//	t3code-mcp config-schema      print the JSON Schema of t3code.toml (editor completion and checks)
 //	t3code-mcp version
 //
 // Settings come from the environment or from the flags that mirror it
@@ -194,6 +195,7 @@ Exits 1 on any FAIL, 0 otherwise (warnings allowed).`,
 		},
 		c.deadLettersCommand(),
 		c.auditCommand(),
+		c.configSchemaCommand(),
 		&cobra.Command{
 			Use:   "healthcheck",
 			Short: "exit 0 when the serve on T3CODE_MCP_HOST/T3CODE_MCP_PORT answers /healthz (container HEALTHCHECK)",

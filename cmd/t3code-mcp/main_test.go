@@ -576,7 +576,7 @@ func exitOf(t *testing.T, env []string, args ...string) (string, string, int) {
 func TestCommandLine(t *testing.T) {
 	env := baseEnv(t, "T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"), "T3CODE_MCP_PORT="+strconv.Itoa(freePort(t)))
 	paths := commandPaths()
-	if len(paths) < 9 { // root, serve, stdio, doctor, dead-letters, retry, audit, healthcheck, version
+	if len(paths) < 10 { // root, serve, stdio, doctor, dead-letters, retry, audit, config-schema, healthcheck, version
 		t.Fatalf("command tree %v", paths)
 	}
 	for _, path := range paths {
@@ -589,7 +589,7 @@ func TestCommandLine(t *testing.T) {
 		}
 	}
 	out, _, _ := exitOf(t, env, "--help")
-	for _, w := range []string{"serve", "stdio", "doctor", "dead-letters", "audit", "healthcheck", "version",
+	for _, w := range []string{"serve", "stdio", "doctor", "dead-letters", "audit", "config-schema", "healthcheck", "version",
 		"--config", "--host", "--port", "--state-dir", "--log-level", "--log-json", "--read-only", "--version",
 		"T3CODE_MCP_CONFIG", "T3CODE_MCP_READ_ONLY"} {
 		if !strings.Contains(out, w) {
@@ -1090,5 +1090,20 @@ func TestStartupLogsSayWhatEachMachineIs(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("logs:\n%s", logs)
+	}
+}
+
+// `config-schema` prints the committed JSON Schema of t3code.toml, byte for byte.
+func TestConfigSchemaPrintsTheCommittedSchema(t *testing.T) {
+	want, err := os.ReadFile("../../schema/config/t3code.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o, e bytes.Buffer
+	if code := run([]string{"config-schema"}, &o, &e); code != 0 || e.Len() != 0 {
+		t.Fatalf("config-schema: exit %d, stderr %q", code, e.String())
+	}
+	if !bytes.Equal(o.Bytes(), want) {
+		t.Fatalf("config-schema printed\n%s\nwant schema/config/t3code.schema.json:\n%s", o.String(), want)
 	}
 }

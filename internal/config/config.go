@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -128,7 +129,9 @@ var (
 	envNameRe     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
-var knownMachineKeys = []string{"url", "token_env", "projects", "model", "options", "access", "approve"}
+// knownMachineKeys are the keys of a [machines.NAME] table, in the order messages list them: the
+// fields of MachineTable, which the JSON Schema for editors is made from.
+var knownMachineKeys = tableKeys(reflect.TypeFor[MachineTable]())
 
 // Parse parses and validates the contents of a t3code.toml; path is only used in messages.
 //
