@@ -20,6 +20,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -122,6 +123,12 @@ type Detector struct {
 	retention time.Duration
 	lookups   *lookups
 
+	// lease and rows: replica mode (see Options.Lease); tenure is the lease token each
+	// machine's state was last caught up under.
+	lease  func(machine string) (token int64, held bool)
+	rows   func(machine string) []t3rpc.ThreadShell
+	tenure map[string]int64 // guarded by mu
+
 	mu    sync.Mutex
 	cache map[string]seen
 	locks map[string]*sync.Mutex // per machine: Apply, Track and look-up commits
@@ -143,6 +150,17 @@ type Options struct {
 	Retention time.Duration
 	// Lookup tunes the look-ups; zero values pick the defaults.
 	Lookup LookupOptions
+	// Lease, when set, puts the detector in replica mode (several replicas sharing PostgreSQL,
+	// internal/lease): it says whether this replica holds a machine's lease now and its fencing
+	// token. Only the holder detects: its commits carry the token (store.Fence), a chunk of a
+	// machine held elsewhere is passed over, and the seen state is read from the store, never
+	// from a cache another replica's commits could have made stale. Nil: one process owns all
+	// (bbolt), exactly as without replicas.
+	Lease func(machine string) (token int64, held bool)
+	// Rows gives a machine's threads as this replica's watcher holds them now: on gaining a
+	// lease the detector catches up by judging them as a snapshot against the stored state
+	// (Adopt). Required with Lease.
+	Rows func(machine string) []t3rpc.ThreadShell
 }
 
 // DefaultRetention keeps unwatched tracked threads for three days.
@@ -163,7 +181,8 @@ func New(o Options) *Detector {
 		o.Retention = DefaultRetention
 	}
 	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, log: o.Logger, now: o.Now,
-		retention: o.Retention, cache: map[string]seen{}, locks: map[string]*sync.Mutex{}}
+		retention: o.Retention, cache: map[string]seen{}, locks: map[string]*sync.Mutex{},
+		lease: o.Lease, rows: o.Rows, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
 	return d
 }
@@ -266,7 +285,7 @@ func (d *Detector) load(k string) (seen, bool, error) {
 	d.mu.Lock()
 	s, ok := d.cache[k]
 	d.mu.Unlock()
-	if ok {
+	if ok && d.lease == nil {
 		return s, true, nil
 	}
 	raw, ok, err := d.store.Detector(k)
@@ -290,6 +309,70 @@ func (d *Detector) Apply(_ context.Context, c watch.Change) error {
 	mu := d.machineLock(c.Machine)
 	mu.Lock()
 	defer mu.Unlock()
+	fence, mine, err := d.fenceLocked(c.Machine)
+	if err != nil || !mine {
+		return err
+	}
+	return d.applyLocked(c, fence)
+}
+
+// Adopt catches a machine up after this replica gained its lease (replica mode; a no-op
+// otherwise or when the lease is not held): the watcher's rows are judged as a snapshot against
+// the state the previous holder committed — runs and questions it may have missed become
+// look-ups — and its pending look-ups are taken over. Apply does the same on a machine's first
+// chunk of a tenure; Adopt is for machines whose stream is quiet.
+func (d *Detector) Adopt(machine string) error {
+	mu := d.machineLock(machine)
+	mu.Lock()
+	defer mu.Unlock()
+	_, _, err := d.fenceLocked(machine)
+	return err
+}
+
+// fenceLocked says whether this replica detects the machine now and under which fence,
+// catching up first when its tenure is new. Called with the machine's lock held.
+func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
+	if d.lease == nil {
+		return nil, true, nil
+	}
+	token, held := d.lease(machine)
+	if !held {
+		return nil, false, nil
+	}
+	fence := &store.Fence{Machine: machine, Token: token}
+	d.mu.Lock()
+	current := d.tenure[machine] == token
+	d.mu.Unlock()
+	if current {
+		return fence, true, nil
+	}
+	// A new tenure: forget look-ups queued under an earlier one, judge the watcher's rows as a
+	// snapshot, then take over the look-ups the previous holder left noted in the store.
+	d.lookups.dropMachine(machine)
+	if rows := d.rows(machine); len(rows) > 0 {
+		if err := d.applyLocked(watch.Change{Machine: machine, Snapshot: true, Threads: rows}, fence); err != nil {
+			return nil, false, fmt.Errorf("catch up machine %q after gaining its lease: %w", machine, err)
+		}
+	}
+	prefix := key(machine, "")
+	if err := d.store.ForEachDetector(func(k string, v []byte) error {
+		var s seen
+		if strings.HasPrefix(k, prefix) && json.Unmarshal(v, &s) == nil && s.Lookup {
+			d.lookups.add(k)
+		}
+		return nil
+	}); err != nil {
+		return nil, false, fmt.Errorf("catch up machine %q after gaining its lease: %w", machine, err)
+	}
+	d.mu.Lock()
+	d.tenure[machine] = token
+	d.mu.Unlock()
+	d.log.Info("caught up with the machine's stored detector state", "machine", machine, "token", token)
+	return fence, true, nil
+}
+
+// applyLocked judges a change and commits what it found, under fence (nil: no lease).
+func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	states := map[string][]byte{}
 	next := map[string]seen{}
 	trackedBy := map[string]*store.Thread{}
@@ -353,7 +436,13 @@ func (d *Detector) Apply(_ context.Context, c watch.Change) error {
 	if len(states) == 0 && len(evs) == 0 {
 		return nil
 	}
-	if err := d.store.Commit(store.Batch{Detector: states, Events: evs}); err != nil {
+	if err := d.store.Commit(store.Batch{Detector: states, Events: evs, Fence: fence}); err != nil {
+		if errors.Is(err, store.ErrFenced) {
+			// The lease moved on between the check and the commit: the new holder detects
+			// these rows from the state committed before its tenure.
+			d.log.Info("machine lease lost while committing; the new holder detects its events", "machine", c.Machine)
+			return nil
+		}
 		return err
 	}
 	d.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,6 +89,18 @@ func (l *lookups) add(k string) {
 func (l *lookups) drop(k string) {
 	l.mu.Lock()
 	delete(l.tasks, k)
+	l.mu.Unlock()
+}
+
+// dropMachine forgets the look-ups queued for one machine's threads.
+func (l *lookups) dropMachine(machine string) {
+	prefix := key(machine, "")
+	l.mu.Lock()
+	for k := range l.tasks {
+		if strings.HasPrefix(k, prefix) {
+			delete(l.tasks, k)
+		}
+	}
 	l.mu.Unlock()
 }
 
@@ -242,6 +255,11 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	if !ok {
 		return lookupDone, nil
 	}
+	if d.lease != nil {
+		if _, held := d.lease(machine); !held {
+			return lookupDone, nil // another replica's now; Adopt queues it again if it comes back
+		}
+	}
 	s, known, err := d.load(k)
 	if err != nil {
 		return lookupDone, err
@@ -263,6 +281,10 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	mu := d.machineLock(machine)
 	mu.Lock()
 	defer mu.Unlock()
+	fence, mine, err := d.fenceLocked(machine)
+	if err != nil || !mine {
+		return lookupDone, err
+	}
 	cur, known, err := d.load(k)
 	if err != nil {
 		return lookupDone, err
@@ -290,7 +312,10 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 		evs = append(evs, store.Event{ID: t.ID, Stream: machine + "/" + threadID, Body: body, Enrich: enrich, CreatedAt: t.At})
 	}
 	raw, _ := json.Marshal(next)
-	if err := d.store.Commit(store.Batch{Detector: map[string][]byte{k: raw}, Events: evs}); err != nil {
+	if err := d.store.Commit(store.Batch{Detector: map[string][]byte{k: raw}, Events: evs, Fence: fence}); err != nil {
+		if errors.Is(err, store.ErrFenced) {
+			return lookupDone, nil // the new holder takes the look-up over
+		}
 		return lookupDone, err
 	}
 	d.mu.Lock()

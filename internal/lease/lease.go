@@ -37,6 +37,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
 // DefaultTTL is how long a lease lives without renewal. The holder renews every TTL/3, so it
@@ -325,7 +327,8 @@ func (m *Manager) dropWhere(why string, lose func(name string, h *held) bool) {
 
 // ErrFenced says a commit carried a fencing token that is no longer the machine's: another
 // replica took the lease meanwhile, and only its commits count.
-var ErrFenced = errors.New("machine lease lost: another replica detects this machine's events now")
+// It is store.ErrFenced, so the store's callers need not know this package.
+var ErrFenced = store.ErrFenced
 
 // Querier is what CheckFence needs of a transaction (pgx.Tx).
 type Querier interface {

@@ -102,6 +102,8 @@ type Batch struct {
 	Threads []Thread
 	// DeleteThreads stops tracking these threads (pruning).
 	DeleteThreads []string
+	// Fence, when set, makes the batch conditional on the machine's lease (see Fence).
+	Fence *Fence
 }
 
 // Open opens (creating if needed) <dir>/t3code-mcp.db. The directory is created 0700 and the file
