@@ -21,6 +21,7 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
@@ -53,6 +54,7 @@ type Settings struct {
 	SessionTimeout time.Duration // T3CODE_MCP_SESSION_TIMEOUT (30m)
 	MaxBodyBytes   int64         // T3CODE_MCP_MAX_BODY_BYTES (4 MiB)
 	HTTPTimeout    time.Duration // T3CODE_MCP_T3_TIMEOUT (15s): each HTTP read of a T3 machine
+	PongTimeout    time.Duration // T3CODE_MCP_T3_PONG_TIMEOUT (10s): a machine's socket without a Pong this long after a Ping is dropped and reconnected
 	// ThreadRetention: tracked threads nobody watches are forgotten this long
 	// after their last update (T3CODE_MCP_THREAD_RETENTION, 72h).
 	ThreadRetention time.Duration
@@ -135,6 +137,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	durVar("T3CODE_MCP_HOOK_ENRICH_TIMEOUT", &s.HookEnrichTimeout, outbox.DefaultEnrichTimeout)
 	durVar("T3CODE_MCP_SESSION_TIMEOUT", &s.SessionTimeout, 30*time.Minute)
 	durVar("T3CODE_MCP_T3_TIMEOUT", &s.HTTPTimeout, 15*time.Second)
+	durVar("T3CODE_MCP_T3_PONG_TIMEOUT", &s.PongTimeout, 2*effectrpc.DefaultPingInterval)
 	durVar("T3CODE_MCP_THREAD_RETENTION", &s.ThreadRetention, events.DefaultRetention)
 	var body int
 	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
@@ -215,7 +218,7 @@ func New(s Settings, o Options) (*App, error) {
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	fl := fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines})
+	fl := fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines})
 	a.Fleet = fl
 	if s.HookURL != "" {
 		m, err := outbox.NewMetrics(a.Registry)

@@ -35,10 +35,14 @@ const (
 
 // Options configure Dial. The zero value is usable.
 type Options struct {
-	// PingInterval is how often a Ping is sent. A Pong must arrive before the
-	// next tick, or the socket is treated as dead and closed (as Effect's own
-	// client does). Default 5s.
+	// PingInterval is how often a Ping is sent (while none is unanswered).
+	// Default 5s.
 	PingInterval time.Duration
+	// PongTimeout is how long a Ping may wait for its Pong before the socket
+	// is treated as dead and closed. Default 2 × PingInterval: a Pong late by
+	// up to one interval (a starved machine, a big frame read ahead of it) is
+	// tolerated, where Effect's own client gives up at the next tick.
+	PongTimeout time.Duration
 	// ReadLimit is the largest frame accepted, in bytes. Default 64 MiB.
 	ReadLimit int64
 	// WriteTimeout bounds one frame write. A write that cannot finish in time
@@ -62,6 +66,9 @@ func (o Options) withDefaults() Options {
 	if o.PingInterval <= 0 {
 		o.PingInterval = DefaultPingInterval
 	}
+	if o.PongTimeout <= 0 {
+		o.PongTimeout = 2 * o.PingInterval
+	}
 	if o.ReadLimit <= 0 {
 		o.ReadLimit = DefaultReadLimit
 	}
@@ -80,6 +87,7 @@ type Conn struct {
 	label        string
 	log          *slog.Logger
 	pingInterval time.Duration
+	pongTimeout  time.Duration
 	writeTimeout time.Duration
 	tap          func(dir string, data []byte)
 
@@ -175,6 +183,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		label:        opts.Label,
 		log:          log,
 		pingInterval: opts.PingInterval,
+		pongTimeout:  opts.PongTimeout,
 		writeTimeout: opts.WriteTimeout,
 		tap:          opts.Tap,
 		life:         life,
@@ -530,22 +539,32 @@ func (c *Conn) handle(m inbound) {
 	}
 }
 
+// pingLoop sends a Ping every interval while none is unanswered, and closes
+// the socket when a Ping's Pong has not come within pongTimeout.
 func (c *Conn) pingLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.pingInterval)
 	defer t.Stop()
+	deadline := time.NewTimer(c.pongTimeout)
+	deadline.Stop()
+	defer deadline.Stop()
 	for {
 		select {
 		case <-c.done:
 			return
+		case <-deadline.C:
+			if c.awaitingPong.Load() {
+				c.fail(fmt.Errorf("%w: no Pong from T3 within %v of a Ping; the socket is dead", ErrClosed, c.pongTimeout))
+				return
+			}
 		case <-t.C:
+			if c.awaitingPong.Load() {
+				continue // late, but its Ping still has time (pongTimeout)
+			}
+			c.awaitingPong.Store(true)
+			deadline.Reset(c.pongTimeout)
+			// A failed write closes the connection itself; nothing else to do here.
+			_ = c.send(t3rpc.NewPingClientMessage(t3rpc.Ping{}))
 		}
-		if c.awaitingPong.Load() {
-			c.fail(fmt.Errorf("%w: no Pong from T3 within %v; the socket is dead", ErrClosed, c.pingInterval))
-			return
-		}
-		c.awaitingPong.Store(true)
-		// A failed write closes the connection itself; nothing else to do here.
-		_ = c.send(t3rpc.NewPingClientMessage(t3rpc.Ping{}))
 	}
 }

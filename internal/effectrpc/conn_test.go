@@ -283,10 +283,44 @@ func TestPingPongKeepsSocket(t *testing.T) {
 			t.Fatal("no Ping")
 		}
 	}
-	// Pongs came back, so the socket is alive. (A Pong later than a whole
-	// interval on a loaded machine would fail this; 100 ms is ample.)
+	// Pongs came back, so the socket is alive. (A Pong later than two
+	// intervals on a loaded machine would fail this; 200 ms is ample.)
 	if err := c.Err(); err != nil {
 		t.Fatalf("socket closed although T3 answered every Ping: %v", err)
+	}
+}
+
+// A Pong that comes after the next Ping would have been due (T3 on a starved
+// machine) keeps the socket: it is dead only when no Pong came within
+// PongTimeout of a Ping.
+func TestLatePongKeepsSocket(t *testing.T) {
+	ts := newServer(t, func(p *peer) { p.recv() })
+	const interval = 40 * time.Millisecond
+	ts.pongDelay.Store(int64(interval * 3 / 2)) // every Pong later than the next tick
+	c := dial(t, ts, Options{PingInterval: interval, PongTimeout: safety})
+	for ts.pongs.Load() < 4 {
+		select {
+		case <-ts.pinged:
+		case <-c.Done():
+			t.Fatalf("socket closed although every Pong came, late: %v", c.Err())
+		case <-time.After(safety):
+			t.Fatal("no Ping")
+		}
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("socket closed although every Pong came, late: %v", err)
+	}
+	if p, g := ts.pings.Load(), ts.pongs.Load(); p > g+1 {
+		t.Fatalf("%d Pings for %d Pongs: a Ping went out while one was unanswered", p, g)
+	}
+}
+
+func TestPongTimeoutDefault(t *testing.T) {
+	if got := (Options{PingInterval: 3 * time.Second}).withDefaults().PongTimeout; got != 6*time.Second {
+		t.Fatalf("PongTimeout = %v, want two intervals", got)
+	}
+	if got := (Options{}).withDefaults().PongTimeout; got != 2*DefaultPingInterval {
+		t.Fatalf("PongTimeout = %v, want two intervals", got)
 	}
 }
 

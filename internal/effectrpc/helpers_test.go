@@ -88,7 +88,11 @@ func recordedExit(t testing.TB, file, requestID, newID string) string {
 type testServer struct {
 	*httptest.Server
 	noPong atomic.Bool
-	pings  atomic.Int64
+	// pongDelay, when set (nanoseconds), delays every Pong by that long (sent
+	// from a timer: frames behind the Ping are still read meanwhile).
+	pongDelay atomic.Int64
+	pongs     atomic.Int64 // Pongs sent
+	pings     atomic.Int64
 	// pinged receives a value per Ping (non-blocking; capacity 64).
 	pinged chan struct{}
 }
@@ -173,13 +177,29 @@ func (p *peer) readLoop() {
 				case p.srv.pinged <- struct{}{}:
 				default:
 				}
-				if !p.srv.noPong.Load() {
-					p.send(`{"_tag":"Pong"}`)
+				switch d := time.Duration(p.srv.pongDelay.Load()); {
+				case p.srv.noPong.Load():
+				case d > 0:
+					time.AfterFunc(d, p.pong)
+				default:
+					p.pong()
 				}
 				continue
 			}
 			p.in <- received{msg: m, raw: raw}
 		}
+	}
+}
+
+// pong answers a Ping, unless the client has gone.
+func (p *peer) pong() {
+	select {
+	case <-p.closed:
+		return
+	default:
+	}
+	if p.sendErr(`{"_tag":"Pong"}`) == nil {
+		p.srv.pongs.Add(1)
 	}
 }
 
@@ -215,10 +235,14 @@ func (p *peer) request() (t3rpc.Request, bool) {
 }
 
 func (p *peer) send(frame string) {
+	// The client may be gone already in tests about lost sockets.
+	_ = p.sendErr(frame)
+}
+
+func (p *peer) sendErr(frame string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), safety)
 	defer cancel()
-	// The client may be gone already in tests about lost sockets.
-	_ = p.ws.Write(ctx, websocket.MessageText, []byte(frame))
+	return p.ws.Write(ctx, websocket.MessageText, []byte(frame))
 }
 
 // drop kills the TCP connection without a close handshake.

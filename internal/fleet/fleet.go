@@ -37,6 +37,10 @@ const (
 type Options struct {
 	Logger      *slog.Logger
 	HTTPTimeout time.Duration
+	// PongTimeout is how long a machine's socket may leave a Ping unanswered
+	// before it is dropped and reconnected (effectrpc.Options.PongTimeout;
+	// zero: two Ping intervals).
+	PongTimeout time.Duration
 	// DemoMachines are marked demo in t3_machines.
 	DemoMachines map[string]bool
 	// Tokens are bearer tokens the caller hands over directly, by machine
@@ -98,7 +102,7 @@ func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
 		token, err := tokenOf(mc, o.Tokens)
 		if err != nil {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
-		} else if c, err := t3.NewClient(mc.Name, mc.URL, token, t3.Options{Timeout: o.HTTPTimeout, Logger: o.Logger}); err != nil {
+		} else if c, err := t3.NewClient(mc.Name, mc.URL, token, t3.Options{Timeout: o.HTTPTimeout, Logger: o.Logger, RPC: effectrpc.Options{PongTimeout: o.PongTimeout}}); err != nil {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
 		} else {
 			m.client = c
