@@ -324,7 +324,40 @@ const inputDispatch = `{
     },
     "thread_id": {
       "type": "string",
-      "description": "Continue this idle thread; then prompt is all it needs."
+      "description": "Continue this thread; then prompt is all it needs."
+    },
+    "mode": {
+      "type": "string",
+      "enum": [
+        "queue",
+        "steer",
+        "restart"
+      ],
+      "description": "With thread_id, if busy: run after, steer into or restart its run (default: queue)."
+    },
+    "worktree": {
+      "type": "object",
+      "additionalProperties": false,
+      "description": "Run a new thread on its own git worktree.",
+      "properties": {
+        "base_ref": {
+          "type": "string",
+          "description": "Ref to branch from, e.g. main."
+        },
+        "branch": {
+          "type": "string",
+          "description": "Branch name (default: T3's)."
+        },
+        "path": {
+          "type": "string",
+          "description": "Or an existing worktree."
+        }
+      }
+    },
+    "idempotency_key": {
+      "type": "string",
+      "maxLength": 200,
+      "description": "A retry with it returns the first call's thread and run."
     },
     "watch": {
       "type": "boolean",
@@ -373,7 +406,16 @@ const outputDispatch = `{
     "run_id": {
       "type": "string"
     },
+    "queued": {
+      "type": "boolean"
+    },
+    "branch": {
+      "type": "string"
+    },
     "created": {
+      "type": "boolean"
+    },
+    "replayed": {
       "type": "boolean"
     },
     "watching": {

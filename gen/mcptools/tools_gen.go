@@ -246,8 +246,13 @@ type DispatchInput struct {
 	Title OptString `json:"title"`
 	// InstanceId/model of a new thread (default: the project's).
 	Model OptString `json:"model"`
-	// Continue this idle thread; then prompt is all it needs.
+	// Continue this thread; then prompt is all it needs.
 	ThreadID OptString `json:"thread_id"`
+	// With thread_id, if busy: run after, steer into or restart its run (default: queue).
+	Mode     OptDispatchInputMode `json:"mode"`
+	Worktree OptWorktreeSpec      `json:"worktree"`
+	// A retry with it returns the first call's thread and run.
+	IdempotencyKey OptString `json:"idempotency_key"`
 	// Webhook events.
 	Watch OptBool `json:"watch"`
 }
@@ -280,6 +285,21 @@ func (s *DispatchInput) GetModel() OptString {
 // GetThreadID returns the value of ThreadID.
 func (s *DispatchInput) GetThreadID() OptString {
 	return s.ThreadID
+}
+
+// GetMode returns the value of Mode.
+func (s *DispatchInput) GetMode() OptDispatchInputMode {
+	return s.Mode
+}
+
+// GetWorktree returns the value of Worktree.
+func (s *DispatchInput) GetWorktree() OptWorktreeSpec {
+	return s.Worktree
+}
+
+// GetIdempotencyKey returns the value of IdempotencyKey.
+func (s *DispatchInput) GetIdempotencyKey() OptString {
+	return s.IdempotencyKey
 }
 
 // GetWatch returns the value of Watch.
@@ -317,9 +337,73 @@ func (s *DispatchInput) SetThreadID(val OptString) {
 	s.ThreadID = val
 }
 
+// SetMode sets the value of Mode.
+func (s *DispatchInput) SetMode(val OptDispatchInputMode) {
+	s.Mode = val
+}
+
+// SetWorktree sets the value of Worktree.
+func (s *DispatchInput) SetWorktree(val OptWorktreeSpec) {
+	s.Worktree = val
+}
+
+// SetIdempotencyKey sets the value of IdempotencyKey.
+func (s *DispatchInput) SetIdempotencyKey(val OptString) {
+	s.IdempotencyKey = val
+}
+
 // SetWatch sets the value of Watch.
 func (s *DispatchInput) SetWatch(val OptBool) {
 	s.Watch = val
+}
+
+// With thread_id, if busy: run after, steer into or restart its run (default: queue).
+type DispatchInputMode string
+
+const (
+	DispatchInputModeQueue   DispatchInputMode = "queue"
+	DispatchInputModeSteer   DispatchInputMode = "steer"
+	DispatchInputModeRestart DispatchInputMode = "restart"
+)
+
+// AllValues returns all DispatchInputMode values.
+func (DispatchInputMode) AllValues() []DispatchInputMode {
+	return []DispatchInputMode{
+		DispatchInputModeQueue,
+		DispatchInputModeSteer,
+		DispatchInputModeRestart,
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s DispatchInputMode) MarshalText() ([]byte, error) {
+	switch s {
+	case DispatchInputModeQueue:
+		return []byte(s), nil
+	case DispatchInputModeSteer:
+		return []byte(s), nil
+	case DispatchInputModeRestart:
+		return []byte(s), nil
+	default:
+		return nil, errors.Errorf("invalid value: %q", s)
+	}
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *DispatchInputMode) UnmarshalText(data []byte) error {
+	switch DispatchInputMode(data) {
+	case DispatchInputModeQueue:
+		*s = DispatchInputModeQueue
+		return nil
+	case DispatchInputModeSteer:
+		*s = DispatchInputModeSteer
+		return nil
+	case DispatchInputModeRestart:
+		*s = DispatchInputModeRestart
+		return nil
+	default:
+		return errors.Errorf("invalid value: %q", data)
+	}
 }
 
 // Ref: #/$defs/DispatchOutput
@@ -329,7 +413,10 @@ type DispatchOutput struct {
 	Project   ProjectRef `json:"project"`
 	MessageID string     `json:"message_id"`
 	RunID     OptString  `json:"run_id"`
+	Queued    OptBool    `json:"queued"`
+	Branch    OptString  `json:"branch"`
 	Created   bool       `json:"created"`
+	Replayed  OptBool    `json:"replayed"`
 	Watching  bool       `json:"watching"`
 }
 
@@ -358,9 +445,24 @@ func (s *DispatchOutput) GetRunID() OptString {
 	return s.RunID
 }
 
+// GetQueued returns the value of Queued.
+func (s *DispatchOutput) GetQueued() OptBool {
+	return s.Queued
+}
+
+// GetBranch returns the value of Branch.
+func (s *DispatchOutput) GetBranch() OptString {
+	return s.Branch
+}
+
 // GetCreated returns the value of Created.
 func (s *DispatchOutput) GetCreated() bool {
 	return s.Created
+}
+
+// GetReplayed returns the value of Replayed.
+func (s *DispatchOutput) GetReplayed() OptBool {
+	return s.Replayed
 }
 
 // GetWatching returns the value of Watching.
@@ -393,9 +495,24 @@ func (s *DispatchOutput) SetRunID(val OptString) {
 	s.RunID = val
 }
 
+// SetQueued sets the value of Queued.
+func (s *DispatchOutput) SetQueued(val OptBool) {
+	s.Queued = val
+}
+
+// SetBranch sets the value of Branch.
+func (s *DispatchOutput) SetBranch(val OptString) {
+	s.Branch = val
+}
+
 // SetCreated sets the value of Created.
 func (s *DispatchOutput) SetCreated(val bool) {
 	s.Created = val
+}
+
+// SetReplayed sets the value of Replayed.
+func (s *DispatchOutput) SetReplayed(val OptBool) {
+	s.Replayed = val
 }
 
 // SetWatching sets the value of Watching.
@@ -1053,6 +1170,52 @@ func (o OptDispatchInput) Get() (v DispatchInput, ok bool) {
 
 // Or returns value if set, or given parameter if does not.
 func (o OptDispatchInput) Or(d DispatchInput) DispatchInput {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
+// NewOptDispatchInputMode returns new OptDispatchInputMode with value set to v.
+func NewOptDispatchInputMode(v DispatchInputMode) OptDispatchInputMode {
+	return OptDispatchInputMode{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptDispatchInputMode is optional DispatchInputMode.
+type OptDispatchInputMode struct {
+	Value DispatchInputMode
+	Set   bool
+}
+
+// IsSet returns true if OptDispatchInputMode was set.
+func (o OptDispatchInputMode) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptDispatchInputMode) Reset() {
+	var v DispatchInputMode
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptDispatchInputMode) SetTo(v DispatchInputMode) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptDispatchInputMode) Get() (v DispatchInputMode, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptDispatchInputMode) Or(d DispatchInputMode) DispatchInputMode {
 	if v, ok := o.Get(); ok {
 		return v
 	}
@@ -2439,6 +2602,52 @@ func (o OptWatchOutput) Or(d WatchOutput) WatchOutput {
 	return d
 }
 
+// NewOptWorktreeSpec returns new OptWorktreeSpec with value set to v.
+func NewOptWorktreeSpec(v WorktreeSpec) OptWorktreeSpec {
+	return OptWorktreeSpec{
+		Value: v,
+		Set:   true,
+	}
+}
+
+// OptWorktreeSpec is optional WorktreeSpec.
+type OptWorktreeSpec struct {
+	Value WorktreeSpec
+	Set   bool
+}
+
+// IsSet returns true if OptWorktreeSpec was set.
+func (o OptWorktreeSpec) IsSet() bool { return o.Set }
+
+// Reset unsets value.
+func (o *OptWorktreeSpec) Reset() {
+	var v WorktreeSpec
+	o.Value = v
+	o.Set = false
+}
+
+// SetTo sets value to v.
+func (o *OptWorktreeSpec) SetTo(v WorktreeSpec) {
+	o.Set = true
+	o.Value = v
+}
+
+// Get returns value and boolean that denotes whether value was set.
+func (o OptWorktreeSpec) Get() (v WorktreeSpec, ok bool) {
+	if !o.Set {
+		return v, false
+	}
+	return o.Value, true
+}
+
+// Or returns value if set, or given parameter if does not.
+func (o OptWorktreeSpec) Or(d WorktreeSpec) WorktreeSpec {
+	if v, ok := o.Get(); ok {
+		return v
+	}
+	return d
+}
+
 // Ref: #/$defs/PendingQuestion
 type PendingQuestion struct {
 	RequestID string       `json:"request_id"`
@@ -2768,6 +2977,7 @@ type Root struct {
 	ProjectsOutput   OptProjectsOutput   `json:"ProjectsOutput"`
 	DispatchInput    OptDispatchInput    `json:"DispatchInput"`
 	DispatchOutput   OptDispatchOutput   `json:"DispatchOutput"`
+	WorktreeSpec     OptWorktreeSpec     `json:"WorktreeSpec"`
 	ThreadInput      OptThreadInput      `json:"ThreadInput"`
 	ThreadOutput     OptThreadState      `json:"ThreadOutput"`
 	WaitInput        OptWaitInput        `json:"WaitInput"`
@@ -2828,6 +3038,11 @@ func (s *Root) GetDispatchInput() OptDispatchInput {
 // GetDispatchOutput returns the value of DispatchOutput.
 func (s *Root) GetDispatchOutput() OptDispatchOutput {
 	return s.DispatchOutput
+}
+
+// GetWorktreeSpec returns the value of WorktreeSpec.
+func (s *Root) GetWorktreeSpec() OptWorktreeSpec {
+	return s.WorktreeSpec
 }
 
 // GetThreadInput returns the value of ThreadInput.
@@ -3008,6 +3223,11 @@ func (s *Root) SetDispatchInput(val OptDispatchInput) {
 // SetDispatchOutput sets the value of DispatchOutput.
 func (s *Root) SetDispatchOutput(val OptDispatchOutput) {
 	s.DispatchOutput = val
+}
+
+// SetWorktreeSpec sets the value of WorktreeSpec.
+func (s *Root) SetWorktreeSpec(val OptWorktreeSpec) {
+	s.WorktreeSpec = val
 }
 
 // SetThreadInput sets the value of ThreadInput.
@@ -4093,6 +4313,47 @@ func (s *WatchOutput) SetThread(val OptTrackedThread) {
 	s.Thread = val
 }
 
+// Run a new thread on its own git worktree.
+// Ref: #/$defs/WorktreeSpec
+type WorktreeSpec struct {
+	// Ref to branch from, e.g. main.
+	BaseRef OptString `json:"base_ref"`
+	// Branch name (default: T3's).
+	Branch OptString `json:"branch"`
+	// Or an existing worktree.
+	Path OptString `json:"path"`
+}
+
+// GetBaseRef returns the value of BaseRef.
+func (s *WorktreeSpec) GetBaseRef() OptString {
+	return s.BaseRef
+}
+
+// GetBranch returns the value of Branch.
+func (s *WorktreeSpec) GetBranch() OptString {
+	return s.Branch
+}
+
+// GetPath returns the value of Path.
+func (s *WorktreeSpec) GetPath() OptString {
+	return s.Path
+}
+
+// SetBaseRef sets the value of BaseRef.
+func (s *WorktreeSpec) SetBaseRef(val OptString) {
+	s.BaseRef = val
+}
+
+// SetBranch sets the value of Branch.
+func (s *WorktreeSpec) SetBranch(val OptString) {
+	s.Branch = val
+}
+
+// SetPath sets the value of Path.
+func (s *WorktreeSpec) SetPath(val OptString) {
+	s.Path = val
+}
+
 // setDefaults set default value of fields.
 func (s *DispatchInput) setDefaults() {
 	{
@@ -4617,6 +4878,24 @@ func (s *DispatchInput) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Mode.Set {
+			e.FieldStart("mode")
+			s.Mode.Encode(e)
+		}
+	}
+	{
+		if s.Worktree.Set {
+			e.FieldStart("worktree")
+			s.Worktree.Encode(e)
+		}
+	}
+	{
+		if s.IdempotencyKey.Set {
+			e.FieldStart("idempotency_key")
+			s.IdempotencyKey.Encode(e)
+		}
+	}
+	{
 		if s.Watch.Set {
 			e.FieldStart("watch")
 			s.Watch.Encode(e)
@@ -4624,14 +4903,17 @@ func (s *DispatchInput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfDispatchInput = [7]string{
+var jsonFieldsNameOfDispatchInput = [10]string{
 	0: "machine",
 	1: "project",
 	2: "prompt",
 	3: "title",
 	4: "model",
 	5: "thread_id",
-	6: "watch",
+	6: "mode",
+	7: "worktree",
+	8: "idempotency_key",
+	9: "watch",
 }
 
 // Decode decodes DispatchInput from json.
@@ -4639,7 +4921,7 @@ func (s *DispatchInput) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode DispatchInput to nil")
 	}
-	var requiredBitSet [1]uint8
+	var requiredBitSet [2]uint8
 	s.setDefaults()
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
@@ -4706,6 +4988,36 @@ func (s *DispatchInput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"thread_id\"")
 			}
+		case "mode":
+			if err := func() error {
+				s.Mode.Reset()
+				if err := s.Mode.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"mode\"")
+			}
+		case "worktree":
+			if err := func() error {
+				s.Worktree.Reset()
+				if err := s.Worktree.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktree\"")
+			}
+		case "idempotency_key":
+			if err := func() error {
+				s.IdempotencyKey.Reset()
+				if err := s.IdempotencyKey.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"idempotency_key\"")
+			}
 		case "watch":
 			if err := func() error {
 				s.Watch.Reset()
@@ -4725,8 +5037,9 @@ func (s *DispatchInput) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [1]uint8{
+	for i, mask := range [2]uint8{
 		0b00000100,
+		0b00000000,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -4772,6 +5085,48 @@ func (s *DispatchInput) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes DispatchInputMode as json.
+func (s DispatchInputMode) Encode(e *jx.Encoder) {
+	e.Str(string(s))
+}
+
+// Decode decodes DispatchInputMode from json.
+func (s *DispatchInputMode) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode DispatchInputMode to nil")
+	}
+	v, err := d.StrBytes()
+	if err != nil {
+		return err
+	}
+	// Try to use constant string.
+	switch DispatchInputMode(v) {
+	case DispatchInputModeQueue:
+		*s = DispatchInputModeQueue
+	case DispatchInputModeSteer:
+		*s = DispatchInputModeSteer
+	case DispatchInputModeRestart:
+		*s = DispatchInputModeRestart
+	default:
+		*s = DispatchInputMode(v)
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s DispatchInputMode) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *DispatchInputMode) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode implements json.Marshaler.
 func (s *DispatchOutput) Encode(e *jx.Encoder) {
 	e.ObjStart()
@@ -4804,8 +5159,26 @@ func (s *DispatchOutput) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Queued.Set {
+			e.FieldStart("queued")
+			s.Queued.Encode(e)
+		}
+	}
+	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
 		e.FieldStart("created")
 		e.Bool(s.Created)
+	}
+	{
+		if s.Replayed.Set {
+			e.FieldStart("replayed")
+			s.Replayed.Encode(e)
+		}
 	}
 	{
 		e.FieldStart("watching")
@@ -4813,14 +5186,17 @@ func (s *DispatchOutput) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfDispatchOutput = [7]string{
+var jsonFieldsNameOfDispatchOutput = [10]string{
 	0: "thread_id",
 	1: "machine",
 	2: "project",
 	3: "message_id",
 	4: "run_id",
-	5: "created",
-	6: "watching",
+	5: "queued",
+	6: "branch",
+	7: "created",
+	8: "replayed",
+	9: "watching",
 }
 
 // Decode decodes DispatchOutput from json.
@@ -4828,7 +5204,7 @@ func (s *DispatchOutput) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode DispatchOutput to nil")
 	}
-	var requiredBitSet [1]uint8
+	var requiredBitSet [2]uint8
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
@@ -4888,8 +5264,28 @@ func (s *DispatchOutput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"run_id\"")
 			}
+		case "queued":
+			if err := func() error {
+				s.Queued.Reset()
+				if err := s.Queued.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"queued\"")
+			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
 		case "created":
-			requiredBitSet[0] |= 1 << 5
+			requiredBitSet[0] |= 1 << 7
 			if err := func() error {
 				v, err := d.Bool()
 				s.Created = bool(v)
@@ -4900,8 +5296,18 @@ func (s *DispatchOutput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"created\"")
 			}
+		case "replayed":
+			if err := func() error {
+				s.Replayed.Reset()
+				if err := s.Replayed.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"replayed\"")
+			}
 		case "watching":
-			requiredBitSet[0] |= 1 << 6
+			requiredBitSet[1] |= 1 << 1
 			if err := func() error {
 				v, err := d.Bool()
 				s.Watching = bool(v)
@@ -4921,8 +5327,9 @@ func (s *DispatchOutput) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [1]uint8{
-		0b01101111,
+	for i, mask := range [2]uint8{
+		0b10001111,
+		0b00000010,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.
@@ -6080,6 +6487,39 @@ func (s *OptDispatchInput) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes DispatchInputMode as json.
+func (o OptDispatchInputMode) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	e.Str(string(o.Value))
+}
+
+// Decode decodes DispatchInputMode from json.
+func (o *OptDispatchInputMode) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptDispatchInputMode to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptDispatchInputMode) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptDispatchInputMode) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode encodes DispatchOutput as json.
 func (o OptDispatchOutput) Encode(e *jx.Encoder) {
 	if !o.Set {
@@ -7074,6 +7514,39 @@ func (s *OptWatchOutput) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode encodes WorktreeSpec as json.
+func (o OptWorktreeSpec) Encode(e *jx.Encoder) {
+	if !o.Set {
+		return
+	}
+	o.Value.Encode(e)
+}
+
+// Decode decodes WorktreeSpec from json.
+func (o *OptWorktreeSpec) Decode(d *jx.Decoder) error {
+	if o == nil {
+		return errors.New("invalid: unable to decode OptWorktreeSpec to nil")
+	}
+	o.Set = true
+	if err := o.Value.Decode(d); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s OptWorktreeSpec) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *OptWorktreeSpec) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 // Encode implements json.Marshaler.
 func (s *PendingQuestion) Encode(e *jx.Encoder) {
 	e.ObjStart()
@@ -8039,6 +8512,12 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.WorktreeSpec.Set {
+			e.FieldStart("WorktreeSpec")
+			s.WorktreeSpec.Encode(e)
+		}
+	}
+	{
 		if s.ThreadInput.Set {
 			e.FieldStart("ThreadInput")
 			s.ThreadInput.Encode(e)
@@ -8220,43 +8699,44 @@ func (s *Root) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfRoot = [36]string{
+var jsonFieldsNameOfRoot = [37]string{
 	0:  "MachinesInput",
 	1:  "MachinesOutput",
 	2:  "ProjectsInput",
 	3:  "ProjectsOutput",
 	4:  "DispatchInput",
 	5:  "DispatchOutput",
-	6:  "ThreadInput",
-	7:  "ThreadOutput",
-	8:  "WaitInput",
-	9:  "WaitOutput",
-	10: "AnswerInput",
-	11: "AnswerOutput",
-	12: "InterruptInput",
-	13: "InterruptOutput",
-	14: "WatchInput",
-	15: "WatchOutput",
-	16: "Machine",
-	17: "MachineStatus",
-	18: "Project",
-	19: "ProjectRef",
-	20: "ThreadState",
-	21: "LatestRun",
-	22: "RunSummary",
-	23: "ChangedFile",
-	24: "PendingQuestion",
-	25: "QuestionKind",
-	26: "Question",
-	27: "TruncationNote",
-	28: "WaitReason",
-	29: "AnswerValue",
-	30: "ApprovalDecision",
-	31: "TrackedThread",
-	32: "ThreadsInput",
-	33: "ThreadsOutput",
-	34: "ThreadEntry",
-	35: "RunDiff",
+	6:  "WorktreeSpec",
+	7:  "ThreadInput",
+	8:  "ThreadOutput",
+	9:  "WaitInput",
+	10: "WaitOutput",
+	11: "AnswerInput",
+	12: "AnswerOutput",
+	13: "InterruptInput",
+	14: "InterruptOutput",
+	15: "WatchInput",
+	16: "WatchOutput",
+	17: "Machine",
+	18: "MachineStatus",
+	19: "Project",
+	20: "ProjectRef",
+	21: "ThreadState",
+	22: "LatestRun",
+	23: "RunSummary",
+	24: "ChangedFile",
+	25: "PendingQuestion",
+	26: "QuestionKind",
+	27: "Question",
+	28: "TruncationNote",
+	29: "WaitReason",
+	30: "AnswerValue",
+	31: "ApprovalDecision",
+	32: "TrackedThread",
+	33: "ThreadsInput",
+	34: "ThreadsOutput",
+	35: "ThreadEntry",
+	36: "RunDiff",
 }
 
 // Decode decodes Root from json.
@@ -8328,6 +8808,16 @@ func (s *Root) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"DispatchOutput\"")
+			}
+		case "WorktreeSpec":
+			if err := func() error {
+				s.WorktreeSpec.Reset()
+				if err := s.WorktreeSpec.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"WorktreeSpec\"")
 			}
 		case "ThreadInput":
 			if err := func() error {
@@ -10922,6 +11412,103 @@ func (s *WatchOutput) UnmarshalJSON(data []byte) error {
 	return s.Decode(d)
 }
 
+// Encode implements json.Marshaler.
+func (s *WorktreeSpec) Encode(e *jx.Encoder) {
+	e.ObjStart()
+	s.encodeFields(e)
+	e.ObjEnd()
+}
+
+// encodeFields encodes fields.
+func (s *WorktreeSpec) encodeFields(e *jx.Encoder) {
+	{
+		if s.BaseRef.Set {
+			e.FieldStart("base_ref")
+			s.BaseRef.Encode(e)
+		}
+	}
+	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.Path.Set {
+			e.FieldStart("path")
+			s.Path.Encode(e)
+		}
+	}
+}
+
+var jsonFieldsNameOfWorktreeSpec = [3]string{
+	0: "base_ref",
+	1: "branch",
+	2: "path",
+}
+
+// Decode decodes WorktreeSpec from json.
+func (s *WorktreeSpec) Decode(d *jx.Decoder) error {
+	if s == nil {
+		return errors.New("invalid: unable to decode WorktreeSpec to nil")
+	}
+
+	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "base_ref":
+			if err := func() error {
+				s.BaseRef.Reset()
+				if err := s.BaseRef.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"base_ref\"")
+			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "path":
+			if err := func() error {
+				s.Path.Reset()
+				if err := s.Path.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"path\"")
+			}
+		default:
+			return errors.Errorf("unexpected field %q", k)
+		}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "decode WorktreeSpec")
+	}
+
+	return nil
+}
+
+// MarshalJSON implements stdjson.Marshaler.
+func (s *WorktreeSpec) MarshalJSON() ([]byte, error) {
+	e := jx.Encoder{}
+	s.Encode(&e)
+	return e.Bytes(), nil
+}
+
+// UnmarshalJSON implements stdjson.Unmarshaler.
+func (s *WorktreeSpec) UnmarshalJSON(data []byte) error {
+	d := jx.DecodeBytes(data)
+	return s.Decode(d)
+}
+
 func (s *AnswerInput) Validate() error {
 	if s == nil {
 		return validate.ErrNilPointer
@@ -11050,10 +11637,71 @@ func (s *DispatchInput) Validate() error {
 			Error: err,
 		})
 	}
+	if err := func() error {
+		if value, ok := s.Mode.Get(); ok {
+			if err := func() error {
+				if err := value.Validate(); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "mode",
+			Error: err,
+		})
+	}
+	if err := func() error {
+		if value, ok := s.IdempotencyKey.Get(); ok {
+			if err := func() error {
+				if err := (validate.String{
+					MinLength:     0,
+					MinLengthSet:  false,
+					MaxLength:     200,
+					MaxLengthSet:  true,
+					Email:         false,
+					Hostname:      false,
+					Regex:         nil,
+					MinNumeric:    0,
+					MinNumericSet: false,
+					MaxNumeric:    0,
+					MaxNumericSet: false,
+				}).Validate(string(value)); err != nil {
+					return errors.Wrap(err, "string")
+				}
+				return nil
+			}(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}(); err != nil {
+		failures = append(failures, validate.FieldError{
+			Name:  "idempotency_key",
+			Error: err,
+		})
+	}
 	if len(failures) > 0 {
 		return &validate.Error{Fields: failures}
 	}
 	return nil
+}
+
+func (s DispatchInputMode) Validate() error {
+	switch s {
+	case "queue":
+		return nil
+	case "steer":
+		return nil
+	case "restart":
+		return nil
+	default:
+		return errors.Errorf("invalid value: %v", s)
+	}
 }
 
 func (s *InterruptOutput) Validate() error {

@@ -58,6 +58,9 @@ type Settings struct {
 	// ThreadRetention: tracked threads nobody watches are forgotten this long
 	// after their last update (T3CODE_MCP_THREAD_RETENTION, 72h).
 	ThreadRetention time.Duration
+	// IdempotencyRetention: t3_dispatch idempotency keys are kept this long
+	// (T3CODE_MCP_IDEMPOTENCY_RETENTION, 24h).
+	IdempotencyRetention time.Duration
 	// Lookup tunes the detector's thread look-ups (tests shorten the
 	// backoff); zero values pick the defaults.
 	Lookup events.LookupOptions
@@ -139,6 +142,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	durVar("T3CODE_MCP_T3_TIMEOUT", &s.HTTPTimeout, 15*time.Second)
 	durVar("T3CODE_MCP_T3_PONG_TIMEOUT", &s.PongTimeout, 2*effectrpc.DefaultPingInterval)
 	durVar("T3CODE_MCP_THREAD_RETENTION", &s.ThreadRetention, events.DefaultRetention)
+	durVar("T3CODE_MCP_IDEMPOTENCY_RETENTION", &s.IdempotencyRetention, tools.DefaultIdempotencyRetention)
 	var body int
 	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
 	s.MaxBodyBytes = int64(body)
@@ -245,6 +249,7 @@ func New(s Settings, o Options) (*App, error) {
 	a.Registry.MustRegister(toolCalls)
 	a.Push = tools.NewPush()
 	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
+		IdempotencyRetention: s.IdempotencyRetention,
 		OnCall: func(tool string, _ time.Duration, isError bool) {
 			outcome := "ok"
 			if isError {

@@ -23,7 +23,7 @@ const goldenDir = "testdata/toolschemas"
 var toolArgs = map[string]struct{ all, required []string }{
 	mcptools.ToolMachines:  {nil, nil},
 	mcptools.ToolProjects:  {[]string{"machine"}, []string{"machine"}},
-	mcptools.ToolDispatch:  {[]string{"machine", "project", "prompt", "title", "model", "thread_id", "watch"}, []string{"prompt"}},
+	mcptools.ToolDispatch:  {[]string{"machine", "project", "prompt", "title", "model", "thread_id", "mode", "worktree", "idempotency_key", "watch"}, []string{"prompt"}},
 	mcptools.ToolThread:    {[]string{"thread_id", "turns", "diff", "run_id"}, []string{"thread_id"}},
 	mcptools.ToolThreads:   {[]string{"machine", "project", "status", "query", "archived", "limit", "cursor"}, []string{"machine"}},
 	mcptools.ToolWait:      {[]string{"thread_id", "thread_ids", "timeout"}, nil},

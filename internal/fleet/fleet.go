@@ -491,6 +491,15 @@ func (m *Machine) Dispatch(ctx context.Context, cmd t3.Command) (int64, error) {
 	return t3.Dispatch(ctx, m.watcher.Conn, cmd)
 }
 
+// Launch creates and starts a thread in one call (orchestration.launchThread),
+// the one way to put a thread on its own git worktree (fixture 20).
+func (m *Machine) Launch(ctx context.Context, in *t3rpc.LaunchThreadInput) (*t3rpc.LaunchThreadResult, error) {
+	if err := m.Ready(); err != nil {
+		return nil, err
+	}
+	return t3.Launch(ctx, m.watcher.Conn, in)
+}
+
 // Providers returns the machine's provider instances and models
 // (server.getConfig), cached per connection.
 func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {

@@ -49,6 +49,13 @@ func (c *command) CommandID() string            { return c.id }
 func (c *command) CommandType() string          { return c.typ }
 func (c *command) MarshalJSON() ([]byte, error) { return c.payload.MarshalJSON() }
 
+// Resend is a command as it was first built — its commandId, type and JSON as sent — so that a
+// later process can send it again (t3_dispatch idempotency keys): T3 applies a commandId once and
+// answers a repeat with the original result.
+func Resend(commandID, commandType string, body json.RawMessage) Command {
+	return &command{id: commandID, typ: commandType, payload: body}
+}
+
 // ThreadCreate creates a thread in a project without starting it.
 func ThreadCreate(threadID, projectID, title string, model t3rpc.ModelSelection) Command {
 	p := &t3rpc.ThreadCreateCommand{
@@ -73,6 +80,14 @@ func ThreadCreate(threadID, projectID, title string, model t3rpc.ModelSelection)
 // the run is found afterwards. titleSeed may be empty. The thread's model
 // applies; change it first with ModelSelectionSet.
 func MessageDispatch(threadID, messageID, text, titleSeed string) Command {
+	return MessageDispatchMode(threadID, messageID, text, titleSeed, t3rpc.DispatchMode{Type: t3rpc.DispatchModeTypeStartImmediately})
+}
+
+// MessageDispatchMode is MessageDispatch with T3's dispatchMode (fixture 21):
+// start_immediately and queue_after_active queue a new run on a busy thread;
+// steer_active and restart_active with targetRunId (the active run) put the
+// message into that run as a new attempt.
+func MessageDispatchMode(threadID, messageID, text, titleSeed string, mode t3rpc.DispatchMode) Command {
 	p := &t3rpc.MessageDispatchCommand{
 		Type:           t3rpc.MessageDispatchCommandTypeMessageDispatch,
 		CommandId:      NewID("cmd"),
@@ -82,7 +97,7 @@ func MessageDispatch(threadID, messageID, text, titleSeed string) Command {
 		Attachments:    []t3rpc.Attachment{},
 		CreatedBy:      createdBy,
 		CreationSource: creationSource,
-		DispatchMode:   t3rpc.DispatchMode{Type: "start_immediately"},
+		DispatchMode:   mode,
 	}
 	if titleSeed != "" {
 		p.TitleSeed = t3rpc.NewOptString(titleSeed)

@@ -38,116 +38,178 @@ func dispatchTool(d *Deps) Handler {
 		if n := utf8.RuneCountInString(in.Prompt); n > d.Limits.MaxPromptChars {
 			return Result{}, fmt.Errorf("%s: prompt is %d characters, more than the limit of %d (T3CODE_MCP_MAX_PROMPT_CHARS); shorten it or put the details in a file in the workspace", tool, n, d.Limits.MaxPromptChars)
 		}
-		watch := in.Watch.Or(true)
+		key := strings.TrimSpace(in.IdempotencyKey.Or(""))
+		if in.IdempotencyKey.Set {
+			if err := requireText(tool, "idempotency_key", key); err != nil {
+				return Result{}, err
+			}
+		}
+		fingerprint := callFingerprint(in)
+		if key != "" {
+			unlock := d.idem.locks.lock(key)
+			defer unlock()
+			d.pruneKeys(time.Now())
+			p, found, err := d.storedPlan(key)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s: %w", tool, err)
+			}
+			if found {
+				return d.replay(ctx, c, key, fingerprint, p)
+			}
+		}
+		var (
+			plan  *dispatchPlan
+			m     *fleet.Machine
+			shell *t3rpc.ThreadShell
+			err   error
+		)
 		if threadID != "" {
 			// A follow-up: the thread knows its machine and project.
-			return continueThread(ctx, d, c, threadID, in, watch)
+			plan, m, shell, ctx, err = continuePlan(ctx, d, c, threadID, in)
+		} else {
+			plan, m, ctx, err = newThreadPlan(ctx, d, c, machine, project, in)
 		}
-		if machine == "" || project == "" {
-			return Result{}, fmt.Errorf("%s: a new thread needs machine and project (from t3_machines and t3_projects); to continue a thread, pass its thread_id and the prompt only", tool)
-		}
-		if err := requireText(tool, "machine", in.Machine.Or("")); err != nil {
-			return Result{}, err
-		}
-		m, err := d.Fleet.Machine(machine)
 		if err != nil {
 			return Result{}, err
 		}
-		c.Audit.Machine = m.Name
-		if m.Config.ReadOnly() {
-			return Result{}, refuseReadOnly(tool, m, "start threads or send prompts")
+		plan.Fingerprint, plan.Origin, plan.Watch = fingerprint, c.Origin, in.Watch.Or(true)
+		if key != "" {
+			stored, claimed, err := d.claimPlan(key, plan)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s: could not record idempotency_key %q in the state file: %w; nothing was sent", tool, key, err)
+			}
+			if !claimed {
+				// Another process sharing the store took the key meanwhile.
+				return d.replay(ctx, c, key, fingerprint, stored)
+			}
 		}
-		if err := m.Ready(); err != nil {
+		if err := d.runPlan(ctx, c, m, plan, key, shell); err != nil {
 			return Result{}, err
 		}
-		p, err := m.Project(project)
-		if err != nil {
-			return Result{}, err
-		}
-		c.Audit.Project = p.Title
-		sel, err := modelSelection(ctx, m, in.Model.Or(""), p)
-		if err != nil {
-			return Result{}, err
-		}
-		c.Audit.Model = sel.InstanceId + "/" + sel.Model
-		title := strings.TrimSpace(in.Title.Or(""))
-		if title == "" {
-			title = titleFrom(in.Prompt)
-		}
-		threadID, msgID := t3.NewID("thread"), t3.NewID("msg")
-		c.Audit.Thread = threadID
-		create := t3.ThreadCreate(threadID, p.ID, title, sel)
-		send := t3.MessageDispatch(threadID, msgID, in.Prompt, title)
-		ctx, err = d.approve(ctx, c, tool, m, approval{
-			action:  config.ApproveDispatch,
-			summary: "starting a new thread",
-			details: [][2]string{
-				{"project", fmt.Sprintf("%s (%s)", p.Title, p.WorkspaceRoot)},
-				{"thread", fmt.Sprintf("new, titled %q", title)},
-				{"model", modelText(sel)},
-				{"runtime mode", runtimeModeText(commandField(create, "runtimeMode"))},
-			},
-			bodyTitle: promptTitle(in.Prompt),
-			body:      in.Prompt,
-			thread:    "new",
-			commands:  []t3.Command{create, send},
-		})
-		if err != nil {
-			return Result{}, err
-		}
-		now := time.Now().UTC()
-		tr := store.Thread{
-			ID: threadID, Machine: m.Name, ProjectID: p.ID, ProjectTitle: p.Title, Title: title,
-			Origin: c.Origin, Watch: watch, CreatedAt: now, UpdatedAt: now,
-		}
-		// Recorded before T3 hears of it: a crash between the two commands
-		// still leaves a thread the connector knows and can report on. The
-		// message id is recorded only once T3 accepted it (sent below).
-		if err := d.track(m.Name, tr, nil); err != nil {
-			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
-		}
-		if _, err := m.Dispatch(ctx, create); err != nil {
-			_ = d.Store.DeleteThread(threadID)
-			return Result{}, fmt.Errorf("%s: creating the thread on machine %q failed: %w", tool, m.Name, err)
-		}
-		if _, err := m.Dispatch(ctx, send); err != nil {
-			return Result{}, fmt.Errorf("%s: thread %q was created on machine %q but T3 did not take the prompt: %w (nothing runs; t3_wait on it returns idle; retry with thread_id %q)", tool, threadID, m.Name, err, threadID)
-		}
-		runID := d.sent(ctx, m, &tr, msgID, "")
-		out := mcptools.DispatchOutput{
-			ThreadID: threadID, Machine: m.Name, Project: mcptools.ProjectRef{ID: p.ID, Title: p.Title},
-			MessageID: msgID, Created: true, Watching: watch,
-		}
-		if runID != "" {
-			out.RunID.SetTo(runID)
-		}
-		return Result{Structured: &out, Text: fmt.Sprintf("started thread %s on %s in %s (%s); call t3_wait with this thread_id for the outcome", threadID, m.Name, p.Title, sel.InstanceId+"/"+sel.Model)}, nil
+		return plan.result(), nil
 	}
 }
 
-// continueThread sends the prompt as the next run of an existing thread.
-func continueThread(ctx context.Context, d *Deps, c *Call, threadID string, in mcptools.DispatchInput, watch bool) (Result, error) {
+// newThreadPlan checks a call that starts a thread and builds its commands:
+// thread.create plus message.dispatch, or with worktree one launchThread.
+func newThreadPlan(ctx context.Context, d *Deps, c *Call, machine, project string, in mcptools.DispatchInput) (*dispatchPlan, *fleet.Machine, context.Context, error) {
 	const tool = mcptools.ToolDispatch
+	if machine == "" || project == "" {
+		return nil, nil, ctx, fmt.Errorf("%s: a new thread needs machine and project (from t3_machines and t3_projects); to continue a thread, pass its thread_id and the prompt only", tool)
+	}
+	if in.Mode.Set {
+		return nil, nil, ctx, fmt.Errorf("%s: mode applies to a busy thread given by thread_id; a new thread starts at once, so leave mode out", tool)
+	}
+	if err := requireText(tool, "machine", in.Machine.Or("")); err != nil {
+		return nil, nil, ctx, err
+	}
+	ws, err := workspaceStrategy(in)
+	if err != nil {
+		return nil, nil, ctx, err
+	}
+	m, err := d.Fleet.Machine(machine)
+	if err != nil {
+		return nil, nil, ctx, err
+	}
+	c.Audit.Machine = m.Name
+	if m.Config.ReadOnly() {
+		return nil, nil, ctx, refuseReadOnly(tool, m, "start threads or send prompts")
+	}
+	if err := m.Ready(); err != nil {
+		return nil, nil, ctx, err
+	}
+	p, err := m.Project(project)
+	if err != nil {
+		return nil, nil, ctx, err
+	}
+	c.Audit.Project = p.Title
+	sel, err := modelSelection(ctx, m, in.Model.Or(""), p)
+	if err != nil {
+		return nil, nil, ctx, err
+	}
+	c.Audit.Model = sel.InstanceId + "/" + sel.Model
+	title := strings.TrimSpace(in.Title.Or(""))
+	if title == "" {
+		title = titleFrom(in.Prompt)
+	}
+	threadID, msgID := t3.NewID("thread"), t3.NewID("msg")
+	c.Audit.Thread = threadID
+	plan := &dispatchPlan{
+		Machine: m.Name, ThreadID: threadID, ProjectID: p.ID, ProjectTitle: p.Title, Title: title,
+		MessageID: msgID, Created: true, Branch: ws.Branch.Or(""),
+	}
+	details := [][2]string{
+		{"project", fmt.Sprintf("%s (%s)", p.Title, p.WorkspaceRoot)},
+		{"thread", fmt.Sprintf("new, titled %q", title)},
+		{"model", modelText(sel)},
+	}
+	if ws.Type == "root" {
+		create := t3.ThreadCreate(threadID, p.ID, title, sel)
+		send := t3.MessageDispatch(threadID, msgID, in.Prompt, title)
+		details = append(details, [2]string{"runtime mode", runtimeModeText(commandField(create, "runtimeMode"))})
+		for _, cmd := range []t3.Command{create, send} {
+			st, err := commandStep(cmd)
+			if err != nil {
+				return nil, nil, ctx, fmt.Errorf("%s: encoding the %s command: %w", tool, cmd.CommandType(), err)
+			}
+			plan.Steps = append(plan.Steps, st)
+		}
+	} else {
+		launch := t3.LaunchThreadInput(threadID, p.ID, title, sel, msgID, in.Prompt)
+		launch.WorkspaceStrategy = ws
+		details = append(details, [2]string{"runtime mode", runtimeModeText(launch.RuntimeMode)}, [2]string{"workspace", worktreeText(ws)})
+		st, err := launchStep(launch)
+		if err != nil {
+			return nil, nil, ctx, fmt.Errorf("%s: encoding the launch: %w", tool, err)
+		}
+		plan.Steps = append(plan.Steps, st)
+	}
+	ctx, err = d.approve(ctx, c, tool, m, approval{
+		action:    config.ApproveDispatch,
+		summary:   "starting a new thread",
+		details:   details,
+		bodyTitle: promptTitle(in.Prompt),
+		body:      in.Prompt,
+		thread:    "new",
+		commands:  plan.commands(),
+	})
+	if err != nil {
+		return nil, nil, ctx, err
+	}
+	return plan, m, ctx, nil
+}
+
+// continuePlan checks a call that sends the prompt to an existing thread and
+// builds its commands: the model change, if any, and message.dispatch in the
+// call's mode.
+func continuePlan(ctx context.Context, d *Deps, c *Call, threadID string, in mcptools.DispatchInput) (*dispatchPlan, *fleet.Machine, *t3rpc.ThreadShell, context.Context, error) {
+	const tool = mcptools.ToolDispatch
+	fail := func(err error) (*dispatchPlan, *fleet.Machine, *t3rpc.ThreadShell, context.Context, error) {
+		return nil, nil, nil, ctx, err
+	}
 	if strings.ContainsRune(threadID, 0) {
-		return Result{}, fmt.Errorf("%s: thread_id contains a NUL character", tool)
+		return fail(fmt.Errorf("%s: thread_id contains a NUL character", tool))
+	}
+	if in.Worktree.Set {
+		return fail(fmt.Errorf("%s: worktree applies to a new thread; thread %q keeps the workspace it was started in (leave worktree out, or leave thread_id out to start a new thread)", tool, threadID))
 	}
 	found, err := d.Fleet.Thread(threadID)
 	if err != nil {
-		return Result{}, err
+		return fail(err)
 	}
 	m := found.Machine
 	c.Audit.Machine = m.Name
 	if name := strings.TrimSpace(in.Machine.Or("")); name != "" && name != m.Name {
-		return Result{}, fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, fleet.Quoted(name))
+		return fail(fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, fleet.Quoted(name)))
 	}
 	if ref := strings.TrimSpace(in.Project.Or("")); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
-		return Result{}, fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, fleet.Quoted(ref))
+		return fail(fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, fleet.Quoted(ref)))
 	}
 	if m.Config.ReadOnly() {
-		return Result{}, refuseReadOnly(tool, m, "start threads or send prompts")
+		return fail(refuseReadOnly(tool, m, "start threads or send prompts"))
 	}
 	if err := m.Ready(); err != nil {
-		return Result{}, err
+		return fail(err)
 	}
 	c.Audit.Project = found.Project.Title
 	current := "the thread's own"
@@ -159,50 +221,11 @@ func continueThread(ctx context.Context, d *Deps, c *Call, threadID string, in m
 	if model := strings.TrimSpace(in.Model.Or("")); model != "" {
 		sel, err := modelSelection(ctx, m, model, found.Project)
 		if err != nil {
-			return Result{}, err
+			return fail(err)
 		}
 		c.Audit.Model = sel.InstanceId + "/" + sel.Model
 		setModel = t3.ModelSelectionSet(threadID, sel)
 		modelLine = fmt.Sprintf("%s (switching from %s)", modelText(sel), current)
-	}
-	msgID := t3.NewID("msg")
-	send := t3.MessageDispatch(threadID, msgID, in.Prompt, "")
-	commands := []t3.Command{send}
-	if setModel != nil {
-		commands = []t3.Command{setModel, send}
-	}
-	ctx, err = d.approve(ctx, c, tool, m, approval{
-		action:  config.ApproveDispatch,
-		summary: "sending a prompt to thread " + threadID,
-		details: [][2]string{
-			{"project", fmt.Sprintf("%s (%s)", found.Project.Title, found.Project.WorkspaceRoot)},
-			{"thread", fmt.Sprintf("%s, titled %q, now %s", threadID, found.Shell.Title, found.Shell.Status)},
-			{"model", modelLine},
-			{"runtime mode", runtimeModeText(found.Shell.RuntimeMode.Or(""))},
-		},
-		bodyTitle: promptTitle(in.Prompt),
-		body:      in.Prompt,
-		thread:    threadID,
-		commands:  commands,
-	})
-	if err != nil {
-		return Result{}, err
-	}
-	if setModel != nil {
-		if _, err := m.Dispatch(ctx, setModel); err != nil {
-			return Result{}, fmt.Errorf("%s: changing the model of thread %q failed: %w", tool, threadID, err)
-		}
-	}
-	tr := found.Tracked
-	if !found.IsTracked {
-		tr = store.Thread{ID: threadID, Machine: m.Name, CreatedAt: time.Now().UTC()}
-	}
-	tr.ProjectID, tr.ProjectTitle, tr.Title = found.Project.ID, found.Project.Title, found.Shell.Title
-	// The previous message and run stay recorded until T3 accepts this
-	// prompt: a refused prompt leaves nothing a wait could look for.
-	tr.Origin, tr.Watch, tr.UpdatedAt = c.Origin, watch, time.Now().UTC()
-	if err := d.track(m.Name, tr, &found.Shell); err != nil {
-		return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 	}
 	// The row as it is now: the run T3 makes of the prompt is the next
 	// latest run (queued behind the active one when the thread is busy).
@@ -210,18 +233,49 @@ func continueThread(ctx context.Context, d *Deps, c *Call, threadID string, in m
 	if row, ok := m.Watcher().Thread(threadID); ok {
 		before = row
 	}
-	if _, err := m.Dispatch(ctx, send); err != nil {
-		return Result{}, fmt.Errorf("%s: T3 did not take the prompt for thread %q on machine %q: %w (nothing was started; t3_wait still reports the thread's previous run)", tool, threadID, m.Name, err)
+	mode, err := dispatchMode(m, threadID, &before, in.Mode)
+	if err != nil {
+		return fail(err)
 	}
-	runID := d.sent(ctx, m, &tr, msgID, threadstate.LatestRun(&before))
-	out := mcptools.DispatchOutput{
-		ThreadID: threadID, Machine: m.Name, Project: mcptools.ProjectRef{ID: found.Project.ID, Title: found.Project.Title},
-		MessageID: msgID, Created: false, Watching: watch,
+	msgID := t3.NewID("msg")
+	plan := &dispatchPlan{
+		Machine: m.Name, ThreadID: threadID, ProjectID: found.Project.ID, ProjectTitle: found.Project.Title,
+		Title: found.Shell.Title, MessageID: msgID, Mode: string(mode.Type), Target: mode.TargetRunId.Or(""),
+		PrevLatest: threadstate.LatestRun(&before), Busy: threadstate.ActiveRun(&before) != "",
 	}
-	if runID != "" {
-		out.RunID.SetTo(runID)
+	commands := []t3.Command{t3.MessageDispatchMode(threadID, msgID, in.Prompt, "", mode)}
+	if setModel != nil {
+		commands = []t3.Command{setModel, commands[0]}
 	}
-	return Result{Structured: &out, Text: fmt.Sprintf("sent the prompt to thread %s on %s; call t3_wait for the outcome", threadID, m.Name)}, nil
+	for _, cmd := range commands {
+		st, err := commandStep(cmd)
+		if err != nil {
+			return fail(fmt.Errorf("%s: encoding the %s command: %w", tool, cmd.CommandType(), err))
+		}
+		plan.Steps = append(plan.Steps, st)
+	}
+	details := [][2]string{
+		{"project", fmt.Sprintf("%s (%s)", found.Project.Title, found.Project.WorkspaceRoot)},
+		{"thread", fmt.Sprintf("%s, titled %q, now %s", threadID, found.Shell.Title, found.Shell.Status)},
+		{"model", modelLine},
+		{"runtime mode", runtimeModeText(found.Shell.RuntimeMode.Or(""))},
+	}
+	if in.Mode.Set {
+		details = append(details, [2]string{"mode", modeName(plan.Mode)})
+	}
+	ctx, err = d.approve(ctx, c, tool, m, approval{
+		action:    config.ApproveDispatch,
+		summary:   "sending a prompt to thread " + threadID,
+		details:   details,
+		bodyTitle: promptTitle(in.Prompt),
+		body:      in.Prompt,
+		thread:    threadID,
+		commands:  commands,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return plan, m, &found.Shell, ctx, nil
 }
 
 // runGrace bounds how long t3_dispatch waits for the row to show the run T3

@@ -108,6 +108,11 @@ type Deps struct {
 	// (resources.go); it must also be the fleet's sink and be Run.
 	Push *Push
 
+	// IdempotencyRetention is how long t3_dispatch idempotency keys are
+	// kept (T3CODE_MCP_IDEMPOTENCY_RETENTION; default 24 h).
+	IdempotencyRetention time.Duration
+
+	idem      idempotency
 	waits     waitCounter
 	answered  answeredSet
 	approvals approvals
