@@ -61,6 +61,13 @@ type Settings struct {
 	// IdempotencyRetention: t3_dispatch idempotency keys are kept this long
 	// (T3CODE_MCP_IDEMPOTENCY_RETENTION, 24h).
 	IdempotencyRetention time.Duration
+	// HookRetention: delivered events are kept this long, then deleted
+	// (T3CODE_MCP_HOOK_RETENTION, 24h).
+	HookRetention time.Duration
+	// PruneInterval: how often delivered events and unwatched threads past
+	// their retention are deleted (T3CODE_MCP_PRUNE_INTERVAL); zero: the
+	// outbox every 10 minutes, the tracked threads every hour.
+	PruneInterval time.Duration
 	// Lookup tunes the detector's thread look-ups (tests shorten the
 	// backoff); zero values pick the defaults.
 	Lookup events.LookupOptions
@@ -143,6 +150,8 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	durVar("T3CODE_MCP_T3_PONG_TIMEOUT", &s.PongTimeout, 2*effectrpc.DefaultPingInterval)
 	durVar("T3CODE_MCP_THREAD_RETENTION", &s.ThreadRetention, events.DefaultRetention)
 	durVar("T3CODE_MCP_IDEMPOTENCY_RETENTION", &s.IdempotencyRetention, tools.DefaultIdempotencyRetention)
+	durVar("T3CODE_MCP_HOOK_RETENTION", &s.HookRetention, outbox.DefaultRetention)
+	durVar("T3CODE_MCP_PRUNE_INTERVAL", &s.PruneInterval, 0)
 	var body int
 	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
 	s.MaxBodyBytes = int64(body)
@@ -231,6 +240,7 @@ func New(s Settings, o Options) (*App, error) {
 			return nil, err
 		}
 		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: log, Metrics: m,
+			Retention: s.HookRetention, PruneEvery: s.PruneInterval,
 			Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout})
 		if err != nil {
 			a.Close()
@@ -240,7 +250,7 @@ func New(s Settings, o Options) (*App, error) {
 		// The detector reads threads through the fleet (look-ups, off the
 		// Ack path) and the fleet hands it every chunk from Start on.
 		a.Detector = events.New(events.Options{
-			Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: log, Notify: ob.Notify, Retention: s.ThreadRetention, Lookup: s.Lookup,
+			Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
 		})
 		a.Registry.MustRegister(lookupCollector{a.Detector})
 	}

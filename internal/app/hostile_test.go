@@ -55,6 +55,35 @@ func TestDefaultsAreLoopbackAndBounded(t *testing.T) {
 	}
 }
 
+// The retention settings: delivered events (T3CODE_MCP_HOOK_RETENTION),
+// unwatched tracked threads (T3CODE_MCP_THREAD_RETENTION) and how often both
+// are pruned (T3CODE_MCP_PRUNE_INTERVAL) come from the environment; a bad
+// value names its variable.
+func TestRetentionSettings(t *testing.T) {
+	s, err := app.SettingsFromEnv(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.HookRetention != 24*time.Hour || s.ThreadRetention != 72*time.Hour || s.PruneInterval != 0 {
+		t.Fatalf("defaults: hook %s, threads %s, interval %s", s.HookRetention, s.ThreadRetention, s.PruneInterval)
+	}
+	env := map[string]string{"T3CODE_MCP_HOOK_RETENTION": "90s", "T3CODE_MCP_THREAD_RETENTION": "2m", "T3CODE_MCP_PRUNE_INTERVAL": "15s"}
+	if s, err = app.SettingsFromEnv(func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if s.HookRetention != 90*time.Second || s.ThreadRetention != 2*time.Minute || s.PruneInterval != 15*time.Second {
+		t.Fatalf("from env: hook %s, threads %s, interval %s", s.HookRetention, s.ThreadRetention, s.PruneInterval)
+	}
+	for k := range env {
+		for _, v := range []string{"0", "-1s", "soon"} {
+			bad := map[string]string{k: v}
+			if _, err := app.SettingsFromEnv(func(k string) string { return bad[k] }); err == nil || !strings.Contains(err.Error(), k) {
+				t.Errorf("%s=%s: error %v does not name the variable", k, v, err)
+			}
+		}
+	}
+}
+
 // Every limit, exceeded through a real client, gives a clear error naming
 // its variable, and the server goes on serving.
 func TestLimits(t *testing.T) {

@@ -62,6 +62,9 @@ type Transition struct {
 // Tracked tells which threads are watched.
 type Tracked interface {
 	GetThread(id string) (store.Thread, bool, error)
+	// GetThreads reads many at once (one read per chunk, whatever its size);
+	// ids not tracked are absent from the map.
+	GetThreads(ids []string) (map[string]store.Thread, error)
 	ListThreads() ([]store.Thread, error)
 }
 
@@ -121,6 +124,7 @@ type Detector struct {
 	log       *slog.Logger
 	now       func() time.Time
 	retention time.Duration
+	pruneIntv time.Duration
 	lookups   *lookups
 
 	// lease and rows: replica mode (see Options.Lease); tenure is the lease token each
@@ -148,6 +152,8 @@ type Options struct {
 	// Retention: tracked threads nobody watches are forgotten this long after
 	// their last update (default DefaultRetention); see Prune.
 	Retention time.Duration
+	// PruneEvery is how often Run prunes (default DefaultPruneEvery).
+	PruneEvery time.Duration
 	// Lookup tunes the look-ups; zero values pick the defaults.
 	Lookup LookupOptions
 	// Lease, when set, puts the detector in replica mode (several replicas sharing PostgreSQL,
@@ -166,6 +172,10 @@ type Options struct {
 // DefaultRetention keeps unwatched tracked threads for three days.
 const DefaultRetention = 72 * time.Hour
 
+// DefaultPruneEvery is how often Run prunes by default: once an hour is
+// plenty for a retention of days (T3CODE_MCP_PRUNE_INTERVAL shortens it).
+const DefaultPruneEvery = time.Hour
+
 // New makes a detector.
 func New(o Options) *Detector {
 	if o.Logger == nil {
@@ -180,8 +190,11 @@ func New(o Options) *Detector {
 	if o.Retention <= 0 {
 		o.Retention = DefaultRetention
 	}
+	if o.PruneEvery <= 0 {
+		o.PruneEvery = DefaultPruneEvery
+	}
 	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, log: o.Logger, now: o.Now,
-		retention: o.Retention, cache: map[string]seen{}, locks: map[string]*sync.Mutex{},
+		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]seen{}, locks: map[string]*sync.Mutex{},
 		lease: o.Lease, rows: o.Rows, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
 	return d
@@ -375,31 +388,33 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	states := map[string][]byte{}
 	next := map[string]seen{}
-	trackedBy := map[string]*store.Thread{}
 	var evs []store.Event
 	var lookup []string
 	rows := make([]*t3rpc.ThreadShell, 0, len(c.Passed)+len(c.Threads))
+	ids := make([]string, 0, len(c.Passed)+len(c.Threads))
 	for i := range c.Passed {
 		rows = append(rows, &c.Passed[i])
+		ids = append(ids, c.Passed[i].ID)
 	}
 	for i := range c.Threads {
 		rows = append(rows, &c.Threads[i])
+		ids = append(ids, c.Threads[i].ID)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	// One read for the whole chunk: a snapshot of thousands of rows must not
+	// cost thousands of read transactions on the Ack path.
+	trackedBy, err := d.tracked.GetThreads(ids)
+	if err != nil {
+		return err
 	}
 	for _, row := range rows {
-		tr, ok := trackedBy[row.ID]
-		if !ok {
-			t, found, err := d.tracked.GetThread(row.ID)
-			if err != nil {
-				return err
-			}
-			if found && t.Watch && t.Machine == c.Machine {
-				tr = &t
-			}
-			trackedBy[row.ID] = tr
-		}
-		if tr == nil {
+		t, found := trackedBy[row.ID]
+		if !found || !t.Watch || t.Machine != c.Machine {
 			continue
 		}
+		tr := &t
 		k := key(c.Machine, row.ID)
 		prev, known := next[k]
 		if !known {

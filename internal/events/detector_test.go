@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -570,5 +571,100 @@ func TestPrune(t *testing.T) {
 	}
 	if _, ok, _ := e.st.Detector(key("m", "old-watched")); !ok {
 		t.Fatal("a watched thread lost its state")
+	}
+}
+
+// countingTracked counts the reads of tracked threads.
+type countingTracked struct {
+	*store.Store
+	mu          sync.Mutex
+	one, many   int
+	failGetOne  error
+	staleListed bool // ListThreads answers as if no thread were tracked
+}
+
+func (c *countingTracked) GetThread(id string) (store.Thread, bool, error) {
+	c.mu.Lock()
+	c.one++
+	err := c.failGetOne
+	c.mu.Unlock()
+	if err != nil {
+		return store.Thread{}, false, err
+	}
+	return c.Store.GetThread(id)
+}
+
+func (c *countingTracked) GetThreads(ids []string) (map[string]store.Thread, error) {
+	c.mu.Lock()
+	c.many++
+	err := c.failGetOne
+	c.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return c.Store.GetThreads(ids)
+}
+
+func (c *countingTracked) ListThreads() ([]store.Thread, error) {
+	if c.staleListed {
+		return nil, nil
+	}
+	return c.Store.ListThreads()
+}
+
+// A chunk costs one read of the tracked threads, whatever its size: the rows'
+// records are looked up together, not one read transaction per row.
+func TestApplyReadsTrackedThreadsOncePerChunk(t *testing.T) {
+	e := newEnv(t, "")
+	ct := &countingTracked{Store: e.st}
+	e.d = New(Options{Store: store.NewGroup(e.st), Tracked: ct, Read: ReaderFunc(e.read), Logger: quiet()})
+	var rows []t3rpc.ThreadShell
+	for i := range 60 {
+		id := fmt.Sprintf("t%02d", i)
+		if i%3 == 0 {
+			base := row(id, "running", "r1", "r1", "")
+			e.watchThread(id, "o", &base)
+		}
+		rows = append(rows, row(id, "completed", "", "r1", ""))
+	}
+	ct.mu.Lock()
+	ct.one, ct.many = 0, 0
+	ct.mu.Unlock()
+	// The chunk passes over some rows too (watch.Change.Passed).
+	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Passed: rows[:10], Threads: rows}); err != nil {
+		t.Fatal(err)
+	}
+	if ct.one != 0 || ct.many != 1 {
+		t.Fatalf("one chunk of %d rows read tracked threads %d times one by one and %d times together, want 0 and 1", len(rows)+10, ct.one, ct.many)
+	}
+	if got := len(e.records()); got != 20 {
+		t.Fatalf("%d events, want one per watched thread (20)", got)
+	}
+}
+
+// Run prunes every PruneEvery (T3CODE_MCP_PRUNE_INTERVAL), not only hourly: a
+// thread that passes its retention while the detector runs is forgotten at
+// the next prune.
+func TestRunPrunesEveryInterval(t *testing.T) {
+	e := newEnv(t, "")
+	e.d = New(Options{Store: store.NewGroup(e.st), Tracked: e.st, Read: ReaderFunc(e.read), Logger: quiet(),
+		Retention: time.Hour, PruneEvery: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	// Recorded after Run's first prune may have happened: only a later one removes it.
+	if err := e.d.Track("m", store.Thread{ID: "stale", Machine: "m", UpdatedAt: time.Now().Add(-2 * time.Hour)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok, _ := e.st.GetThread("stale"); !ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stale thread was never pruned while Run ran")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -184,7 +184,7 @@ func (d *Detector) Lookups() map[string]LookupStatus {
 // Run performs the look-ups until ctx ends: first every note left by an
 // earlier process, then each thread as its note appears, reads bounded in
 // number, each thread retried on its own backoff. It also prunes tracked
-// threads past their retention (Prune) every hour.
+// threads past their retention (Prune) at start and every PruneEvery.
 func (d *Detector) Run(ctx context.Context) {
 	if err := d.store.ForEachDetector(func(k string, v []byte) error {
 		var s seen
@@ -199,7 +199,7 @@ func (d *Detector) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	inFlight := make(chan struct{}, l.opt.Concurrency)
-	prune := time.NewTicker(time.Hour)
+	prune := time.NewTicker(d.pruneIntv)
 	defer prune.Stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()

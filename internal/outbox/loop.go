@@ -189,8 +189,8 @@ func (o *Outbox) Run(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		now := o.cfg.Clock()
-		if now.Sub(lastPrune) >= pruneEvery || now.Before(lastPrune) {
-			// On an error too, the next try is pruneEvery later: pruning is housekeeping and
+		if now.Sub(lastPrune) >= o.cfg.PruneEvery || now.Before(lastPrune) {
+			// On an error too, the next try is PruneEvery later: pruning is housekeeping and
 			// must not spin.
 			lastPrune = now
 			if n, err := o.q.Prune(now.Add(-o.cfg.Retention)); err != nil {
@@ -210,7 +210,7 @@ func (o *Outbox) Run(ctx context.Context) {
 
 		// Sleep until woken (Notify, an outcome, shutdown) or the next due time: the next
 		// prune at the latest, or the earliest scheduled wake-up.
-		wait := max(0, lastPrune.Add(pruneEvery).Sub(now))
+		wait := max(0, lastPrune.Add(o.cfg.PruneEvery).Sub(now))
 		if l.more {
 			wait = 0
 		}

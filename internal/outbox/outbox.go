@@ -51,18 +51,18 @@ const (
 	// DefaultEnrichConcurrency is how many Enricher calls (reads of T3) may be in flight.
 	DefaultEnrichConcurrency = 32
 	DefaultRetention         = 24 * time.Hour
+	DefaultPruneEvery        = 10 * time.Minute // how often delivered events past Retention are deleted
 	// DefaultEnrichTimeout is how long, from an event's EnqueuedAt, the outbox keeps retrying
 	// Enricher.Enrich before it delivers Enricher.Partial instead.
 	DefaultEnrichTimeout = 2 * time.Minute
 )
 
 const (
-	pruneEvery   = 10 * time.Minute // how often delivered events past Retention are deleted
-	storePause   = time.Second      // wait after a store error before trying again
-	snippetBytes = 256              // how much of a failing response body goes into LastError
-	drainBytes   = 64 << 10         // read this much of a response so the connection is reused
-	scanLimit    = 4096             // newly committed events taken into the queues per loop turn
-	maxBatch     = 512              // outcomes recorded in one transaction at most
+	storePause   = time.Second // wait after a store error before trying again
+	snippetBytes = 256         // how much of a failing response body goes into LastError
+	drainBytes   = 64 << 10    // read this much of a response so the connection is reused
+	scanLimit    = 4096        // newly committed events taken into the queues per loop turn
+	maxBatch     = 512         // outcomes recorded in one transaction at most
 )
 
 // Enricher completes an event's body before delivery. Events committed in the watcher's Ack path
@@ -116,7 +116,8 @@ type Config struct {
 	// default 32): heads being completed before delivery, and with the slots they leave, events
 	// behind a head completed ahead of it.
 	EnrichConcurrency int
-	Retention         time.Duration // keep delivered events this long, then prune them (default 24h)
+	Retention         time.Duration // T3CODE_MCP_HOOK_RETENTION: keep delivered events this long, then prune them (default 24h)
+	PruneEvery        time.Duration // T3CODE_MCP_PRUNE_INTERVAL: how often to prune (default DefaultPruneEvery)
 
 	// Enricher completes events stored with Enrich set before their first attempt; nil: events
 	// are delivered as stored.
@@ -179,6 +180,9 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
+	}
+	if cfg.PruneEvery <= 0 {
+		cfg.PruneEvery = DefaultPruneEvery
 	}
 	if cfg.EnrichTimeout <= 0 {
 		cfg.EnrichTimeout = DefaultEnrichTimeout

@@ -838,7 +838,20 @@ func TestPrunesDeliveredEvents(t *testing.T) {
 	h := start(t, Config{URL: rc.srv.URL, Retention: time.Hour})
 	h.commit(t, mkEvent("m/a", 1), mkEvent("m/a", 2))
 	eventually(t, "delivery", func() bool { _, _, dl := h.counts(); return dl == 2 })
-	h.clock.Add(time.Hour + pruneEvery)
+	h.clock.Add(time.Hour + DefaultPruneEvery)
+	h.ob.Notify()
+	eventually(t, "prune", func() bool { _, _, dl := h.counts(); return dl == 0 })
+}
+
+// PruneEvery (T3CODE_MCP_PRUNE_INTERVAL) sets how often the delivered events
+// past Retention are deleted: a short retention with a short interval keeps
+// the file small (the soak in docs/benchmarks.md runs with one minute).
+func TestPruneEveryIsConfigurable(t *testing.T) {
+	rc := newReceiver(t)
+	h := start(t, Config{URL: rc.srv.URL, Retention: time.Minute, PruneEvery: time.Minute})
+	h.commit(t, mkEvent("m/a", 1), mkEvent("m/a", 2))
+	eventually(t, "delivery", func() bool { _, _, dl := h.counts(); return dl == 2 })
+	h.clock.Add(2*time.Minute + time.Second) // far short of DefaultPruneEvery after the first prune
 	h.ob.Notify()
 	eventually(t, "prune", func() bool { _, _, dl := h.counts(); return dl == 0 })
 }

@@ -226,6 +226,32 @@ func (s *Store) GetThread(id string) (Thread, bool, error) {
 	return t, ok, err
 }
 
+// GetThreads returns the tracked threads among ids, by id, read in one
+// transaction (the detector looks up every row of a chunk at once); ids not
+// tracked are absent from the map.
+func (s *Store) GetThreads(ids []string) (map[string]Thread, error) {
+	out := make(map[string]Thread, len(ids))
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bThreads)
+		for _, id := range ids {
+			if _, done := out[id]; done {
+				continue
+			}
+			v := b.Get([]byte(id))
+			if v == nil {
+				continue
+			}
+			var t Thread
+			if err := json.Unmarshal(v, &t); err != nil {
+				return fmt.Errorf("store: thread %q: %w", id, err)
+			}
+			out[id] = t
+		}
+		return nil
+	})
+	return out, err
+}
+
 // DeleteThread stops tracking a thread; deleting an unknown id is not an error.
 func (s *Store) DeleteThread(id string) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bThreads).Delete([]byte(id)) })
@@ -270,6 +296,13 @@ func validate(b Batch) error {
 	for _, t := range b.Threads {
 		if t.ID == "" || t.Machine == "" {
 			return errors.New("store: a thread needs an ID and a Machine")
+		}
+	}
+	for k := range b.Detector {
+		if k == "" {
+			// bbolt refuses an empty key only inside the transaction, failing the whole
+			// group commit the batch is part of; refused here, the batch fails alone.
+			return errors.New("store: a detector state needs a key")
 		}
 	}
 	return nil

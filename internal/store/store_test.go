@@ -508,3 +508,48 @@ func TestConcurrentCommits(t *testing.T) {
 		last[e.Stream] = e.ID
 	}
 }
+
+// An empty detector key is refused before any transaction: inside a group
+// commit bbolt would fail the whole shared transaction for it (every other
+// caller's batch then written again alone).
+func TestCommitRefusesEmptyDetectorKey(t *testing.T) {
+	s := open(t, t.TempDir())
+	g := NewGroup(s)
+	for _, v := range [][]byte{[]byte(`{"run":"r1"}`), nil} {
+		b := Batch{Detector: map[string][]byte{"": v, "mac\x00t1": []byte(`{}`)}}
+		if err := s.Commit(b); err == nil || !strings.Contains(err.Error(), "detector state needs a key") {
+			t.Fatalf("Commit with an empty key (value %q) = %v", v, err)
+		}
+		if err := g.Commit(b); err == nil || !strings.Contains(err.Error(), "detector state needs a key") {
+			t.Fatalf("Group.Commit with an empty key (value %q) = %v", v, err)
+		}
+	}
+	if txs, _ := g.Stats(); txs != 0 {
+		t.Fatalf("the group wrote %d transactions for batches it should have refused", txs)
+	}
+	if _, ok, _ := s.Detector("mac\x00t1"); ok {
+		t.Fatal("part of a refused batch was written")
+	}
+}
+
+// GetThreads reads many threads at once: tracked ones by id, untracked ones absent.
+func TestGetThreads(t *testing.T) {
+	s := open(t, t.TempDir())
+	a := Thread{ID: "a", Machine: "mac", Watch: true, CreatedAt: t0, UpdatedAt: t0}
+	b := Thread{ID: "b", Machine: "box", CreatedAt: t0, UpdatedAt: t0}
+	for _, th := range []Thread{a, b} {
+		if err := s.PutThread(th); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.GetThreads([]string{"a", "nope", "b", "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, map[string]Thread{"a": a, "b": b}) {
+		t.Fatalf("GetThreads = %#v", got)
+	}
+	if got, err := s.GetThreads(nil); err != nil || len(got) != 0 {
+		t.Fatalf("GetThreads(nil) = %#v, %v", got, err)
+	}
+}
