@@ -36,6 +36,13 @@ type RecentReader interface {
 	ReadRecent(ctx context.Context, machine, threadID string) (p *t3api.ThreadProjection, complete bool, err error)
 }
 
+// KeepReader is a RecentReader that can also decode only some runs of the
+// bounded read: the named ones (and requests) and the newest. The enricher
+// prefers it: an event needs its own run, not the thread's whole history.
+type KeepReader interface {
+	ReadRecentKeep(ctx context.Context, machine, threadID string, runIDs, requestIDs []string) (p *t3api.ThreadProjection, complete bool, err error)
+}
+
 // facts renders what the shell row and the tracked thread say about a
 // transition: the event without the details only T3's thread read gives
 // (summary, error, the question's text). It is what the Ack path commits.
@@ -145,7 +152,19 @@ func (en *Enricher) Enrich(ctx context.Context, e store.Event) ([]byte, error) {
 // one and the event's run (or request) is in its window, else the whole
 // thread.
 func (en *Enricher) readFor(ctx context.Context, ev *genevents.Event) (*t3api.ThreadProjection, error) {
-	if rr, ok := en.read.(RecentReader); ok {
+	if kr, ok := en.read.(KeepReader); ok {
+		var reqs []string
+		if q, ok := ev.Question.Get(); ok {
+			reqs = []string{q.RequestID}
+		}
+		p, complete, err := kr.ReadRecentKeep(ctx, ev.Machine, ev.ThreadID, []string{ev.RunID}, reqs)
+		if err != nil {
+			return nil, err
+		}
+		if complete || inWindow(p, ev) {
+			return p, nil
+		}
+	} else if rr, ok := en.read.(RecentReader); ok {
 		p, complete, err := rr.ReadRecent(ctx, ev.Machine, ev.ThreadID)
 		if err != nil {
 			return nil, err

@@ -472,6 +472,29 @@ func (m *Machine) Projection(ctx context.Context, threadID string) (*t3api.Threa
 	return &s.Projection, nil
 }
 
+// RecentKeep is Recent decoding only what keep names (t3.Keep): the newest
+// runs and the ones asked for, not every run of the thread's history.
+func (m *Machine) RecentKeep(ctx context.Context, threadID string, keep t3.Keep) (t3.Recent, error) {
+	if m.client == nil {
+		return t3.Recent{}, m.Ready()
+	}
+	return m.client.ThreadRecentKeep(ctx, threadID, keep)
+}
+
+// ReadRecentKeep is ReadRecent decoding only the given runs and requests and
+// the newest run (the event enricher's read: t3.Keep).
+func (f *Fleet) ReadRecentKeep(ctx context.Context, machine, threadID string, runIDs, requestIDs []string) (*t3api.ThreadProjection, bool, error) {
+	m, err := f.Machine(machine)
+	if err != nil {
+		return nil, false, err
+	}
+	r, err := m.RecentKeep(ctx, threadID, t3.Keep{Runs: 1, RunIDs: runIDs, RequestIDs: requestIDs})
+	if err != nil {
+		return nil, false, err
+	}
+	return r.Projection, !r.Bounded || !r.HasMoreHistory, nil
+}
+
 // Recent reads a thread for showing its recent runs: the bounded read (size
 // independent of the thread's history), or the whole thread on a machine
 // without that route (t3.Client.ThreadRecent).

@@ -154,6 +154,12 @@ func (b bearer) Bearer(context.Context, t3api.OperationName) (t3api.Bearer, erro
 type exchange struct {
 	status int
 	body   []byte
+	// keep, when set, trims a 200 answer of the bounded read to what it keeps
+	// before the generated client decodes it (trimBounded); runs is then the
+	// thread's number of runs in all, trimmed whether that worked.
+	keep    *Keep
+	runs    int
+	trimmed bool
 }
 
 type exchangeKey struct{}
@@ -167,6 +173,18 @@ func (r recorder) Do(req *http.Request) (*http.Response, error) {
 	}
 	if x, ok := req.Context().Value(exchangeKey{}).(*exchange); ok {
 		x.status = resp.StatusCode
+		if resp.StatusCode == http.StatusOK && x.keep != nil {
+			b, err := readBody(resp.Body, resp.ContentLength)
+			_ = resp.Body.Close()
+			if err != nil {
+				return nil, err
+			}
+			if t, runs, err := trimBounded(b, *x.keep); err == nil {
+				b, x.runs, x.trimmed = t, runs, true
+			} // else the generated decoder reports what is wrong with the body
+			resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			return resp, nil
+		}
 		if resp.StatusCode != http.StatusOK {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 			x.body = b
@@ -310,14 +328,29 @@ func (c *Client) Thread(ctx context.Context, threadID string) (*t3api.ThreadSnap
 // ThreadBounded reads a thread with every control-plane array but only a
 // recent window of timeline rows; older rows come from ThreadHistory.
 func (c *Client) ThreadBounded(ctx context.Context, threadID string) (*t3api.BoundedThreadSnapshot, error) {
+	b, _, err := c.threadBounded(ctx, threadID, nil)
+	return b, err
+}
+
+// threadBounded is ThreadBounded, trimmed to keep when not nil (runs is then
+// the thread's number of runs in all; -1 when not trimmed).
+func (c *Client) threadBounded(ctx context.Context, threadID string, keep *Keep) (*t3api.BoundedThreadSnapshot, int, error) {
 	const op = "thread (bounded)"
 	rctx, x, cancel := c.begin(ctx)
 	defer cancel()
+	x.keep = keep
 	res, err := c.api.GetThreadBounded(rctx, t3api.GetThreadBoundedParams{XT3OrchestrationProtocol: t3api.ProtocolHeader2, ThreadId: threadID})
 	if err != nil {
-		return nil, c.failed(ctx, op, err, x, threadID)
+		return nil, 0, c.failed(ctx, op, err, x, threadID)
 	}
-	return answer[t3api.BoundedThreadSnapshot](c, op, threadID, res)
+	b, err := answer[t3api.BoundedThreadSnapshot](c, op, threadID, res)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !x.trimmed {
+		return b, -1, nil
+	}
+	return b, x.runs, nil
 }
 
 // Recent is a thread as ThreadRecent read it.
@@ -328,6 +361,9 @@ type Recent struct {
 	// whether older rows were left out.
 	Bounded        bool
 	HasMoreHistory bool
+	// RunCount is how many runs the thread has: more than Projection.Runs
+	// holds when the read kept only some (ThreadRecentKeep).
+	RunCount int
 }
 
 // boundedRetry is how long ThreadRecent keeps reading whole threads after a
@@ -341,10 +377,25 @@ const boundedRetry = 10 * time.Minute
 // builds answer 404 or 503 there, without T3's error body). A thread that
 // does not exist is an error either way.
 func (c *Client) ThreadRecent(ctx context.Context, threadID string) (Recent, error) {
+	return c.threadRecent(ctx, threadID, nil)
+}
+
+// ThreadRecentKeep is ThreadRecent decoding only the part of the bounded read
+// that keep names (Keep): its cost no longer grows with the runs, messages
+// and checkpoints of the thread's history. The whole-thread fallback keeps
+// everything.
+func (c *Client) ThreadRecentKeep(ctx context.Context, threadID string, keep Keep) (Recent, error) {
+	return c.threadRecent(ctx, threadID, &keep)
+}
+
+func (c *Client) threadRecent(ctx context.Context, threadID string, keep *Keep) (Recent, error) {
 	if time.Now().UnixNano() >= c.noBoundedUntil.Load() {
-		b, err := c.ThreadBounded(ctx, threadID)
+		b, runs, err := c.threadBounded(ctx, threadID, keep)
 		if err == nil {
-			return Recent{Projection: &b.Projection, Bounded: true, HasMoreHistory: b.HasMoreHistory.Or(false)}, nil
+			if runs < 0 {
+				runs = len(b.Projection.Runs)
+			}
+			return Recent{Projection: &b.Projection, Bounded: true, HasMoreHistory: b.HasMoreHistory.Or(false), RunCount: runs}, nil
 		}
 		if !RouteMissing(err) {
 			return Recent{}, err
@@ -356,7 +407,7 @@ func (c *Client) ThreadRecent(ctx context.Context, threadID string) (Recent, err
 	if err != nil {
 		return Recent{}, err
 	}
-	return Recent{Projection: &s.Projection}, nil
+	return Recent{Projection: &s.Projection, RunCount: len(s.Projection.Runs)}, nil
 }
 
 // RouteMissing reports whether err is a machine saying that the route does

@@ -13,6 +13,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 	"github.com/t3code-mcp/t3code-mcp/internal/wait"
@@ -20,15 +21,8 @@ import (
 
 // state renders a found thread's current state from its projection and its
 // (fresher) shell row. p is a projection already read for this call (nil:
-// one bounded read now, t3.Client.ThreadRecent).
+// one bounded read now that decodes only the runs shown, t3.Keep).
 func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
-	if p == nil {
-		rec, err := f.Machine.Recent(ctx, shell.ID)
-		if err != nil {
-			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
-		}
-		p = rec.Projection
-	}
 	meta := threadview.Meta{
 		Machine: f.Machine.Name,
 		Project: mcptools.ProjectRef{ID: f.Project.ID, Title: f.Project.Title},
@@ -38,7 +32,25 @@ func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell
 	if pr, ok := threadstate.PendingRequest(&shell); ok && !answered[pr.ID] {
 		meta.PendingRequestID, meta.PendingKind = pr.ID, pr.Kind
 	}
+	if turns <= 0 {
+		turns = 3 // Render's default
+	}
+	runCount := -1
+	if p == nil {
+		keep := t3.Keep{Runs: turns}
+		if meta.PendingRequestID != "" {
+			keep.RequestIDs = []string{meta.PendingRequestID}
+		}
+		rec, err := f.Machine.RecentKeep(ctx, shell.ID, keep)
+		if err != nil {
+			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+		}
+		p, runCount = rec.Projection, rec.RunCount
+	}
 	st := threadview.New(p).Render(meta, turns, threadview.DefaultLimits)
+	if runCount >= 0 {
+		st.RunCount.SetTo(runCount) // the thread's runs, not only those decoded
+	}
 	if st.Title == "" {
 		st.Title = shell.Title
 	}

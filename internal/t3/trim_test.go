@@ -1,0 +1,273 @@
+package t3
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+)
+
+// bigBounded is a bounded body of a thread with runs runs (ordinals 1..runs,
+// listed oldest first like T3 does, or shuffled), two messages and a
+// checkpoint each, a resolved runtime request per run and one pending one,
+// and the timeline rows of the newest 10 runs.
+func bigBounded(t testing.TB, runs int, reversed bool) []byte {
+	t.Helper()
+	tid := "thread-big"
+	snap := t3api.BoundedThreadSnapshot{SnapshotSequence: 7, HasMoreHistory: t3api.NewOptBool(true), HistoryCursor: t3api.NewOptNilString("c")}
+	p := &snap.Projection
+	p.Thread = t3api.AppThread{ID: tid, ProjectId: "project-1", Title: "Big"}
+	p.UpdatedAt = t3api.NewOptString("2026-12-01T10:00:00.000Z")
+	for r := 1; r <= runs; r++ {
+		id := fmt.Sprintf("run-%d", r)
+		rid := t3api.NewOptNilString(id)
+		p.Runs = append(p.Runs, t3api.Run{ID: id, ThreadId: tid, Ordinal: int64(r), Status: "completed",
+			UserMessageId: t3api.NewOptNilString(fmt.Sprintf("msg-%d", r)), CheckpointId: t3api.NewOptNilString(fmt.Sprintf("cp-%d", r))})
+		p.Messages = append(p.Messages,
+			t3api.Message{ID: fmt.Sprintf("msg-%d", r), RunId: rid, Role: "user", Text: fmt.Sprintf("prompt %d \"quoted\" \u00e9", r)},
+			t3api.Message{ID: fmt.Sprintf("reply-%d", r), RunId: rid, Role: "assistant", Text: fmt.Sprintf("reply %d", r)})
+		p.Checkpoints = append(p.Checkpoints, t3api.Checkpoint{ID: fmt.Sprintf("cp-%d", r), RunId: rid, Status: "ready", Files: []t3api.ChangedFile{{Path: fmt.Sprintf("f%d.go", r)}}})
+		p.RuntimeRequests = append(p.RuntimeRequests, t3api.RuntimeRequest{ID: fmt.Sprintf("req-%d", r), Kind: "command", Status: "resolved"})
+		if r > runs-10 {
+			p.TurnItems = append(p.TurnItems, t3api.TurnItem{ID: id + ":a", Type: "assistant_message", RunId: rid, Ordinal: int64(r) * 10, Text: t3api.NewOptString(fmt.Sprintf("reply %d", r))})
+		}
+	}
+	p.RuntimeRequests = append(p.RuntimeRequests, t3api.RuntimeRequest{ID: "req-open", Kind: "user_input", Status: "pending"})
+	if reversed {
+		slices.Reverse(p.Runs)
+		slices.Reverse(p.Messages)
+	}
+	b, err := snap.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func ids[T any](xs []T, id func(T) string) []string {
+	var out []string
+	for _, x := range xs {
+		out = append(out, id(x))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sorted(s ...string) []string { slices.Sort(s); return s }
+
+// The trimmed body holds the newest runs, the named ones and what belongs to
+// them, every timeline row and the thread; the count says how many runs there
+// are in all. It does not depend on the order T3 lists the runs in.
+func TestTrimBoundedKeeps(t *testing.T) {
+	for _, reversed := range []bool{false, true} {
+		body := bigBounded(t, 100, reversed)
+		var full t3api.BoundedThreadSnapshot
+		if err := full.UnmarshalJSON(body); err != nil {
+			t.Fatal(err)
+		}
+		out, n, err := trimBounded(body, Keep{Runs: 3, RunIDs: []string{"run-10"}, MessageIDs: []string{"msg-20"}, RequestIDs: []string{"req-5"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got t3api.BoundedThreadSnapshot
+		if err := got.UnmarshalJSON(out); err != nil {
+			t.Fatalf("trimmed body does not decode: %v\n%s", err, out)
+		}
+		if err := got.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		p := got.Projection
+		if n != 100 {
+			t.Fatalf("runs in all = %d", n)
+		}
+		if want := sorted("run-98", "run-99", "run-100", "run-10", "run-20"); !reflect.DeepEqual(ids(p.Runs, func(r t3api.Run) string { return r.ID }), want) {
+			t.Fatalf("runs %v", ids(p.Runs, func(r t3api.Run) string { return r.ID }))
+		}
+		if want := sorted("msg-98", "reply-98", "msg-99", "reply-99", "msg-100", "reply-100", "msg-10", "reply-10", "msg-20", "reply-20"); !reflect.DeepEqual(ids(p.Messages, func(m t3api.Message) string { return m.ID }), want) {
+			t.Fatalf("messages %v", ids(p.Messages, func(m t3api.Message) string { return m.ID }))
+		}
+		if want := sorted("cp-98", "cp-99", "cp-100", "cp-10", "cp-20"); !reflect.DeepEqual(ids(p.Checkpoints, func(c t3api.Checkpoint) string { return c.ID }), want) {
+			t.Fatalf("checkpoints %v", ids(p.Checkpoints, func(c t3api.Checkpoint) string { return c.ID }))
+		}
+		if want := sorted("req-5", "req-open"); !reflect.DeepEqual(ids(p.RuntimeRequests, func(r t3api.RuntimeRequest) string { return r.ID }), want) {
+			t.Fatalf("requests %v", ids(p.RuntimeRequests, func(r t3api.RuntimeRequest) string { return r.ID }))
+		}
+		// Kept elements are T3's, byte for byte, in T3's order; the rest is untouched.
+		fp := full.Projection
+		for _, r := range p.Runs {
+			i := slices.IndexFunc(fp.Runs, func(x t3api.Run) bool { return x.ID == r.ID })
+			if !reflect.DeepEqual(fp.Runs[i], r) {
+				t.Fatalf("run %s changed", r.ID)
+			}
+		}
+		if !reflect.DeepEqual(p.TurnItems, fp.TurnItems) || !reflect.DeepEqual(p.Thread, fp.Thread) || p.UpdatedAt != fp.UpdatedAt ||
+			got.SnapshotSequence != full.SnapshotSequence || got.HistoryCursor != full.HistoryCursor || got.HasMoreHistory != full.HasMoreHistory {
+			t.Fatal("untrimmed parts changed")
+		}
+		if reversed != (p.Runs[0].Ordinal > p.Runs[len(p.Runs)-1].Ordinal) {
+			t.Fatal("runs reordered")
+		}
+	}
+}
+
+// Keeping more runs than there are keeps everything: the trimmed body decodes
+// to what the whole body does.
+func TestTrimBoundedKeepAll(t *testing.T) {
+	body := bigBounded(t, 20, false)
+	out, n, err := trimBounded(body, Keep{Runs: 50, RequestIDs: []string{}})
+	if err != nil || n != 20 {
+		t.Fatal(n, err)
+	}
+	var a, b t3api.BoundedThreadSnapshot
+	if err := a.UnmarshalJSON(body); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UnmarshalJSON(out); err != nil {
+		t.Fatal(err)
+	}
+	// Only the resolved runtime requests go: they are neither pending nor named.
+	a.Projection.RuntimeRequests = slices.DeleteFunc(a.Projection.RuntimeRequests, func(r t3api.RuntimeRequest) bool { return r.Status != "pending" })
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("keep-all trim changed the body")
+	}
+}
+
+// Bodies that are not a bounded snapshot are refused, never half-trimmed (the
+// caller then decodes the body as it came and reports what is wrong).
+func TestTrimBoundedRefusesOtherShapes(t *testing.T) {
+	for _, body := range []string{``, `[]`, `{"projection":[]}`, `{"projection":{"runs":{}}}`, `{"projection":{"runs":[1]}}`, `{"projection":{"messages":[1]}}`, `{"a":1} x`, `{"projection":{"runs":[}}`} {
+		if out, _, err := trimBounded([]byte(body), Keep{Runs: 1}); err == nil {
+			t.Errorf("%s: not refused (%s)", body, out)
+		}
+	}
+}
+
+// fixtureBounded is every recorded thread read as a bounded snapshot: the
+// synthetic /bounded answer and each recorded GET /threads/{id} (same
+// projection shape).
+func fixtureBounded(t testing.TB) [][]byte {
+	t.Helper()
+	var out [][]byte
+	out = append(out, []byte(synth(t, "thread-bounded").body()))
+	files, err := filepath.Glob(filepath.Join(recorded, "*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		for _, e := range loadFx(t, f).Exchanges {
+			if e.Status == 200 && strings.Contains(e.URL, "/api/orchestration/threads/") && !strings.Contains(e.URL[strings.Index(e.URL, "/threads/")+9:], "/") {
+				out = append(out, []byte(e.body()))
+			}
+		}
+	}
+	if len(out) < 5 {
+		t.Fatalf("only %d recorded thread bodies", len(out))
+	}
+	return out
+}
+
+// Every recorded thread trims to a body that still decodes, with the newest
+// run kept and the count of all runs.
+func TestTrimBoundedFixtures(t *testing.T) {
+	tested := 0
+	defer func() {
+		if tested < 5 {
+			t.Fatalf("only %d recorded thread bodies decode", tested)
+		}
+	}()
+	for i, body := range fixtureBounded(t) {
+		var full t3api.BoundedThreadSnapshot
+		if full.UnmarshalJSON(body) != nil {
+			continue // the synthetic /bounded answer sketches its projection as a string
+		}
+		tested++
+		out, n, err := trimBounded(body, Keep{Runs: 1})
+		if err != nil {
+			t.Fatalf("fixture %d: %v", i, err)
+		}
+		var got t3api.BoundedThreadSnapshot
+		if err := got.UnmarshalJSON(out); err != nil {
+			t.Fatalf("fixture %d: trimmed body does not decode: %v", i, err)
+		}
+		if n != len(full.Projection.Runs) || (n > 0) != (len(got.Projection.Runs) == 1) {
+			t.Fatalf("fixture %d: %d runs, kept %d", i, n, len(got.Projection.Runs))
+		}
+		if !reflect.DeepEqual(got.Projection.TurnItems, full.Projection.TurnItems) {
+			t.Fatalf("fixture %d: timeline rows changed", i)
+		}
+	}
+}
+
+// FuzzTrimBounded: whatever T3 sends, trimming never panics, never produces
+// invalid JSON, and a body that decodes as a bounded snapshot trims to one
+// that does too, with no run T3 did not send.
+func FuzzTrimBounded(f *testing.F) {
+	for _, b := range fixtureBounded(f) {
+		f.Add(b, 1)
+	}
+	f.Add(bigBounded(f, 12, true), 3)
+	f.Fuzz(func(t *testing.T, body []byte, runs int) {
+		out, n, err := trimBounded(body, Keep{Runs: runs % 8, RunIDs: []string{"run-3"}, MessageIDs: []string{"msg-1"}, RequestIDs: []string{"req-2"}})
+		if err != nil {
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("invalid JSON from %q: %q", body, out)
+		}
+		var full t3api.BoundedThreadSnapshot
+		if full.UnmarshalJSON(body) != nil {
+			return
+		}
+		var got t3api.BoundedThreadSnapshot
+		if err := got.UnmarshalJSON(out); err != nil {
+			t.Fatalf("%q decodes, its trim %q does not: %v", body, out, err)
+		}
+		if n != len(full.Projection.Runs) || len(got.Projection.Runs) > n {
+			t.Fatalf("count %d, kept %d of %d", n, len(got.Projection.Runs), len(full.Projection.Runs))
+		}
+		for _, r := range got.Projection.Runs {
+			if !slices.ContainsFunc(full.Projection.Runs, func(x t3api.Run) bool { return reflect.DeepEqual(x, r) }) {
+				t.Fatalf("run %+v not in the body", r)
+			}
+		}
+	})
+}
+
+// BenchmarkThreadBoundedDecode is the connector's CPU for one bounded read's
+// body of a thread with 100 / 1,000 / 10,000 runs (500 / 5,000 / 50,000 turn
+// items at five per run): decoded whole (before) and trimmed to the newest 3
+// runs then decoded (what t3_thread does now).
+func BenchmarkThreadBoundedDecode(b *testing.B) {
+	for _, runs := range []int{100, 1_000, 10_000} {
+		body := bigBounded(b, runs, false)
+		b.Run(fmt.Sprintf("items=%d/whole", runs*5), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var s t3api.BoundedThreadSnapshot
+				if err := s.UnmarshalJSON(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("items=%d/keep3", runs*5), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				out, _, err := trimBounded(body, Keep{Runs: 3})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var s t3api.BoundedThreadSnapshot
+				if err := s.UnmarshalJSON(out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
