@@ -7,6 +7,7 @@
 //	t3code-load -short     the CI profile (a few seconds per phase)
 //	t3code-load -m 10 -t 500 -k 200 -e 500 -duration 10s -json out.json
 //	t3code-load -phases outage -outage 10m -outage-rate 100   the 60,000-event backlog, the slow way
+//	t3code-load -short -phases soak -soak-duration 15m          state file and RSS over time, short retention
 //
 // The -json report's field names are stable (docs/benchmarks.md lists them; a test fails when one
 // changes): compare runs with it.
@@ -64,11 +65,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	drain := fs.Duration("drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
 	logLevel := fs.String("log-level", "", "the connector's log level (info)")
 	seedRuns := fs.Int("seed-runs", 0, "finished runs every thread has before the connector starts, -1 for none (1)")
-	phases := fs.String("phases", "", "comma-separated phases to run of thread,latency,compare,throughput,outage (default all)")
+	phases := fs.String("phases", "", "comma-separated phases to run of thread,latency,compare,throughput,outage,soak (default all but soak)")
 	outage := fs.Duration("outage", 0, "outage phase: how long the webhook receiver answers 503 (full 60s, short 10s)")
 	outageRate := fs.Float64("outage-rate", 0, "outage phase: runs per second settling while the receiver is down (full 1000, short 200)")
 	outageThreads := fs.Int("outage-threads", 0, "outage phase: threads per machine the runs go to, so each has several events queued (full 100, short 50)")
 	outageDrain := fs.Duration("outage-drain", 0, "outage phase: longest wait for the backlog to drain once the receiver is back (full 3m, short 1m)")
+	soak := fs.Duration("soak-duration", 0, "soak phase: how long runs are offered (full 15m, short 2m)")
+	soakRate := fs.Float64("soak-rate", 0, "soak phase: runs per second on the watched threads (full 200, short 50)")
+	soakChurn := fs.Float64("soak-churn", 0, "soak phase: new threads per second watched, unwatched and archived (full 2, short 1)")
+	soakRetention := fs.Duration("soak-retention", 0, "soak phase: the connector's T3CODE_MCP_HOOK_RETENTION and T3CODE_MCP_THREAD_RETENTION (full 2m, short 15s); pruned every quarter of it")
+	soakSample := fs.Duration("soak-sample", 0, "soak phase: how often RSS, heap, state file and tracked threads are sampled (full 30s, short 5s)")
 	noHook := fs.Bool("no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
 	timeout := fs.Duration("timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
@@ -116,6 +122,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cfg.OutageRate = *outageRate
 	}
 	setI(&cfg.OutageThreads, *outageThreads)
+	setD := func(dst *time.Duration, v time.Duration) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setD(&cfg.Soak, *soak)
+	setD(&cfg.SoakRetention, *soakRetention)
+	setD(&cfg.SoakSample, *soakSample)
+	if *soakRate != 0 {
+		cfg.SoakRate = *soakRate
+	}
+	if *soakChurn != 0 {
+		cfg.SoakChurn = *soakChurn
+	}
 	if *outageDrain != 0 {
 		cfg.OutageDrain = *outageDrain
 	}

@@ -94,6 +94,16 @@ type Config struct {
 	OutageThreads int
 	OutageDrain   time.Duration
 
+	// The soak phase (only when named in Phases): runs at SoakRate on the watched threads and
+	// SoakChurn new threads per second watched, unwatched and archived, for Soak, with the
+	// connector's retentions set to SoakRetention; its memory and state file sampled every
+	// SoakSample.
+	Soak          time.Duration
+	SoakRate      float64
+	SoakChurn     float64
+	SoakRetention time.Duration
+	SoakSample    time.Duration
+
 	Drain    time.Duration // the longest wait for deliveries after a phase
 	KeepRuns int           // the fakes' KeepRuns (older runs leave a thread's projection)
 	LogLevel string        // the connector's T3CODE_MCP_LOG_LEVEL
@@ -102,7 +112,8 @@ type Config struct {
 	// Progress receives one line per step; nil discards.
 	Progress io.Writer
 
-	// Phases to run, of thread, latency, compare, throughput, outage (in that order); empty: all.
+	// Phases to run, of thread, latency, compare, throughput, outage, soak (in that order);
+	// empty: all but soak.
 	Phases []string
 
 	// InProcess runs the connector inside this process instead of the binary, for profiling
@@ -126,6 +137,7 @@ func Full() Config {
 		Drain: 60 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		// 60,000 events, the backlog of a 10-minute outage at 100/s, built ten times faster.
 		Outage: 60 * time.Second, OutageRate: 1000, OutageThreads: 100, OutageDrain: 3 * time.Minute,
+		Soak: 15 * time.Minute, SoakRate: 200, SoakChurn: 2, SoakRetention: 2 * time.Minute, SoakSample: 30 * time.Second,
 	}
 }
 
@@ -139,6 +151,7 @@ func Short() Config {
 		PushRuns: 20, Pollers: []Poller{{time.Second, 20}, {5 * time.Second, 10}}, RunLength: 5 * time.Second,
 		Drain: 30 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		Outage: 10 * time.Second, OutageRate: 200, OutageThreads: 50, OutageDrain: time.Minute,
+		Soak: 2 * time.Minute, SoakRate: 50, SoakChurn: 1, SoakRetention: 15 * time.Second, SoakSample: 5 * time.Second,
 	}
 }
 
@@ -151,6 +164,7 @@ func Tiny() Config {
 		PushRuns: 2, Pollers: []Poller{{200 * time.Millisecond, 2}}, RunLength: 500 * time.Millisecond,
 		Drain: 10 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		Outage: 2 * time.Second, OutageRate: 10, OutageThreads: 2, OutageDrain: 30 * time.Second,
+		Soak: 6 * time.Second, SoakRate: 10, SoakChurn: 2, SoakRetention: time.Second, SoakSample: 500 * time.Millisecond,
 	}
 }
 
@@ -193,6 +207,11 @@ func (c Config) withDefaults() Config {
 	setF(&c.OutageRate, f.OutageRate)
 	setI(&c.OutageThreads, f.OutageThreads)
 	setD(&c.OutageDrain, f.OutageDrain)
+	setD(&c.Soak, f.Soak)
+	setF(&c.SoakRate, f.SoakRate)
+	setF(&c.SoakChurn, f.SoakChurn)
+	setD(&c.SoakRetention, f.SoakRetention)
+	setD(&c.SoakSample, f.SoakSample)
 	setI(&c.SeedRuns, f.SeedRuns)
 	if c.SeedRuns < 0 {
 		c.SeedRuns = 0 // explicitly none
@@ -216,14 +235,21 @@ func (c Config) withDefaults() Config {
 		if c.runs("outage") {
 			c.Timeout += c.Outage + c.OutageDrain + time.Minute
 		}
+		if c.runs("soak") {
+			c.Timeout += c.Soak + c.Drain + time.Minute
+		}
 	}
 	return c
 }
 
-var allPhases = []string{"thread", "latency", "compare", "throughput", "outage"}
+var allPhases = []string{"thread", "latency", "compare", "throughput", "outage", "soak"}
 
+// runs says whether phase is to run: the soak runs only when asked for by name (it is long).
 func (c Config) runs(phase string) bool {
-	return len(c.Phases) == 0 || slices.Contains(c.Phases, phase)
+	if len(c.Phases) == 0 {
+		return phase != "soak"
+	}
+	return slices.Contains(c.Phases, phase)
 }
 
 func (c Config) validate() error {
@@ -232,8 +258,9 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("no connector binary (go build ./cmd/t3code-mcp)"))
 	}
 	if c.Machines < 1 || c.Threads < 1 || c.Waits < 0 || c.Rate < 0 || c.PeakRate < 0 || c.Duration < 0 ||
-		c.Outage < 0 || c.OutageRate < 0 || c.OutageThreads < 0 || c.OutageDrain < 0 {
-		errs = append(errs, errors.New("machines and threads must be positive; waits, rates, durations and the outage's settings not negative"))
+		c.Outage < 0 || c.OutageRate < 0 || c.OutageThreads < 0 || c.OutageDrain < 0 ||
+		c.Soak < 0 || c.SoakRate < 0 || c.SoakChurn < 0 || c.SoakRetention < 0 || c.SoakSample < 0 {
+		errs = append(errs, errors.New("machines and threads must be positive; waits, rates, durations and the outage's and soak's settings not negative"))
 	}
 	for _, p := range c.Phases {
 		if !slices.Contains(allPhases, p) {

@@ -99,10 +99,15 @@ func describe(c Config) string {
 	if len(c.Phases) > 0 {
 		where += fmt.Sprintf(", phases %v", c.Phases)
 	}
+	soak := ""
+	if c.runs("soak") {
+		soak = fmt.Sprintf(", soak %s at %.0f runs/s and %.1f churned threads/s, retention %s (pruned every %s), sampled every %s",
+			c.Soak, c.SoakRate, c.SoakChurn, c.SoakRetention, soakPruneInterval(c.SoakRetention), c.SoakSample)
+	}
 	return fmt.Sprintf("connector %s, M=%d machines × T=%d threads, K=%d waits, E=%.0f/s (latency), peak %.0f/s, %s phases, script %s, "+
 		"push %d runs, pollers %v over %s runs, t3_thread %d items × %d calls, outage %s at %.0f/s on %d threads per machine, fake KeepRuns %d, log %s",
 		where, c.Machines, c.Threads, c.Waits, c.Rate, c.PeakRate, c.Duration, c.Script, c.PushRuns, c.Pollers, c.RunLength,
-		c.BigThreadItems, c.ThreadCalls, c.Outage, c.OutageRate, c.OutageThreads, c.KeepRuns, c.LogLevel)
+		c.BigThreadItems, c.ThreadCalls, c.Outage, c.OutageRate, c.OutageThreads, c.KeepRuns, c.LogLevel) + soak
 }
 
 func (h *harness) run(ctx context.Context) error {
@@ -127,7 +132,7 @@ func (h *harness) run(ctx context.Context) error {
 	phases := []struct {
 		name string
 		run  func(context.Context) error
-	}{{"thread", h.threadTool}, {"latency", h.latency}, {"compare", h.compare}, {"throughput", h.throughput}, {"outage", h.outage}}
+	}{{"thread", h.threadTool}, {"latency", h.latency}, {"compare", h.compare}, {"throughput", h.throughput}, {"outage", h.outage}, {"soak", h.soak}}
 	for _, p := range phases {
 		if !h.cfg.runs(p.name) || (p.name == "thread" && h.big == nil) {
 			continue
@@ -311,6 +316,7 @@ func (h *harness) startConnector(ctx context.Context) error {
 		fmt.Sprintf("T3CODE_MCP_MAX_WAITS=%d", max(2000, h.cfg.Waits+h.cfg.PushRuns+100)),
 		TokenEnv + "=" + h.machines[0].token,
 	}
+	env = append(env, h.cfg.soakEnv()...)
 	if !h.cfg.NoHook {
 		env = append(env, "T3CODE_MCP_HOOK_URL="+h.rec.url, "T3CODE_MCP_HOOK_SECRET="+hookSecret)
 	}

@@ -96,6 +96,49 @@ func TestTinyRun(t *testing.T) {
 	}
 }
 
+// TestTinySoak runs the soak phase alone for a few seconds with a one-second retention: it
+// checks that the connector was sampled, that threads were churned through t3_watch and that
+// every soak run's event arrived; whether memory stayed flat is for the long run to say.
+func TestTinySoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the connector binary")
+	}
+	cfg := Tiny()
+	cfg.Phases = []string{"soak"}
+	cfg.Binary = buildConnector(t)
+	cfg.WorkDir = t.TempDir()
+	cfg.Timeout = 2 * time.Minute
+	var progress strings.Builder
+	cfg.Progress = &progress
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	s := rep.Soak
+	fail := func(format string, args ...any) {
+		t.Helper()
+		log, _ := os.ReadFile(filepath.Join(cfg.WorkDir, "connector.log"))
+		t.Fatalf(format+"\nreport:\n%s\nprogress:\n%s\nconnector log (tail):\n%s", append(args, rep.Text(), progress.String(), tail(string(log), 3000))...)
+	}
+	if s == nil || len(s.Samples) < 2 || s.Retention != cfg.SoakRetention || s.PruneInterval != time.Second {
+		fail("soak: %+v", s)
+	}
+	for _, x := range s.Samples {
+		if x.RSSKB <= 0 || x.StateFileKB <= 0 || x.Watched < rep.Startup.Watched {
+			fail("soak sample %+v: want RSS, a state file and every seeded thread watched", x)
+		}
+	}
+	if s.Churned == 0 || s.ChurnErrors != 0 {
+		fail("soak churned %d threads, %d failed", s.Churned, s.ChurnErrors)
+	}
+	if s.Settled == 0 || s.Delivered != s.Settled {
+		fail("soak: %d runs settled, %d delivered", s.Settled, s.Delivered)
+	}
+	if !strings.Contains(rep.Text(), "soak") || !strings.Contains(rep.Config, "retention 1s") {
+		fail("the report does not describe the soak")
+	}
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]

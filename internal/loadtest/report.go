@@ -216,6 +216,7 @@ type Report struct {
 	Compare    []Approach    `json:"compare,omitempty"`
 	Throughput *Throughput   `json:"throughput,omitempty"`
 	Outage     *Outage       `json:"outage,omitempty"`
+	Soak       *Soak         `json:"soak,omitempty"`
 	Accounting []Accounting  `json:"accounting,omitempty"`
 	PeakRSSKB  int64         `json:"peak_rss_kb"` // VmHWM at the end
 	TotalCPU   time.Duration `json:"total_cpu_ns"`
@@ -281,6 +282,24 @@ func (r *Report) Text() string {
 		p("           receiver back: %s; %d undelivered; per-thread order broken on %d of %d threads checked", drained, o.Undelivered, o.OrderBroken, o.OrderChecked)
 		p("           connector while down: %s", o.DownUsage)
 		p("           connector while draining: %s", o.DrainUsage)
+	}
+	if s := r.Soak; s != nil {
+		p("soak       %.0f runs/s for %s with retention %s (pruned every %s): %d runs settled, %d delivered; %d threads watched, dropped and archived (%d failed)",
+			s.Offered, s.Duration, s.Retention, s.PruneInterval, s.Settled, s.Delivered, s.Churned, s.ChurnErrors)
+		p("           %8s %10s %10s %11s %8s %8s %8s %10s %6s", "t", "RSS", "heap", "state file", "tracked", "watched", "pending", "goroutines", "load")
+		for _, x := range s.Samples {
+			p("           %7.0fs %10s %10s %11s %8d %8d %8d %10d %6s", x.At.Seconds(), mb(x.RSSKB), mb(x.HeapInuseKB), mb(x.StateFileKB), x.Tracked, x.Watched, x.Pending, x.Goroutines, x.LoadAvg)
+		}
+		verdict := "growing"
+		switch {
+		case s.RSSGrowth == 0:
+			verdict = "not judged (too few samples after the warm-up)"
+		case s.Flat:
+			verdict = "flat"
+		}
+		p("           after the %s warm-up, last third vs first third (highest of each): RSS ×%.2f, heap ×%.2f, state file ×%.2f, tracked ×%.2f: %s",
+			s.WarmUp, s.RSSGrowth, s.HeapGrowth, s.StateGrowth, s.TrackedGrowth, verdict)
+		p("           connector: %s", s.Usage)
 	}
 	for _, a := range r.Accounting {
 		p("events     %-15s %6d watched runs settled: %6d delivered, %6d still in the outbox at the end, %6d never recorded",

@@ -70,6 +70,12 @@ var reportFields = []string{
 	"outage.threads_checked", "outage.order_violations",
 	"outage.usage_down", "outage.usage_down.wall_ns", "outage.usage_down.cpu_ns", "outage.usage_down.cores", "outage.usage_down.max_rss_kb", "outage.usage_down.harness_cores", "outage.usage_down.loadavg",
 	"outage.usage_drain", "outage.usage_drain.wall_ns", "outage.usage_drain.cpu_ns", "outage.usage_drain.cores", "outage.usage_drain.max_rss_kb", "outage.usage_drain.harness_cores", "outage.usage_drain.loadavg",
+	"soak", "soak.duration_ns", "soak.offered_per_s", "soak.retention_ns", "soak.prune_interval_ns", "soak.settled", "soak.delivered",
+	"soak.threads_churned", "soak.churn_errors", "soak.samples", "soak.samples[].at_ns", "soak.samples[].rss_kb", "soak.samples[].heap_inuse_kb",
+	"soak.samples[].goroutines", "soak.samples[].state_file_kb", "soak.samples[].tracked", "soak.samples[].watched", "soak.samples[].pending",
+	"soak.samples[].received", "soak.samples[].loadavg", "soak.warm_up_ns", "soak.rss_growth", "soak.heap_growth", "soak.state_file_growth",
+	"soak.tracked_growth", "soak.flat", "soak.usage", "soak.usage.wall_ns", "soak.usage.cpu_ns", "soak.usage.cores", "soak.usage.max_rss_kb",
+	"soak.usage.harness_cores", "soak.usage.loadavg",
 	"accounting", "accounting[].phase", "accounting[].settled", "accounting[].delivered", "accounting[].pending", "accounting[].lost",
 	"peak_rss_kb", "total_cpu_ns", "elapsed_ns", "warnings",
 }
