@@ -2,11 +2,11 @@ package t3
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"slices"
-
-	"github.com/go-faster/jx"
+	"strconv"
 )
 
 // Keep says which part of a bounded thread read (GET …/threads/{id}/bounded)
@@ -28,168 +28,168 @@ type Keep struct {
 	RequestIDs []string
 }
 
+var errShape = errors.New("bounded body: not the shape of a bounded thread snapshot")
+
 // trimBounded rewrites a bounded thread body to the part k keeps, in the
-// same shape (a BoundedThreadSnapshot, keys in T3's order), and returns how
-// many runs the thread has in all. It never decodes a skipped element: each
-// array element is scanned for the few keys that decide (ids, ordinal,
-// status) and copied as raw bytes when kept. An error means body is not a
-// JSON object of that shape; the caller then decodes the body as it came.
+// same shape (a BoundedThreadSnapshot, keys in T3's order, kept elements byte
+// for byte as T3 sent them), and returns how many runs the thread has in all.
+// Nothing skipped is decoded: a small scanner jumps over values (over strings
+// with bytes.IndexByte, where nearly all of a thread's bytes are) and looks
+// only at the keys that decide (ids, ordinal, status). An error means body
+// is not a JSON object of that shape; the caller then decodes the body as it
+// came and reports what is wrong with it.
 func trimBounded(body []byte, k Keep) (out []byte, runs int, err error) {
-	d := jx.DecodeBytes(body)
-	if d.Next() != jx.Object {
-		return nil, 0, errors.New("bounded body: not an object")
-	}
-	t := trimmer{k: k, sub: jx.GetDecoder()}
-	defer jx.PutDecoder(t.sub)
-	e := &jx.Encoder{}
-	e.Grow(len(body) / 8)
-	e.ObjStart()
-	err = d.ObjBytes(func(d *jx.Decoder, key []byte) error {
-		raw, err := d.Raw()
-		if err != nil {
-			return err
+	t := trimmer{k: k}
+	s := scanner{b: body}
+	out = make([]byte, 0, 4096)
+	out = append(out, '{')
+	first := true
+	err = s.obj(func(key []byte) error {
+		start := s.i
+		if !first {
+			out = append(out, ',')
 		}
-		e.FieldStart(string(key))
+		first = false
+		out = append(append(append(out, '"'), key...), '"', ':')
 		if string(key) != "projection" {
-			e.Raw(raw)
+			if err := s.skip(); err != nil {
+				return err
+			}
+			out = append(out, body[start:s.i]...)
 			return nil
 		}
-		return t.projection(e, raw)
+		var err error
+		out, err = t.projection(out, &s)
+		return err
 	})
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := d.Skip(); err != io.EOF {
-		return nil, 0, errors.New("bounded body: trailing data")
+	if s.ws(); s.i != len(body) {
+		return nil, 0, errShape // trailing data
 	}
-	e.ObjEnd()
-	return e.Bytes(), t.runs, nil
+	out = append(out, '}')
+	if !json.Valid(out) { // what the scanner let through unchecked (numbers, control characters)
+		return nil, 0, errShape
+	}
+	return out, t.runs, nil
 }
 
 type trimmer struct {
 	k    Keep
-	sub  *jx.Decoder // scans one element at a time (reused: no allocation per element)
 	runs int
-
 	// Of the kept runs: their ids, the user messages they were made of, the
 	// checkpoints they point at.
 	runIDs, msgIDs, checkpointIDs map[string]bool
 }
 
-// projection writes the trimmed projection object. The runs decide what else
-// is kept, and T3 may send them after the messages: every field is taken as
-// raw bytes first (one skip over the body), then written in its order.
-func (t *trimmer) projection(e *jx.Encoder, raw []byte) error {
+type span struct{ start, end int }
+
+// projection appends the trimmed projection object; s is at its value. The
+// runs decide what else is kept, and T3 may send them after the messages:
+// each field's place is found first (one skip), then written in its order.
+func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 	type field struct {
-		key string
-		raw []byte
+		key []byte
+		val span
 	}
 	var fields []field
-	d := jx.DecodeBytes(raw)
-	if d.Next() != jx.Object {
-		return errors.New("bounded body: projection is not an object")
-	}
-	err := d.ObjBytes(func(d *jx.Decoder, key []byte) error {
-		v, err := d.Raw()
-		fields = append(fields, field{string(key), v})
+	err := s.obj(func(key []byte) error {
+		start := s.i
+		err := s.skip()
+		fields = append(fields, field{key, span{start, s.i}})
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	t.runIDs, t.msgIDs, t.checkpointIDs = map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for _, f := range fields {
-		if f.key == "runs" {
-			kept, err := t.keepRuns(f.raw)
-			if err != nil {
-				return err
-			}
-			f.raw = kept
-		}
-	}
 	for _, id := range t.k.MessageIDs {
 		t.msgIDs[id] = true
 	}
-	e.ObjStart()
+	var keptRuns []span
 	for _, f := range fields {
-		e.FieldStart(f.key)
-		var err error
-		switch f.key {
+		if string(f.key) == "runs" {
+			if keptRuns, err = t.keepRuns(s.b, f.val); err != nil {
+				return nil, err
+			}
+		}
+	}
+	out = append(out, '{')
+	for i, f := range fields {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(append(append(out, '"'), f.key...), '"', ':')
+		switch string(f.key) {
 		case "runs":
-			err = t.writeRuns(e, f.raw)
+			out = append(out, '[')
+			for j, r := range keptRuns {
+				if j > 0 {
+					out = append(out, ',')
+				}
+				out = append(out, s.b[r.start:r.end]...)
+			}
+			out = append(out, ']')
 		case "messages":
-			err = t.filter(e, f.raw, func(id, runID, _ []byte) bool {
+			out, err = filter(out, s.b, f.val, func(id, runID, _ []byte) bool {
 				return t.runIDs[string(runID)] || t.msgIDs[string(id)]
 			})
 		case "checkpoints":
-			err = t.filter(e, f.raw, func(id, runID, _ []byte) bool {
+			out, err = filter(out, s.b, f.val, func(id, runID, _ []byte) bool {
 				return t.runIDs[string(runID)] || t.checkpointIDs[string(id)]
 			})
 		case "runtimeRequests":
-			err = t.filter(e, f.raw, func(id, _, status []byte) bool {
+			out, err = filter(out, s.b, f.val, func(id, _, status []byte) bool {
 				return string(status) == "pending" || contains(t.k.RequestIDs, id)
 			})
 		default:
-			e.Raw(f.raw)
+			out = append(out, s.b[f.val.start:f.val.end]...)
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	e.ObjEnd()
-	return nil
+	return append(out, '}'), nil
 }
 
 // run is a run element as scanned: where it sits, its ordinal, and whether a
 // Keep names it.
 type run struct {
-	raw     []byte
+	at      span
 	ordinal int64
 	named   bool
 }
 
-// keepRuns scans the runs array and returns it unchanged; it records in t
-// which runs are kept (the newest k.Runs, the named ones) and what they point
-// at. The kept elements are written by writeRuns, in T3's order.
-func (t *trimmer) keepRuns(raw []byte) ([]byte, error) {
+// keepRuns scans the runs array at v and returns the kept runs' places in
+// T3's order (the newest k.Runs and the named ones), recording in t what they
+// point at.
+func (t *trimmer) keepRuns(b []byte, v span) ([]span, error) {
 	n := max(1, t.k.Runs)
 	var newest []run // the n newest so far, by ordinal ascending
 	var named []run
-	d := jx.DecodeBytes(raw)
-	if d.Next() != jx.Array {
-		return nil, errors.New("bounded body: runs is not an array")
-	}
-	err := d.Arr(func(d *jx.Decoder) error {
-		r, err := d.Raw()
-		if err != nil {
-			return err
-		}
+	s := scanner{b: b[:v.end], i: v.start}
+	err := s.arr(func() error {
 		t.runs++
-		el := run{raw: r}
-		err = t.scan(r, func(key []byte, d *jx.Decoder) error {
+		el := run{at: span{start: s.i}}
+		err := s.obj(func(key []byte) error {
 			switch string(key) {
 			case "ordinal":
-				if d.Next() != jx.Number {
-					return d.Skip()
-				}
-				v, err := d.Int64()
-				el.ordinal = v
+				o, err := s.int()
+				el.ordinal = o
 				return err
 			case "id":
-				s, ok, err := str(d)
-				if ok && contains(t.k.RunIDs, s) {
-					el.named = true
-				}
+				id, ok, err := s.str()
+				el.named = el.named || ok && contains(t.k.RunIDs, id)
 				return err
 			case "userMessageId":
-				s, ok, err := str(d)
-				if ok && contains(t.k.MessageIDs, s) {
-					el.named = true
-				}
+				id, ok, err := s.str()
+				el.named = el.named || ok && contains(t.k.MessageIDs, id)
 				return err
 			}
-			return d.Skip()
+			return s.skip()
 		})
+		el.at.end = s.i
 		if err != nil {
 			return err
 		}
@@ -216,17 +216,21 @@ func (t *trimmer) keepRuns(raw []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	kept := make([]span, 0, len(newest)+len(named))
 	for _, r := range append(newest, named...) {
-		if err := t.note(r.raw); err != nil {
+		kept = append(kept, r.at)
+		if err := t.note(b, r.at); err != nil {
 			return nil, err
 		}
 	}
-	return raw, nil
+	slices.SortFunc(kept, func(a, b span) int { return a.start - b.start })
+	return kept, nil
 }
 
 // note records a kept run's id and what it points at.
-func (t *trimmer) note(raw []byte) error {
-	return t.scan(raw, func(key []byte, d *jx.Decoder) error {
+func (t *trimmer) note(b []byte, at span) error {
+	s := scanner{b: b[:at.end], i: at.start}
+	return s.obj(func(key []byte) error {
 		var into map[string]bool
 		switch string(key) {
 		case "id":
@@ -236,37 +240,26 @@ func (t *trimmer) note(raw []byte) error {
 		case "checkpointId":
 			into = t.checkpointIDs
 		default:
-			return d.Skip()
+			return s.skip()
 		}
-		s, ok, err := str(d)
+		v, ok, err := s.str()
 		if ok {
-			into[string(s)] = true
+			into[string(v)] = true
 		}
 		return err
 	})
 }
 
-// writeRuns writes the kept runs, in T3's order.
-func (t *trimmer) writeRuns(e *jx.Encoder, raw []byte) error {
-	return t.filter(e, raw, func(id, _, _ []byte) bool { return t.runIDs[string(id)] })
-}
-
-// filter writes the array raw with the elements keep accepts, judged by
-// their "id", "runId" and "status" strings (nil when absent or not a string).
-func (t *trimmer) filter(e *jx.Encoder, raw []byte, keep func(id, runID, status []byte) bool) error {
-	d := jx.DecodeBytes(raw)
-	if d.Next() != jx.Array {
-		return errors.New("bounded body: not an array where one was expected")
-	}
-	e.ArrStart()
-	var id, runID, status []byte
-	err := d.Arr(func(d *jx.Decoder) error {
-		r, err := d.Raw()
-		if err != nil {
-			return err
-		}
-		id, runID, status = id[:0], runID[:0], status[:0]
-		err = t.scan(r, func(key []byte, d *jx.Decoder) error {
+// filter appends the array at v with the elements keep accepts, judged by
+// their "id", "runId" and "status" strings (nil when absent or not strings).
+func filter(out, b []byte, v span, keep func(id, runID, status []byte) bool) ([]byte, error) {
+	s := scanner{b: b[:v.end], i: v.start}
+	out = append(out, '[')
+	first := true
+	err := s.arr(func() error {
+		start := s.i
+		var id, runID, status []byte
+		err := s.obj(func(key []byte) error {
 			var into *[]byte
 			switch string(key) {
 			case "id":
@@ -276,11 +269,11 @@ func (t *trimmer) filter(e *jx.Encoder, raw []byte, keep func(id, runID, status 
 			case "status":
 				into = &status
 			default:
-				return d.Skip()
+				return s.skip()
 			}
-			s, ok, err := str(d)
+			v, ok, err := s.str()
 			if ok {
-				*into = append(*into, s...) // the decoder's bytes are valid until its next call
+				*into = v
 			}
 			return err
 		})
@@ -288,22 +281,15 @@ func (t *trimmer) filter(e *jx.Encoder, raw []byte, keep func(id, runID, status 
 			return err
 		}
 		if keep(id, runID, status) {
-			e.Raw(r)
+			if !first {
+				out = append(out, ',')
+			}
+			first = false
+			out = append(out, b[start:s.i]...)
 		}
 		return nil
 	})
-	e.ArrEnd()
-	return err
-}
-
-// scan calls fn for every key of the object raw, with the decoder at its
-// value (fn must consume it).
-func (t *trimmer) scan(raw []byte, fn func(key []byte, d *jx.Decoder) error) error {
-	t.sub.ResetBytes(raw)
-	if t.sub.Next() != jx.Object {
-		return errors.New("bounded body: an element is not an object")
-	}
-	return t.sub.ObjBytes(func(d *jx.Decoder, key []byte) error { return fn(key, d) })
+	return append(out, ']'), err
 }
 
 // contains reports whether b is one of ids (without converting b).
@@ -316,14 +302,207 @@ func contains(ids []string, b []byte) bool {
 	return false
 }
 
-// str reads a string value (ok false, and the value skipped, for null or any
-// other type). The bytes are valid until the decoder's next call.
-func str(d *jx.Decoder) ([]byte, bool, error) {
-	if d.Next() != jx.String {
-		return nil, false, d.Skip()
+// scanner walks JSON text without decoding what it skips. It checks the
+// structure (brackets, strings, commas, colons); what it does not check (the
+// characters of numbers and literals, control characters in strings) the
+// caller's json.Valid of the much smaller output does.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
 	}
-	s, err := d.StrBytes()
-	return s, err == nil, err
+}
+
+// obj walks an object; fn is called at each value (s.i at its first byte)
+// and must consume it.
+func (s *scanner) obj(fn func(key []byte) error) error {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return errShape
+	}
+	s.i++
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		return nil
+	}
+	for {
+		key, ok, err := s.str()
+		if err != nil || !ok {
+			return errShape
+		}
+		if s.ws(); s.i >= len(s.b) || s.b[s.i] != ':' {
+			return errShape
+		}
+		s.i++
+		s.ws()
+		if err := fn(key); err != nil {
+			return err
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return errShape
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			s.ws()
+		case '}':
+			s.i++
+			return nil
+		default:
+			return errShape
+		}
+	}
+}
+
+// arr walks an array; fn is called at each element and must consume it.
+func (s *scanner) arr(fn func() error) error {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '[' {
+		return errShape
+	}
+	s.i++
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+		return nil
+	}
+	for {
+		s.ws()
+		if err := fn(); err != nil {
+			return err
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return errShape
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return nil
+		default:
+			return errShape
+		}
+	}
+}
+
+// str reads a string value: its bytes, unescaped when it holds an escape
+// (rare in T3's ids). ok is false, and the value skipped, for any other type.
+func (s *scanner) str() (v []byte, ok bool, err error) {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return nil, false, s.skip()
+	}
+	start := s.i
+	if err := s.skipString(); err != nil {
+		return nil, false, err
+	}
+	raw := s.b[start+1 : s.i-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw, true, nil
+	}
+	var u string
+	if err := json.Unmarshal(s.b[start:s.i], &u); err != nil {
+		return nil, false, errShape
+	}
+	return []byte(u), true, nil
+}
+
+// int reads an integer value (0, skipped, for any other type).
+func (s *scanner) int() (int64, error) {
+	start := s.i
+	if err := s.skip(); err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseInt(string(s.b[start:s.i]), 10, 64)
+	if err != nil {
+		return 0, nil // not an integer: the decoder of the output says so if it matters
+	}
+	return v, nil
+}
+
+// skipString moves past the string starting at s.i.
+func (s *scanner) skipString() error {
+	i := s.i + 1
+	for {
+		j := bytes.IndexByte(s.b[i:], '"')
+		if j < 0 {
+			return errShape
+		}
+		i += j
+		bs := 0
+		for k := i - 1; k > s.i && s.b[k] == '\\'; k-- {
+			bs++
+		}
+		i++
+		if bs%2 == 0 {
+			s.i = i
+			return nil
+		}
+	}
+}
+
+// skip moves past one value.
+func (s *scanner) skip() error {
+	s.ws()
+	if s.i >= len(s.b) {
+		return errShape
+	}
+	switch c := s.b[s.i]; c {
+	case '"':
+		return s.skipString()
+	case '{', '[':
+		depth := 0
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case '"':
+				if err := s.skipString(); err != nil {
+					return err
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					s.i++
+					return nil
+				}
+			}
+			s.i++
+		}
+		return errShape
+	default:
+		start := s.i
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				if s.i == start {
+					return errShape
+				}
+				return nil
+			case '"', '{', '[', ':':
+				return errShape
+			}
+			s.i++
+		}
+		if s.i == start {
+			return errShape
+		}
+		return nil
+	}
 }
 
 // readBody reads a response body into a buffer of its announced length (an
