@@ -24,6 +24,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/lease"
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
 	"github.com/t3code-mcp/t3code-mcp/internal/server"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -72,6 +73,10 @@ type Settings struct {
 	// backoff); zero values pick the defaults.
 	Lookup events.LookupOptions
 	Limits tools.Limits
+
+	// LeaseTTL (T3CODE_MCP_LEASE_TTL, 6s): with PostgreSQL, how long a replica's lease on a
+	// machine lives without renewal; a dead holder's machines move within TTL + TTL/3.
+	LeaseTTL time.Duration
 
 	// Audit log (docs/guardrails.md): <StateDir>/audit.log, rotated by size.
 	AuditMaxBytes int64 // T3CODE_MCP_AUDIT_MAX_BYTES (10 MiB)
@@ -152,6 +157,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	durVar("T3CODE_MCP_IDEMPOTENCY_RETENTION", &s.IdempotencyRetention, tools.DefaultIdempotencyRetention)
 	durVar("T3CODE_MCP_HOOK_RETENTION", &s.HookRetention, outbox.DefaultRetention)
 	durVar("T3CODE_MCP_PRUNE_INTERVAL", &s.PruneInterval, 0)
+	durVar("T3CODE_MCP_LEASE_TTL", &s.LeaseTTL, lease.DefaultTTL)
 	var body int
 	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
 	s.MaxBodyBytes = int64(body)
@@ -185,7 +191,9 @@ type App struct {
 	Audit    *audit.Log // <state dir>/audit.log
 	Log      *slog.Logger
 
-	closeOnce sync.Once
+	// replication: the machine leases when replicas share PostgreSQL; nil with bbolt.
+	replication *replication
+	closeOnce   sync.Once
 }
 
 // Options are what the caller hands the assembly besides the settings.
@@ -249,9 +257,15 @@ func New(s Settings, o Options) (*App, error) {
 		a.Outbox = ob
 		// The detector reads threads through the fleet (look-ups, off the
 		// Ack path) and the fleet hands it every chunk from Start on.
-		a.Detector = events.New(events.Options{
+		do := events.Options{
 			Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
-		})
+		}
+		if p, ok := any(st).(pooled); ok {
+			// Replicas share the store: each machine's events are detected by its lease holder.
+			a.replication = newReplication(p, fl, s, a)
+			do.Lease, do.Rows = a.replication.leases.Held, a.replication.rows
+		}
+		a.Detector = events.New(do)
 		a.Registry.MustRegister(lookupCollector{a.Detector})
 	}
 
@@ -299,6 +313,10 @@ func New(s Settings, o Options) (*App, error) {
 // whose events wait for a look-up (per machine; retried with backoff).
 func (a *App) health() map[string]any {
 	h := server.OutboxHealth(a.Store, a.Settings.HookURL != "")
+	if a.replication != nil {
+		// Which machines' events this replica detects (docs/deploy.md).
+		h["replica"] = map[string]any{"id": a.replication.leases.Replica(), "leases": a.replication.leases.Holding()}
+	}
 	ev, ok := h["events"].(map[string]any)
 	if !ok || a.Detector == nil {
 		return h
@@ -337,6 +355,10 @@ func (a *App) Run(ctx context.Context) {
 	if a.Outbox != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Outbox.Run(ctx) }()
+	}
+	if a.replication != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.replication.run(ctx) }()
 	}
 	wg.Wait()
 }
