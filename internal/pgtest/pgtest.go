@@ -14,6 +14,9 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,4 +109,65 @@ func randomHex() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Server is a PostgreSQL server of one test's own, started with scripts/pg, for tests that must
+// stop or restart the database under load. It is stopped and removed when the test ends.
+type Server struct {
+	URL    string // the postgres database on it (create your own with CREATE DATABASE, or use it)
+	dir    string
+	script string
+}
+
+// StartServer starts a throwaway server. It is skipped (failed under CI=true) when PostgreSQL is
+// not installed.
+func StartServer(tb testing.TB) *Server {
+	tb.Helper()
+	script, err := scriptPath()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := exec.Command(script, "bindir").Run(); err != nil {
+		unavailable(tb, "PostgreSQL is not installed (scripts/pg install)")
+	}
+	// Not t.TempDir: as root the server runs as the postgres user, which must reach the directory.
+	dir, err := os.MkdirTemp("", "t3code-pgtest-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{dir: dir, script: script}
+	tb.Cleanup(func() { _ = exec.Command(script, "stop", dir).Run() })
+	out, err := exec.Command(script, "start", dir).Output()
+	if err != nil {
+		tb.Fatalf("pgtest: scripts/pg start: %v", err)
+	}
+	s.URL = strings.TrimSpace(string(out))
+	return s
+}
+
+// Restart stops the server (fast shutdown: every connection is cut) and starts it again on the
+// same port with the same data.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	if out, err := exec.Command(s.script, "restart", s.dir).CombinedOutput(); err != nil {
+		tb.Fatalf("pgtest: scripts/pg restart: %v\n%s", err, out)
+	}
+}
+
+// scriptPath finds scripts/pg from the module root above the working directory.
+func scriptPath() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "scripts", "pg"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("pgtest: no go.mod above the working directory")
+		}
+		dir = parent
+	}
 }

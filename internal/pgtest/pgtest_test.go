@@ -63,3 +63,31 @@ func TestWithDatabaseReplacesOnlyTheDatabase(t *testing.T) {
 		t.Fatal("a keyword/value string was accepted")
 	}
 }
+
+// TestAServerOfItsOwnRestarts: the test's own server answers, is cut off by a restart, and answers
+// again on the same URL with its data.
+func TestAServerOfItsOwnRestarts(t *testing.T) {
+	s := StartServer(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)`); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart(t)
+	if _, err := conn.Exec(ctx, `SELECT 1`); err == nil {
+		t.Fatal("a connection from before the restart still works")
+	}
+	_ = conn.Close(ctx)
+	conn, err = pgx.Connect(ctx, s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v); err != nil || v != 42 {
+		t.Fatalf("after the restart: %d %v", v, err)
+	}
+}
