@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // FileName is the log's name in the state directory; rotated files get .1,
@@ -92,22 +94,13 @@ func (r *Record) SetPrompt(prompt string) {
 	sum := sha256.Sum256([]byte(prompt))
 	r.PromptSHA256 = hex.EncodeToString(sum[:])
 	r.PromptChars = utf8.RuneCountInString(prompt)
-	r.PromptPrefix = Cut(prompt, PromptPrefixChars)
+	r.PromptPrefix = text.Cut(prompt, PromptPrefixChars)
 }
 
 // SetError records err's message, shortened when very long.
 func (r *Record) SetError(msg string) {
 	r.Result = ResultError
-	r.Error = Cut(msg, maxErrorChars)
-}
-
-// Cut returns s's first n characters (runes), with "…" when it was longer.
-func Cut(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	r := []rune(s)
-	return string(r[:n]) + "…"
+	r.Error = text.Cut(msg, maxErrorChars)
 }
 
 // Options bound the log's size on disk.

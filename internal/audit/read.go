@@ -14,6 +14,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // Filter selects records; zero fields match everything.
@@ -183,7 +185,7 @@ func clientText(c Client) string {
 // oneLine flattens s for a table cell and cuts it to n characters.
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	return Cut(s, n)
+	return text.Cut(s, n)
 }
 
 func dash(s string) string {

@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // Access levels for a machine.
@@ -287,7 +289,7 @@ func parseMachine(name string, v any) (Machine, error) {
 		}
 		for _, a := range as {
 			if !slices.Contains(Approvable, a) {
-				return m, keyErr("approve", "%q is not one of %s", a, quoteList(Approvable))
+				return m, keyErr("approve", "%q is not one of %s", a, text.QuoteList(Approvable))
 			}
 			if !slices.Contains(m.Approve, a) {
 				m.Approve = append(m.Approve, a)
@@ -369,14 +371,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
-}
-
-func quoteList(xs []string) string {
-	q := make([]string, len(xs))
-	for i, x := range xs {
-		q[i] = fmt.Sprintf("%q", x)
-	}
-	return strings.Join(q, ", ")
 }
 
 func envSuggestion(name string) string {

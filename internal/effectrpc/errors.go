@@ -6,11 +6,11 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // ErrClosed is wrapped by every error caused by the socket going away: Close,
@@ -136,19 +136,7 @@ func describeBody(body []byte) string {
 	case reason != "":
 		return " (T3: " + reason + ")"
 	}
-	return " (T3: " + snippet(string(body), 200) + ")"
-}
-
-// snippet shortens s to at most n bytes on a rune boundary and flattens newlines.
-func snippet(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return " (T3: " + text.Snippet(string(body), 200) + ")"
 }
 
 // exitError maps a Failure exit to an *Error. Effect puts every failure of the
@@ -226,7 +214,7 @@ func defectMessage(raw jx.Raw) string {
 			return msg
 		}
 	}
-	return snippet(string(raw), 500)
+	return text.Snippet(string(raw), 500)
 }
 
 // defectName returns the "name" of an object defect (e.g. "TypeError"), if any.

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -21,6 +20,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -206,9 +206,9 @@ func (f *Fleet) Machine(name string) (*Machine, error) {
 		names = append(names, m.Name)
 	}
 	if len(names) == 0 {
-		return nil, fmt.Errorf("unknown machine %s: no machines are configured (add one to t3code.toml)", Quoted(name))
+		return nil, fmt.Errorf("unknown machine %s: no machines are configured (add one to t3code.toml)", text.Quoted(name))
 	}
-	return nil, fmt.Errorf("unknown machine %s; configured machines: %s (see t3_machines)", Quoted(name), strings.Join(names, ", "))
+	return nil, fmt.Errorf("unknown machine %s; configured machines: %s (see t3_machines)", text.Quoted(name), strings.Join(names, ", "))
 }
 
 // Info is a machine's status for t3_machines and /healthz.
@@ -313,9 +313,9 @@ func (m *Machine) Project(ref string) (t3rpc.Project, error) {
 			names = append(names, fmt.Sprintf("%q", p.Title))
 		}
 		if len(names) == 0 {
-			return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", Quoted(ref), m.Name)
+			return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q: no project there is allowed (check the machine's projects patterns in t3code.toml)", text.Quoted(ref), m.Name)
 		}
-		return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q; available: %s (see t3_projects)", Quoted(ref), m.Name, strings.Join(names, ", "))
+		return t3rpc.Project{}, fmt.Errorf("project %s not found on machine %q; available: %s (see t3_projects)", text.Quoted(ref), m.Name, strings.Join(names, ", "))
 	}
 	cands := make([]string, 0, len(byTitle))
 	for _, p := range byTitle {
@@ -366,7 +366,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 	if id == "" {
 		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
 	}
-	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", Quoted(id), ErrThreadNotFound)
+	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", text.Quoted(id), ErrThreadNotFound)
 	tr, tracked, err := f.store.GetThread(id)
 	if err != nil {
 		return Found{}, err
@@ -407,7 +407,7 @@ func (f *Fleet) Thread(id string) (Found, error) {
 			return Found{}, fmt.Errorf("thread %q cannot be read now: %v", id, m.Ready())
 		}
 		sort.Strings(unchecked)
-		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not searched: %s (see t3_machines)", Quoted(id), strings.Join(unchecked, ", "))
+		return Found{}, fmt.Errorf("thread %s not found on the reachable machines; not searched: %s (see t3_machines)", text.Quoted(id), strings.Join(unchecked, ", "))
 	}
 	return Found{}, notFound
 }
@@ -547,19 +547,4 @@ func (m *Machine) Providers(ctx context.Context) (*t3rpc.ServerConfig, error) {
 	m.providers = cfg
 	m.mu.Unlock()
 	return cfg, nil
-}
-
-// Quoted quotes a caller-supplied name for an error message, cut to a readable
-// length: an agent that sent a megabyte as a machine name or thread id gets a
-// message that names it, not the megabyte back into its context.
-func Quoted(s string) string {
-	const limit = 128
-	if len(s) <= limit {
-		return fmt.Sprintf("%q", s)
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%q… (%d bytes)", s[:cut], len(s))
 }

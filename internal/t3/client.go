@@ -27,6 +27,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // Protocol is the orchestration protocol this package speaks.
@@ -218,11 +219,11 @@ func (c *Client) failed(parent context.Context, op string, err error, x *exchang
 		if json.Valid(x.body) && body.UnmarshalJSON(x.body) == nil {
 			return c.errs.status(op, x.status, body, threadID, "")
 		}
-		return c.errs.status(op, x.status, t3api.ErrorBody{}, threadID, snippet(string(x.body), 200))
+		return c.errs.status(op, x.status, t3api.ErrorBody{}, threadID, text.Snippet(string(x.body), 200))
 	}
 	return c.errs.finish(&Error{Op: op, Status: x.status, Code: CodeBadResponse, Err: err, Message: fmt.Sprintf(
 		"machine %q sent a %s answer this t3code-mcp cannot read (%s); T3 Code and t3code-mcp may disagree on the protocol",
-		c.name, op, snippet(err.Error(), 300))})
+		c.name, op, text.Snippet(err.Error(), 300))})
 }
 
 // answer handles the typed result of a generated call: the success type, or
@@ -507,7 +508,7 @@ func (c *Client) dialFailed(parent context.Context, err error, ticket string) er
 			"machine %q refused orchestration protocol %d on /ws and asks for %s (T3: %s); update t3code-mcp or run a T3 Code that speaks protocol %d",
 			c.name, Protocol, want, orUnknown(body.Message.Or("")), Protocol)})
 	}
-	e := c.errs.status(op, ue.Status, body, "", snippet(string(ue.Body), 200))
+	e := c.errs.status(op, ue.Status, body, "", text.Snippet(string(ue.Body), 200))
 	e.Err = err
 	return e
 }

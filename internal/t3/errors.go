@@ -8,10 +8,10 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // IssueCommand is how an operator mints the token this connector needs, on the
@@ -251,7 +251,7 @@ func rpcError(machine, op string, err error, scrub func(string) string) error {
 		case re.Kind == effectrpc.KindDie:
 			e.Code = CodeDefect
 			e.Message = fmt.Sprintf("%s could not process %s (T3 defect: %s); T3 Code and t3code-mcp may disagree on the protocol",
-				onMachine(machine), op, snippet(re.Message, 500))
+				onMachine(machine), op, text.Snippet(re.Message, 500))
 		case re.Kind == effectrpc.KindInterrupt:
 			e.Code = CodeInterrupted
 			e.Message = fmt.Sprintf("%s interrupted %s", onMachine(machine), op)
@@ -273,16 +273,4 @@ func orOp(s, op string) string {
 		return s
 	}
 	return op
-}
-
-// snippet shortens s for a message: one line, at most n bytes.
-func snippet(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }

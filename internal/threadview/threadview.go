@@ -15,6 +15,7 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // Limits bound what one rendering holds (characters, items).
@@ -282,10 +283,9 @@ func (c *cutter) cut(field, s string, max int) string {
 	if max <= 0 || utf8.RuneCountInString(s) <= max {
 		return s
 	}
-	r := []rune(s)
-	cut := len(r) - max
+	cut := utf8.RuneCountInString(s) - max
 	c.notes = append(c.notes, mcptools.TruncationNote{Field: field, CutChars: cut})
-	return string(r[:max]) + fmt.Sprintf("… [%d characters cut]", cut)
+	return text.Runes(s, max) + fmt.Sprintf("%s [%d characters cut]", text.Ellipsis, cut)
 }
 
 // Cut shortens s to max characters with a marker saying how much was cut.

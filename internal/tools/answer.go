@@ -13,6 +13,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
@@ -153,7 +154,7 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 			if custom || slices.Contains(labels, s) {
 				return nil
 			}
-			return fmt.Errorf("%q is not an option of question %q; choose one of: %s", s, k, quoteAll(labels))
+			return fmt.Errorf("%q is not an option of question %q; choose one of: %s", s, k, optionList(labels))
 		}
 		multi := q.MultiSelect.Or(false)
 		switch v.Type {
@@ -168,10 +169,10 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 			}
 		case mcptools.StringArrayAnswerValue:
 			if !multi {
-				return nil, fmt.Errorf("question %q takes one answer, not a list; choose one of: %s", k, quoteAll(labels))
+				return nil, fmt.Errorf("question %q takes one answer, not a list; choose one of: %s", k, optionList(labels))
 			}
 			if len(v.StringArray) == 0 {
-				return nil, fmt.Errorf("the answer to question %q is an empty list; choose from: %s", k, quoteAll(labels))
+				return nil, fmt.Errorf("the answer to question %q is an empty list; choose from: %s", k, optionList(labels))
 			}
 			for _, s := range v.StringArray {
 				if err := check(s); err != nil {
@@ -226,11 +227,11 @@ func answerApproval(f fleet.Found, pending threadstate.Pending, item *t3api.Turn
 	a.bodyTitle = "Questions, and the answers that will be sent:"
 	if item != nil {
 		for i, q := range item.Questions {
-			text := q.Question
+			question := q.Question
 			if h := q.Header.Or(""); h != "" {
-				text = "[" + h + "] " + text
+				question = "[" + h + "] " + question
 			}
-			fmt.Fprintf(&b, "%d. %s\n", i+1, text)
+			fmt.Fprintf(&b, "%d. %s\n", i+1, question)
 			if len(q.Options) > 0 {
 				labels := make([]string, 0, len(q.Options))
 				for _, o := range q.Options {
@@ -243,7 +244,7 @@ func answerApproval(f fleet.Found, pending threadstate.Pending, item *t3api.Turn
 			case !ok:
 				b.WriteString("   answer:  (none)\n")
 			case v.Type == mcptools.StringArrayAnswerValue:
-				fmt.Fprintf(&b, "   answer:  %s\n", quoteAll(v.StringArray))
+				fmt.Fprintf(&b, "   answer:  %s\n", text.QuoteList(v.StringArray)) // buildResponse refused an empty list
 			default:
 				fmt.Fprintf(&b, "   answer:  %q\n", v.String)
 			}
@@ -253,15 +254,13 @@ func answerApproval(f fleet.Found, pending threadstate.Pending, item *t3api.Turn
 	return a
 }
 
-func quoteAll(xs []string) string {
-	q := make([]string, len(xs))
-	for i, x := range xs {
-		q[i] = fmt.Sprintf("%q", x)
-	}
-	if len(q) == 0 {
+// optionList lists a question's option labels for a message; a question without options takes
+// free text.
+func optionList(labels []string) string {
+	if len(labels) == 0 {
 		return "(free text)"
 	}
-	return strings.Join(q, ", ")
+	return text.QuoteList(labels)
 }
 
 func interruptTool(d *Deps) Handler {

@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
-	"github.com/t3code-mcp/t3code-mcp/internal/audit"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // argSchema is the part of a tool's input schema that says what an argument
@@ -130,7 +130,7 @@ func join(path, key string) string {
 	return path + "." + key
 }
 
-func field(path string) string { return fmt.Sprintf("argument %q", audit.Cut(path, 64)) }
+func field(path string) string { return fmt.Sprintf("argument %q", text.Cut(path, 64)) }
 
 // takes lists the arguments an object takes, required ones first.
 func (s *argSchema) takes(path string) string {
@@ -259,7 +259,7 @@ func (s *argSchema) expected() string {
 func given(v any) string {
 	switch x := v.(type) {
 	case string:
-		return fmt.Sprintf("the string %q", audit.Cut(x, 40))
+		return fmt.Sprintf("the string %q", text.Cut(x, 40))
 	case float64:
 		return "the number " + strings.TrimSuffix(fmt.Sprintf("%g", x), ".0")
 	case bool:

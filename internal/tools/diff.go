@@ -9,6 +9,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
 
@@ -36,7 +37,7 @@ func (d *Deps) runDiff(ctx context.Context, f fleet.Found, p *t3api.ThreadProjec
 		if runID == "" {
 			return mcptools.RunDiff{}, fmt.Errorf("%s: thread %q has no run yet, so there is no diff", mcptools.ToolThread, f.Shell.ID)
 		}
-		return mcptools.RunDiff{}, fmt.Errorf("%s: thread %q has no run %s; run ids are in runs[].run_id of t3_thread", mcptools.ToolThread, f.Shell.ID, fleet.Quoted(runID))
+		return mcptools.RunDiff{}, fmt.Errorf("%s: thread %q has no run %s; run ids are in runs[].run_id of t3_thread", mcptools.ToolThread, f.Shell.ID, text.Quoted(runID))
 	}
 	out := mcptools.RunDiff{RunID: run.ID, Files: checkpointFiles(p, run)}
 	if _, settled := threadstate.Settled(run.Status); !settled {

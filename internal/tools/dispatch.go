@@ -15,6 +15,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
 
@@ -200,10 +201,10 @@ func continuePlan(ctx context.Context, d *Deps, c *Call, threadID string, in mcp
 	m := found.Machine
 	c.Audit.Machine = m.Name
 	if name := strings.TrimSpace(in.Machine.Or("")); name != "" && name != m.Name {
-		return fail(fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, fleet.Quoted(name)))
+		return fail(fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, text.Quoted(name)))
 	}
 	if ref := strings.TrimSpace(in.Project.Or("")); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
-		return fail(fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, fleet.Quoted(ref)))
+		return fail(fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, text.Quoted(ref)))
 	}
 	if m.Config.ReadOnly() {
 		return fail(refuseReadOnly(tool, m, "start threads or send prompts"))
@@ -374,8 +375,7 @@ func titleFrom(prompt string) string {
 	}
 	line = strings.Join(strings.Fields(line), " ")
 	if utf8.RuneCountInString(line) > 80 {
-		r := []rune(line)
-		line = strings.TrimSpace(string(r[:79])) + "…"
+		line = strings.TrimSpace(text.Runes(line, 79)) + text.Ellipsis
 	}
 	if line == "" {
 		line = "t3code-mcp thread"
@@ -414,7 +414,7 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 	}
 	inst, slug, ok := strings.Cut(model, "/")
 	if !ok || inst == "" || slug == "" {
-		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not instanceId/model (for example codex/gpt-5.6-sol)", tool, source, fleet.Quoted(model))
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not instanceId/model (for example codex/gpt-5.6-sol)", tool, source, text.Quoted(model))
 	}
 	cfg, err := m.Providers(ctx)
 	if err != nil {
@@ -440,9 +440,9 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 	}
 	sort.Strings(avail)
 	if len(avail) == 0 {
-		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q: it has no usable provider", tool, source, fleet.Quoted(model), m.Name)
+		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q: it has no usable provider", tool, source, text.Quoted(model), m.Name)
 	}
-	return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q; available: %s", tool, source, fleet.Quoted(model), m.Name, strings.Join(avail, ", "))
+	return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q; available: %s", tool, source, text.Quoted(model), m.Name, strings.Join(avail, ", "))
 }
 
 func usable(p t3rpc.Provider) bool {

@@ -25,6 +25,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // Auditor records mutating calls; *audit.Log is one.
@@ -86,7 +87,7 @@ type approval struct {
 func (a approval) message(tool string, m *fleet.Machine, c *Call) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Approve %s on machine %q?\n", a.summary, m.Name)
-	fmt.Fprintf(&b, "(t3code-mcp asks because approve = %s for [machines.%s] in t3code.toml; nothing is sent until you approve.)\n\n", quoteList(m.Config.Approve), m.Name)
+	fmt.Fprintf(&b, "(t3code-mcp asks because approve = %s for [machines.%s] in t3code.toml; nothing is sent until you approve.)\n\n", tomlList(m.Config.Approve), m.Name)
 	rows := append([][2]string{{"tool", tool}, {"machine", m.Name + " (" + m.Config.URL + ")"}}, a.details...)
 	if c.Audit.Client.Name != "" {
 		rows = append(rows, [2]string{"requested by", strings.TrimSpace(c.Audit.Client.Name + " " + c.Audit.Client.Version)})
@@ -212,7 +213,7 @@ func (d *Deps) approve(ctx context.Context, c *Call, tool string, m *fleet.Machi
 		}
 		return nil, fmt.Errorf("%s: machine %q requires a person's approval for %s (approve = %s for [machines.%s] in t3code.toml), but %s cannot ask for one: it does not support MCP elicitation. "+
 			"Nothing was sent to T3. Use an MCP client that supports elicitation (form mode), or the operator removes %q from approve for [machines.%s] in t3code.toml",
-			tool, m.Name, a.action, quoteList(m.Config.Approve), m.Name, client, a.action, m.Name)
+			tool, m.Name, a.action, tomlList(m.Config.Approve), m.Name, client, a.action, m.Name)
 	}
 	params := &mcp.ElicitParams{Mode: "form", Message: a.message(tool, m, c), RequestedSchema: a.schema(m)}
 	if usesInputRequests(c.Req) {
@@ -373,14 +374,6 @@ func (p *approvals) redeem(state, session string, fp []byte) error {
 	return nil
 }
 
-func quoteList(xs []string) string {
-	q := make([]string, len(xs))
-	for i, x := range xs {
-		q[i] = fmt.Sprintf("%q", x)
-	}
-	return "[" + strings.Join(q, ", ") + "]"
-}
-
 // clientOf is the MCP client's name and version, as far as it said.
 func clientOf(req *mcp.CallToolRequest) audit.Client {
 	if req == nil || req.Session == nil {
@@ -390,5 +383,8 @@ func clientOf(req *mcp.CallToolRequest) audit.Client {
 	if info == nil {
 		return audit.Client{}
 	}
-	return audit.Client{Name: audit.Cut(info.Name, 200), Version: audit.Cut(info.Version, 100)}
+	return audit.Client{Name: text.Cut(info.Name, 200), Version: text.Cut(info.Version, 100)}
 }
+
+// tomlList writes a list of strings as t3code.toml does: ["dispatch", "answer"].
+func tomlList(xs []string) string { return "[" + text.QuoteList(xs) + "]" }

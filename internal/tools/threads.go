@@ -12,6 +12,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
 
@@ -49,7 +50,7 @@ func threadsTool(d *Deps) Handler {
 		if cur, ok := in.Cursor.Get(); ok && cur != "" {
 			n, err := strconv.Atoi(cur)
 			if err != nil || n < 0 {
-				return Result{}, fmt.Errorf("%s: cursor %s is not one this tool returned; pass next_cursor from the previous page, or leave it out for the first page", tool, fleet.Quoted(cur))
+				return Result{}, fmt.Errorf("%s: cursor %s is not one this tool returned; pass next_cursor from the previous page, or leave it out for the first page", tool, text.Quoted(cur))
 			}
 			offset = n
 		}

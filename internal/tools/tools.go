@@ -28,6 +28,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
 // ErrShuttingDown is the cause a connector that is stopping gives the calls
@@ -293,10 +294,10 @@ func (d *Deps) logCall(c *Call, tool, outcome string, start time.Time, err error
 		attrs = append(attrs, "session", c.Req.Session.ID())
 	}
 	if machine != "" {
-		attrs = append(attrs, "machine", audit.Cut(machine, 128))
+		attrs = append(attrs, "machine", text.Cut(machine, 128))
 	}
 	if thread != "" {
-		attrs = append(attrs, "thread", audit.Cut(thread, 128))
+		attrs = append(attrs, "thread", text.Cut(thread, 128))
 	}
 	if err != nil {
 		attrs = append(attrs, "err", err.Error())
