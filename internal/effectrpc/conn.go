@@ -6,6 +6,7 @@
 package effectrpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,7 +59,8 @@ type Options struct {
 	// with Conn.Label to say which machine an error came from.
 	Label string
 	// Tap, when set, sees every frame: dir "send" or "recv" and the raw text.
-	// The traffic recorder (scripts/record) uses it; it must not block.
+	// The traffic recorder (scripts/record) uses it; it must not block, and
+	// must copy what it keeps (a received frame's buffer is reused).
 	Tap func(dir string, data []byte)
 }
 
@@ -450,11 +452,12 @@ func (c *Conn) fail(cause error) {
 func (c *Conn) readLoop(limit int64) {
 	defer c.wg.Done()
 	for {
-		_, data, err := c.ws.Read(c.life)
+		buf, err := c.readFrame()
 		if err != nil {
 			c.fail(fmt.Errorf("%w: %s", ErrClosed, describeReadErr(err, limit)))
 			return
 		}
+		data := buf.Bytes()
 		if c.tap != nil {
 			c.tap("recv", data)
 		}
@@ -462,9 +465,44 @@ func (c *Conn) readLoop(limit int64) {
 		if err != nil {
 			c.log.Warn("effectrpc: undecodable frame from T3", "err", err, "bytes", len(data))
 		}
+		// Decoding copied what the messages hold (strings, chunk values): the
+		// frame's buffer can serve the next frame.
+		putFrameBuf(buf)
 		for _, m := range msgs {
 			c.handle(m)
 		}
+	}
+}
+
+// readFrame reads the next frame into a pooled buffer. A frame read into a
+// fresh slice (websocket.Conn.Read's io.ReadAll) grows it from 512 bytes,
+// allocating and copying several times its size: under load T3 sends chunks
+// of hundreds of kilobytes, and that was the largest cost of the read loop.
+func (c *Conn) readFrame() (*bytes.Buffer, error) {
+	_, r, err := c.ws.Reader(c.life)
+	if err != nil {
+		return nil, err
+	}
+	buf := frameBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	if _, err := buf.ReadFrom(r); err != nil {
+		putFrameBuf(buf)
+		return nil, err
+	}
+	return buf, nil
+}
+
+// frameBufs holds frame buffers between reads, shared by all connections
+// (one in use per connection at a time; the pool lets the GC drop idle ones).
+var frameBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledFrame bounds the buffers kept: one snapshot of many megabytes is
+// not worth holding on to.
+const maxPooledFrame = 4 << 20
+
+func putFrameBuf(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledFrame {
+		frameBufs.Put(b)
 	}
 }
 
