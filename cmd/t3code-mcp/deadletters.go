@@ -32,7 +32,7 @@ connector starts again. The state file is locked while a connector runs: stop it
 
 // openStateStore opens the state file the settings name for a command that
 // reads or changes it; a failure is already reported on stderr.
-func (c *cli) openStateStore() (*store.Store, error) {
+func (c *cli) openStateStore() (store.Store, error) {
 	s, err := c.settings()
 	if err != nil {
 		return nil, err

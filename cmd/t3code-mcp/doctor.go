@@ -24,7 +24,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 )
 
-func openStore(s app.Settings) (*store.Store, error) {
+func openStore(s app.Settings) (store.Store, error) {
 	st, err := store.Open(s.StateDir)
 	if errors.Is(err, store.ErrInUse) {
 		return nil, fmt.Errorf("%w: stop the running t3code-mcp first (it holds %s)", err, s.StateDir)

@@ -226,9 +226,9 @@ func banner(w io.Writer, k *connector, addr *net.TCPAddr) {
 		fmt.Fprintln(w, "  tools:   read-only (t3_dispatch, t3_answer and t3_interrupt are not offered)")
 	}
 	if k.demo != nil {
-		fmt.Fprintf(w, "  state:   %s (the demo's own, removed at exit)\n", k.Store.Path())
+		fmt.Fprintf(w, "  state:   %s (the demo's own, removed at exit)\n", k.Store.Location())
 	} else {
-		fmt.Fprintf(w, "  state:   %s\n", k.Store.Path())
+		fmt.Fprintf(w, "  state:   %s\n", k.Store.Location())
 	}
 	if k.Settings.HookURL == "" {
 		fmt.Fprintln(w, "  events:  off (set T3CODE_MCP_HOOK_URL to receive webhooks)")

@@ -179,7 +179,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 type App struct {
 	Settings Settings
 	Config   *config.Config
-	Store    *store.Store
+	Store    store.Store
 	Fleet    *fleet.Fleet
 	Detector *events.Detector // nil without a hook URL
 	Push     *tools.Push      // MCP resource subscriptions

@@ -208,7 +208,7 @@ func (hl *hookLog) settle(t *testing.T, h *harness, w want) (repeats int) {
 	return hl.settleStore(t, h.app.Store, h.logs, w)
 }
 
-func (hl *hookLog) settleStore(t *testing.T, st *store.Store, logs *syncBuffer, w want) (repeats int) {
+func (hl *hookLog) settleStore(t *testing.T, st store.Store, logs *syncBuffer, w want) (repeats int) {
 	t.Helper()
 	dump := func() string { return hl.summary() + "\nlogs:\n" + tail(logs.String(), 60) }
 	eventually(t, 60*time.Second, "all events delivered", func() bool {

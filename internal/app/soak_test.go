@@ -296,7 +296,7 @@ func wantFromT3(t *testing.T, h *harness, guess want) want {
 // stateKB is the state file's size (bbolt grows it in pages and never
 // shrinks it: flat means the state stopped growing).
 func stateKB(h *harness) int64 {
-	fi, err := os.Stat(h.app.Store.Path())
+	fi, err := os.Stat(h.app.Store.Location())
 	if err != nil {
 		return -1
 	}

@@ -23,7 +23,7 @@ const benchThreads = 1000
 
 type detectorBench struct {
 	d       *events.Detector
-	st      *store.Store
+	st      store.Store
 	threads []string
 }
 

@@ -30,7 +30,7 @@ type fakeRun struct {
 type env struct {
 	t      *testing.T
 	dir    string
-	st     *store.Store
+	st     store.Store
 	d      *Detector
 	mu     sync.Mutex
 	runs   map[string][]fakeRun // thread → runs, in T3's order

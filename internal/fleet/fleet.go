@@ -55,7 +55,7 @@ type Options struct {
 type Fleet struct {
 	machines []*Machine
 	byName   map[string]*Machine
-	store    *store.Store
+	store    store.Store
 	log      *slog.Logger
 	sink     watch.Sink // given by Start; every watcher's chunks go to it
 }
@@ -91,7 +91,7 @@ type Machine struct {
 
 // New builds the fleet; machines whose token variable is unset are kept and
 // reported as misconfigured.
-func New(cfg *config.Config, st *store.Store, o Options) *Fleet {
+func New(cfg *config.Config, st store.Store, o Options) *Fleet {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

@@ -81,7 +81,7 @@ type Enricher interface {
 }
 
 // Queue is what the outbox needs from the store, kept small so that a second backend can
-// provide it (*store.Store is the bbolt one). Sequence numbers order events: they grow with every
+// provide it (store.Store is the bbolt one). Sequence numbers order events: they grow with every
 // commit, and a stream's events are delivered in sequence order.
 type Queue interface {
 	// PendingIndex calls fn for every pending event's stream and sequence number, in sequence

@@ -140,7 +140,7 @@ func (rc *receiver) acceptedBy(stream string) []int {
 
 // harness is a store, an outbox over it and its running loop.
 type harness struct {
-	st    *store.Store
+	st    store.Store
 	ob    *Outbox
 	clock *fakeClock
 	m     *Metrics
@@ -171,7 +171,7 @@ func start(t *testing.T, cfg Config) *harness {
 }
 
 // startOn runs an outbox over the store in dir, through wrap's Queue when wrap is not nil.
-func startOn(t *testing.T, dir string, cfg Config, wrap func(*store.Store) Queue) *harness {
+func startOn(t *testing.T, dir string, cfg Config, wrap func(store.Store) Queue) *harness {
 	t.Helper()
 	st, err := store.Open(dir)
 	if err != nil {

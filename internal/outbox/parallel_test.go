@@ -217,7 +217,7 @@ func TestCountsAfterRestartAndRequeue(t *testing.T) {
 // the call only returns (with an error) once the test releases it, as if the process had died
 // in the middle of the fsync.
 type crashingQueue struct {
-	*store.Store
+	store.Store
 	n       atomic.Int32
 	crashAt int32
 	crashed chan struct{}
@@ -243,7 +243,7 @@ func TestBatchedRecordsSurviveCrash(t *testing.T) {
 	rc := newReceiver(t)
 	dir := t.TempDir()
 	q := &crashingQueue{crashAt: 4, crashed: make(chan struct{}), release: make(chan struct{})}
-	h := startOn(t, dir, Config{URL: rc.srv.URL, Concurrency: 8}, func(st *store.Store) Queue { q.Store = st; return q })
+	h := startOn(t, dir, Config{URL: rc.srv.URL, Concurrency: 8}, func(st store.Store) Queue { q.Store = st; return q })
 	const streams, per = 30, 4
 	h.commit(t, backlog(streams, per)...)
 	<-q.crashed
@@ -307,7 +307,7 @@ func TestBatchedRecordsSurviveCrash(t *testing.T) {
 
 // failingQueue fails Record n times (a full disk), then works.
 type failingQueue struct {
-	*store.Store
+	store.Store
 	fails atomic.Int32
 }
 
@@ -324,7 +324,7 @@ func TestRecordFailurePausesAndResends(t *testing.T) {
 	rc := newReceiver(t)
 	q := &failingQueue{}
 	q.fails.Store(2)
-	h := startOn(t, t.TempDir(), Config{URL: rc.srv.URL}, func(st *store.Store) Queue { q.Store = st; return q })
+	h := startOn(t, t.TempDir(), Config{URL: rc.srv.URL}, func(st store.Store) Queue { q.Store = st; return q })
 	e := mkEvent("m/a", 1)
 	h.commit(t, e)
 	eventually(t, "delivered", func() bool { return h.event(t, e.ID).State == store.StateDelivered })

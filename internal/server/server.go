@@ -190,7 +190,7 @@ func Health(f *fleet.Fleet, extra func() map[string]any) map[string]any {
 }
 
 // OutboxHealth reports the outbox for /healthz.
-func OutboxHealth(st *store.Store, hookConfigured bool) map[string]any {
+func OutboxHealth(st store.Store, hookConfigured bool) map[string]any {
 	if !hookConfigured {
 		return map[string]any{"events": map[string]any{"enabled": false, "reason": "T3CODE_MCP_HOOK_URL is not set: no events are produced (t3_wait still works)"}}
 	}

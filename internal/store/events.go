@@ -122,17 +122,17 @@ func appendEvents(tx *bolt.Tx, evs []Event, d *countDelta) error {
 
 // Pending returns up to limit pending events (limit <= 0: all) in insertion order, which is FIFO
 // within every stream.
-func (s *Store) Pending(limit int) ([]Event, error) {
+func (s *Bolt) Pending(limit int) ([]Event, error) {
 	return s.list(bPending, 0, limit, true)
 }
 
 // Dead returns the dead letters, oldest first.
-func (s *Store) Dead() ([]Event, error) { return s.list(bDead, 0, 0, true) }
+func (s *Bolt) Dead() ([]Event, error) { return s.list(bDead, 0, 0, true) }
 
 // Heads returns the oldest pending event of each stream (up to limit streams; limit <= 0: all),
 // ordered by stream. The outbox does not use it (it keeps the heads in memory, see PendingIndex);
 // it is for inspection and tests.
-func (s *Store) Heads(limit int) ([]Event, error) {
+func (s *Bolt) Heads(limit int) ([]Event, error) {
 	var out []Event
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bHeads).Cursor()
@@ -162,7 +162,7 @@ func (s *Store) Heads(limit int) ([]Event, error) {
 // decoded). It returns the highest sequence number assigned so far: every event committed
 // later has a higher one (PendingAfter finds them). It is what the outbox rebuilds its in-memory
 // queues from at start.
-func (s *Store) PendingIndex(fn func(stream string, seq uint64)) (last uint64, err error) {
+func (s *Bolt) PendingIndex(fn func(stream string, seq uint64)) (last uint64, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
 		last = tx.Bucket(bPending).Sequence()
 		c := tx.Bucket(bHeads).Cursor()
@@ -181,13 +181,13 @@ func (s *Store) PendingIndex(fn func(stream string, seq uint64)) (last uint64, e
 // PendingAfter returns up to limit pending events whose sequence number is above after, in
 // insertion order, without their bodies: the events committed since the caller last looked.
 // The cost is that of the events returned, however many others are pending.
-func (s *Store) PendingAfter(after uint64, limit int) ([]Event, error) {
+func (s *Bolt) PendingAfter(after uint64, limit int) ([]Event, error) {
 	return s.list(bPending, after+1, limit, false)
 }
 
 // PendingEvent returns the pending event with sequence number seq, with its body when withBody.
 // It fails with ErrNotPending when seq is not pending.
-func (s *Store) PendingEvent(seq uint64, withBody bool) (Event, error) {
+func (s *Bolt) PendingEvent(seq uint64, withBody bool) (Event, error) {
 	var e Event
 	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error
@@ -212,7 +212,7 @@ func pendingAt(tx *bolt.Tx, seq uint64, withBody bool) (Event, error) {
 }
 
 // Get returns an event in any state, with its body.
-func (s *Store) Get(id string) (Event, error) {
+func (s *Bolt) Get(id string) (Event, error) {
 	var e Event
 	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error
@@ -226,7 +226,7 @@ func (s *Store) Get(id string) (Event, error) {
 }
 
 // Counts returns how many events are in each state. It is O(1): the counts are kept in memory.
-func (s *Store) Counts() (pending, dead, delivered int, err error) {
+func (s *Bolt) Counts() (pending, dead, delivered int, err error) {
 	s.countsMu.Lock()
 	defer s.countsMu.Unlock()
 	return s.counts.pending, s.counts.dead, s.counts.delivered, nil
@@ -266,7 +266,7 @@ type Op struct {
 // all of them). An op that cannot apply (an unknown id: ErrNotFound; an event no longer pending:
 // ErrNotPending; a body that is not JSON) is skipped and reported in errs at its index, without
 // failing the others; err is a failure of the whole transaction, after which nothing was written.
-func (s *Store) Record(ops []Op) (errs []error, err error) {
+func (s *Bolt) Record(ops []Op) (errs []error, err error) {
 	err = s.update(func(tx *bolt.Tx, d *countDelta) error {
 		errs = make([]error, len(ops))
 		for i, op := range ops {
@@ -332,7 +332,7 @@ func apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
 }
 
 // record applies one op in its own transaction.
-func (s *Store) record(op Op) error {
+func (s *Bolt) record(op Op) error {
 	errs, err := s.Record([]Op{op})
 	if err != nil {
 		return err
@@ -341,25 +341,25 @@ func (s *Store) record(op Op) error {
 }
 
 // MarkDelivered records a successful attempt at time at (Record with one OpDelivered).
-func (s *Store) MarkDelivered(id string, at time.Time) error {
+func (s *Bolt) MarkDelivered(id string, at time.Time) error {
 	return s.record(Op{ID: id, Kind: OpDelivered, At: at})
 }
 
 // MarkDead records a final failed attempt (or an expiry) at time at (Record with one OpDead).
-func (s *Store) MarkDead(id string, at time.Time, reason string) error {
+func (s *Bolt) MarkDead(id string, at time.Time, reason string) error {
 	return s.record(Op{ID: id, Kind: OpDead, At: at, Error: reason})
 }
 
 // MarkRetry records a failed attempt: the event stays its stream's head until next (Record with
 // one OpRetry).
-func (s *Store) MarkRetry(id string, next time.Time, errMsg string) error {
+func (s *Bolt) MarkRetry(id string, next time.Time, errMsg string) error {
 	return s.record(Op{ID: id, Kind: OpRetry, Next: next, Error: errMsg})
 }
 
 // ---- operator actions and housekeeping ----
 
 // Requeue moves dead letters back to pending (RequeueEvents) and returns how many it moved.
-func (s *Store) Requeue(at time.Time, ids ...string) (int, error) {
+func (s *Bolt) Requeue(at time.Time, ids ...string) (int, error) {
 	evs, err := s.RequeueEvents(at, ids...)
 	return len(evs), err
 }
@@ -372,7 +372,7 @@ func (s *Store) Requeue(at time.Time, ids ...string) (int, error) {
 //
 // A requeued event keeps its sequence number, so it goes back to its place in its stream: ahead
 // of any later pending events of the same stream.
-func (s *Store) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
+func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 	var out []Event
 	err := s.update(func(tx *bolt.Tx, d *countDelta) error {
 		out = nil
@@ -427,7 +427,7 @@ func (s *Store) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 // Prune deletes delivered events delivered before the cutoff, with their bodies and ids (a later
 // insert of a pruned id is then new again: keep the cutoff longer than any replay window). Dead
 // letters are never pruned: they wait for an operator. It returns how many were deleted.
-func (s *Store) Prune(deliveredBefore time.Time) (int, error) {
+func (s *Bolt) Prune(deliveredBefore time.Time) (int, error) {
 	n := 0
 	err := s.update(func(tx *bolt.Tx, d *countDelta) error {
 		n = 0
@@ -537,7 +537,7 @@ func find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
 
 // list returns up to limit events (limit <= 0: all) of a state's bucket from sequence number
 // from on, in insertion order.
-func (s *Store) list(bucket []byte, from uint64, limit int, withBody bool) ([]Event, error) {
+func (s *Bolt) list(bucket []byte, from uint64, limit int, withBody bool) ([]Event, error) {
 	var out []Event
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucket).Cursor()

@@ -1,12 +1,8 @@
 package store
 
-import (
-	"sync"
+import "sync"
 
-	bolt "go.etcd.io/bbolt"
-)
-
-// Group commits the batches of many concurrent callers together: one bbolt
+// Group commits the batches of many concurrent callers together: one
 // transaction and one fsync for every batch waiting when the previous commit
 // ended (group commit). Each caller's Commit returns only once its own batch is
 // durable, so a watcher still acknowledges a chunk only after its part is on
@@ -18,7 +14,7 @@ import (
 // callers and goes on while batches keep arriving; it then ends, so nothing
 // runs while nothing is written.
 type Group struct {
-	s *Store
+	s Store
 
 	mu      sync.Mutex
 	pending []*groupReq
@@ -35,7 +31,7 @@ type groupReq struct {
 
 // NewGroup returns the group committer of s. A store should have one (more
 // would only split the groups).
-func NewGroup(s *Store) *Group { return &Group{s: s} }
+func NewGroup(s Store) *Group { return &Group{s: s} }
 
 // Commit writes b, grouped with the batches of other callers, and returns when
 // it is durable. A batch that fails on its own (an invalid event) fails alone:
@@ -80,14 +76,11 @@ func (g *Group) write() {
 		g.batches += uint64(len(reqs))
 		g.mu.Unlock()
 
-		err := g.s.update(func(tx *bolt.Tx, d *countDelta) error {
-			for _, r := range reqs {
-				if err := writeBatch(tx, r.b, d); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		bs := make([]Batch, len(reqs))
+		for i, r := range reqs {
+			bs[i] = r.b
+		}
+		err := g.s.CommitBatches(bs)
 		if err != nil && len(reqs) > 1 {
 			// One batch (or the disk) failed the group: write each alone, so
 			// every caller gets its own answer.

@@ -25,7 +25,7 @@ type Idempotency struct {
 // atomic, so of two calls racing with one key (in this process or, on a shared database, in
 // another) exactly one gets claimed == true. When the key is taken, the stored entry is
 // returned and nothing is written.
-func (s *Store) ClaimIdempotency(rec Idempotency) (stored Idempotency, claimed bool, err error) {
+func (s *Bolt) ClaimIdempotency(rec Idempotency) (stored Idempotency, claimed bool, err error) {
 	if rec.Key == "" || !json.Valid(rec.Record) {
 		return Idempotency{}, false, errors.New("store: an idempotency entry needs a key and a JSON record")
 	}
@@ -45,7 +45,7 @@ func (s *Store) ClaimIdempotency(rec Idempotency) (stored Idempotency, claimed b
 }
 
 // GetIdempotency returns the entry stored under key.
-func (s *Store) GetIdempotency(key string) (Idempotency, bool, error) {
+func (s *Bolt) GetIdempotency(key string) (Idempotency, bool, error) {
 	var e Idempotency
 	var ok bool
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -61,7 +61,7 @@ func (s *Store) GetIdempotency(key string) (Idempotency, bool, error) {
 
 // UpdateIdempotency replaces the record of a stored key, keeping its CreatedAt; ErrNotFound when
 // the key is not stored (pruned meanwhile).
-func (s *Store) UpdateIdempotency(key string, record json.RawMessage) error {
+func (s *Bolt) UpdateIdempotency(key string, record json.RawMessage) error {
 	if !json.Valid(record) {
 		return errors.New("store: an idempotency record must be JSON")
 	}
@@ -86,12 +86,12 @@ func (s *Store) UpdateIdempotency(key string, record json.RawMessage) error {
 
 // DeleteIdempotency forgets a key (a first call T3 definitely refused, so a retry starts afresh);
 // deleting an unknown key is not an error.
-func (s *Store) DeleteIdempotency(key string) error {
+func (s *Bolt) DeleteIdempotency(key string) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bIdempotency).Delete([]byte(key)) })
 }
 
 // PruneIdempotency forgets the keys created before before and returns how many.
-func (s *Store) PruneIdempotency(before time.Time) (int, error) {
+func (s *Bolt) PruneIdempotency(before time.Time) (int, error) {
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bIdempotency)

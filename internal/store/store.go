@@ -63,8 +63,8 @@ var (
 	ErrInUse      = errors.New("the store is in use by another process")
 )
 
-// Store is an open store. It is safe for concurrent use.
-type Store struct {
+// Bolt is the bbolt backend of Store: one file, one process. It is safe for concurrent use.
+type Bolt struct {
 	db   *bolt.DB
 	path string
 
@@ -108,7 +108,7 @@ type Batch struct {
 
 // Open opens (creating if needed) <dir>/t3code-mcp.db. The directory is created 0700 and the file
 // 0600: it names machines, projects and threads.
-func Open(dir string) (*Store, error) {
+func Open(dir string) (*Bolt, error) {
 	if dir == "" {
 		return nil, errors.New("store: no state directory given (set T3CODE_MCP_STATE_DIR)")
 	}
@@ -127,7 +127,7 @@ func Open(dir string) (*Store, error) {
 			return nil, fmt.Errorf("store: cannot open %s: %w", path, err)
 		}
 	}
-	s := &Store{db: db, path: path}
+	s := &Bolt{db: db, path: path}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, err
@@ -135,7 +135,7 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
-func (s *Store) init() error {
+func (s *Bolt) init() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
@@ -171,7 +171,7 @@ func (s *Store) init() error {
 
 // update runs fn in one fsynced write transaction and, once it committed, applies the change of
 // the event counts fn noted in d.
-func (s *Store) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
+func (s *Bolt) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
 	var d countDelta
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		d = countDelta{} // bbolt runs fn once, but a reset keeps a failed attempt's notes out
@@ -188,15 +188,18 @@ func (s *Store) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
 }
 
 // Path is the store's file.
-func (s *Store) Path() string { return s.path }
+func (s *Bolt) Path() string { return s.path }
+
+// Location is the store's file (Store.Location).
+func (s *Bolt) Location() string { return s.path }
 
 // Close closes the file (waiting for running transactions).
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Bolt) Close() error { return s.db.Close() }
 
 // ---- threads ----
 
 // PutThread inserts or replaces a tracked thread.
-func (s *Store) PutThread(t Thread) error {
+func (s *Bolt) PutThread(t Thread) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return putThread(tx, t) })
 }
 
@@ -212,7 +215,7 @@ func putThread(tx *bolt.Tx, t Thread) error {
 }
 
 // GetThread returns a tracked thread.
-func (s *Store) GetThread(id string) (Thread, bool, error) {
+func (s *Bolt) GetThread(id string) (Thread, bool, error) {
 	var t Thread
 	var ok bool
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -253,12 +256,12 @@ func (s *Store) GetThreads(ids []string) (map[string]Thread, error) {
 }
 
 // DeleteThread stops tracking a thread; deleting an unknown id is not an error.
-func (s *Store) DeleteThread(id string) error {
+func (s *Bolt) DeleteThread(id string) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bThreads).Delete([]byte(id)) })
 }
 
 // ListThreads returns every tracked thread, oldest first (CreatedAt, then ID).
-func (s *Store) ListThreads() ([]Thread, error) {
+func (s *Bolt) ListThreads() ([]Thread, error) {
 	var out []Thread
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bThreads).ForEach(func(_, v []byte) error {
@@ -270,24 +273,50 @@ func (s *Store) ListThreads() ([]Thread, error) {
 			return nil
 		})
 	})
-	sort.SliceStable(out, func(i, j int) bool {
-		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
-			return out[i].CreatedAt.Before(out[j].CreatedAt)
-		}
-		return out[i].ID < out[j].ID
-	})
+	SortThreads(out)
 	return out, err
+}
+
+// SortThreads sorts threads as ListThreads returns them: oldest first (CreatedAt, then ID).
+func SortThreads(ts []Thread) {
+	sort.SliceStable(ts, func(i, j int) bool {
+		if !ts[i].CreatedAt.Equal(ts[j].CreatedAt) {
+			return ts[i].CreatedAt.Before(ts[j].CreatedAt)
+		}
+		return ts[i].ID < ts[j].ID
+	})
 }
 
 // ---- detector state and events, together ----
 
 // Commit writes a batch in one fsynced transaction: all of it or none of it.
-func (s *Store) Commit(b Batch) error {
+func (s *Bolt) Commit(b Batch) error {
 	if err := validate(b); err != nil {
 		return err
 	}
 	return s.update(func(tx *bolt.Tx, d *countDelta) error { return writeBatch(tx, b, d) })
 }
+
+// CommitBatches writes several batches in one fsynced transaction: all of them or none of them.
+func (s *Bolt) CommitBatches(bs []Batch) error {
+	for _, b := range bs {
+		if err := validate(b); err != nil {
+			return err
+		}
+	}
+	return s.update(func(tx *bolt.Tx, d *countDelta) error {
+		for _, b := range bs {
+			if err := writeBatch(tx, b, d); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Validate checks a batch the way Commit does, before any transaction: a backend's Commit
+// fails with its error, and Group fails such a batch alone.
+func Validate(b Batch) error { return validate(b) }
 
 func validate(b Batch) error {
 	if err := checkEvents(b.Events); err != nil {
@@ -337,7 +366,7 @@ func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error {
 // ForEachDetector calls fn with every detector key and value, in key order
 // (the detector's start-up scan for pending look-ups, and pruning). The slices
 // are copies.
-func (s *Store) ForEachDetector(fn func(key string, value []byte) error) error {
+func (s *Bolt) ForEachDetector(fn func(key string, value []byte) error) error {
 	return s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bDetector).ForEach(func(k, v []byte) error {
 			return fn(string(k), append([]byte{}, v...))
@@ -346,7 +375,7 @@ func (s *Store) ForEachDetector(fn func(key string, value []byte) error) error {
 }
 
 // Detector returns the detector state stored under key.
-func (s *Store) Detector(key string) ([]byte, bool, error) {
+func (s *Bolt) Detector(key string) ([]byte, bool, error) {
 	var out []byte
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bDetector).Get([]byte(key)); v != nil {

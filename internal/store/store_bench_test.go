@@ -22,7 +22,7 @@ var benchBody = []byte(`{"id":"evt_0123456789abcdef01234567","type":"thread.comp
 	`loop so that it waits for the ledger to settle before asserting, ran go test ./... (exit 0) and updated ` +
 	`README.md (+3 -1)."}`)
 
-func openBench(b *testing.B) *store.Store {
+func openBench(b *testing.B) *store.Bolt {
 	b.Helper()
 	s, err := store.Open(b.TempDir())
 	if err != nil {

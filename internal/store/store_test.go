@@ -15,7 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-func open(t *testing.T, dir string) *Store {
+func open(t *testing.T, dir string) *Bolt {
 	t.Helper()
 	s, err := Open(dir)
 	if err != nil {

@@ -181,7 +181,7 @@ func statusMatches(t *t3rpc.ThreadShell, want string, answered map[string]bool) 
 }
 
 // trackedOn maps the ids of the threads the state file tracks on a machine.
-func trackedOn(st *store.Store, machine string) (map[string]store.Thread, error) {
+func trackedOn(st store.Store, machine string) (map[string]store.Thread, error) {
 	all, err := st.ListThreads()
 	if err != nil {
 		return nil, err

@@ -87,7 +87,7 @@ func (d *Deps) track(machine string, tr store.Thread, shell *t3rpc.ThreadShell) 
 // Deps is what the handlers use.
 type Deps struct {
 	Fleet *fleet.Fleet
-	Store *store.Store
+	Store store.Store
 	// Detector records tracked threads with their baselines (Deps.track);
 	// nil when events are off.
 	Detector *events.Detector

@@ -103,7 +103,7 @@ func benchApply(b *testing.B, watched bool) {
 		threads[i] = fk.AddThread(pid, fmt.Sprintf("Load thread %d", i), "idle")
 	}
 	var sink watch.Sink
-	var st *store.Store
+	var st store.Store
 	var perThread struct {
 		sync.Mutex
 		n map[string]int // runs started per thread

@@ -1,0 +1,86 @@
+package store
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Store is what the connector keeps durably: the tracked threads, the event detector's
+// per-thread state and the webhook outbox. Two backends provide it: Bolt (Open: one bbolt file,
+// the default, one process) and pgstore (PostgreSQL, shared by several replicas). Both pass the
+// same contract suite (storetest), which is the precise statement of what each method promises.
+//
+// Sequence numbers order events: they grow with every commit, in commit order (an event
+// committed later has a higher one), so a reader that saw everything up to n finds everything
+// newer with PendingAfter(n).
+type Store interface {
+	// PutThread inserts or replaces a tracked thread.
+	PutThread(t Thread) error
+	// GetThread returns a tracked thread.
+	GetThread(id string) (Thread, bool, error)
+	// DeleteThread stops tracking a thread; deleting an unknown id is not an error.
+	DeleteThread(id string) error
+	// ListThreads returns every tracked thread, oldest first (CreatedAt, then ID).
+	ListThreads() ([]Thread, error)
+
+	// Commit writes a batch in one durable transaction: all of it or none of it.
+	Commit(b Batch) error
+	// CommitBatches writes several batches in one durable transaction (Group's group commit):
+	// all of them or none of them.
+	CommitBatches(bs []Batch) error
+	// Detector returns the detector state stored under key.
+	Detector(key string) ([]byte, bool, error)
+	// ForEachDetector calls fn with every detector key and value, in key order.
+	ForEachDetector(fn func(key string, value []byte) error) error
+
+	// Pending returns up to limit pending events (limit <= 0: all) with bodies, in sequence order.
+	Pending(limit int) ([]Event, error)
+	// Dead returns the dead letters with bodies, oldest first.
+	Dead() ([]Event, error)
+	// Heads returns the oldest pending event of each stream (up to limit; <= 0: all), by stream.
+	Heads(limit int) ([]Event, error)
+	// PendingIndex calls fn for every pending event's stream and sequence number, in sequence
+	// order within each stream, and returns the highest sequence number committed so far.
+	PendingIndex(fn func(stream string, seq uint64)) (last uint64, err error)
+	// PendingAfter returns up to limit pending events with a sequence number above after, in
+	// sequence order, without bodies.
+	PendingAfter(after uint64, limit int) ([]Event, error)
+	// PendingEvent returns one pending event (ErrNotPending when it is not).
+	PendingEvent(seq uint64, withBody bool) (Event, error)
+	// Get returns an event in any state, with its body (ErrNotFound when unknown).
+	Get(id string) (Event, error)
+	// Counts returns how many events are in each state.
+	Counts() (pending, dead, delivered int, err error)
+
+	// Record applies delivery outcomes to pending events in one durable transaction; errs
+	// reports the ops that could not apply (by index), err a failure of the whole batch.
+	Record(ops []Op) (errs []error, err error)
+	// RequeueEvents moves dead letters back to pending (all of them when no id is given) with a
+	// fresh retry window, and returns them without bodies.
+	RequeueEvents(at time.Time, ids ...string) ([]Event, error)
+	// Requeue is RequeueEvents returning how many it moved.
+	Requeue(at time.Time, ids ...string) (int, error)
+	// Prune deletes delivered events delivered before the cutoff; dead letters are kept.
+	Prune(deliveredBefore time.Time) (int, error)
+
+	// ClaimIdempotency stores rec under its key unless the key is already stored, atomically (of
+	// two racing calls, in one process or on several replicas, exactly one gets claimed); when
+	// the key is taken it returns the stored entry and writes nothing.
+	ClaimIdempotency(rec Idempotency) (stored Idempotency, claimed bool, err error)
+	// GetIdempotency returns the entry stored under key.
+	GetIdempotency(key string) (Idempotency, bool, error)
+	// UpdateIdempotency replaces a stored key's record, keeping CreatedAt (ErrNotFound if absent).
+	UpdateIdempotency(key string, record json.RawMessage) error
+	// DeleteIdempotency forgets a key; an unknown key is not an error.
+	DeleteIdempotency(key string) error
+	// PruneIdempotency forgets the keys created before before and returns how many.
+	PruneIdempotency(before time.Time) (int, error)
+
+	// Location names the store for people: the bbolt file's path, or the database URL without
+	// its password.
+	Location() string
+	// Close releases the store.
+	Close() error
+}
+
+var _ Store = (*Bolt)(nil)
