@@ -1,0 +1,453 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
+)
+
+// eventsLock is the advisory lock a transaction holds from its first event insert to its commit,
+// so that sequence numbers are assigned in commit order (see the package comment).
+const eventsLock = 0x7433_6576_656e_7473 // "t3events"
+
+// header is the column list of an event without its body; withBody adds it.
+const (
+	header   = `seq, id, stream, state, enrich, created_at, enqueued_at, attempts, next_attempt, last_error, delivered_at, dead_at`
+	withBody = header + `, body`
+)
+
+// scanEvent reads a row of header (and body when withBody).
+func scanEvent(row pgx.Row, body bool) (store.Event, error) {
+	var e store.Event
+	var seq int64
+	var next, delivered, dead *time.Time
+	dst := []any{&seq, &e.ID, &e.Stream, &e.State, &e.Enrich, &e.CreatedAt, &e.EnqueuedAt, &e.Attempts, &next, &e.LastError, &delivered, &dead}
+	if body {
+		dst = append(dst, &e.Body)
+	}
+	if err := row.Scan(dst...); err != nil {
+		return e, err
+	}
+	e.Seq = uint64(seq)
+	e.NextAttempt, e.DeliveredAt, e.DeadAt = deref(next), deref(delivered), deref(dead)
+	return e, nil
+}
+
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// null stores a zero time as NULL.
+func null(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+func (s *Store) events(query string, body bool, args ...any) ([]store.Event, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, s.redact(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r, body) })
+	return out, s.redact(err)
+}
+
+// limitArg turns "limit <= 0: all" into SQL's LIMIT ALL (NULL).
+func limitArg(limit int) any {
+	if limit <= 0 {
+		return nil
+	}
+	return limit
+}
+
+// ---- writing batches ----
+
+// Commit writes a batch in one transaction: all of it or none of it.
+func (s *Store) Commit(b store.Batch) error { return s.CommitBatches([]store.Batch{b}) }
+
+// CommitBatches writes several batches in one transaction: all of them or none of them.
+func (s *Store) CommitBatches(bs []store.Batch) error {
+	for _, b := range bs {
+		if err := store.Validate(b); err != nil {
+			return err
+		}
+	}
+	return s.tx(func(ctx context.Context, tx pgx.Tx) error {
+		locked := false
+		added := 0
+		for _, b := range bs {
+			for k, v := range b.Detector {
+				if k == "" {
+					return errors.New("store: a detector key must not be empty")
+				}
+				var err error
+				if v == nil {
+					_, err = tx.Exec(ctx, `DELETE FROM t3_detector WHERE key = $1`, k)
+				} else {
+					_, err = tx.Exec(ctx, `INSERT INTO t3_detector (key, value) VALUES ($1, $2)
+						ON CONFLICT (key) DO UPDATE SET value = excluded.value`, k, v)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			for _, t := range b.Threads {
+				if err := putThread(ctx, tx, t); err != nil {
+					return err
+				}
+			}
+			if len(b.DeleteThreads) > 0 {
+				if _, err := tx.Exec(ctx, `DELETE FROM t3_threads WHERE id = ANY($1)`, b.DeleteThreads); err != nil {
+					return err
+				}
+			}
+			if len(b.Events) == 0 {
+				continue
+			}
+			if !locked {
+				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(eventsLock)); err != nil {
+					return err
+				}
+				locked = true
+			}
+			n, err := insertEvents(ctx, tx, b.Events)
+			if err != nil {
+				return err
+			}
+			added += n
+		}
+		return addCounts(ctx, tx, map[string]int{store.StatePending: added})
+	})
+}
+
+// insertEvents appends evs in slice order, skipping ids already stored; it returns how many it
+// inserted. One round trip for all of them.
+func insertEvents(ctx context.Context, tx pgx.Tx, evs []store.Event) (int, error) {
+	now := time.Now()
+	var batch pgx.Batch
+	for _, e := range evs {
+		created := e.CreatedAt
+		if created.IsZero() {
+			created = now
+		}
+		batch.Queue(`INSERT INTO t3_events (seq, id, stream, state, body, enrich, created_at, enqueued_at)
+			VALUES (nextval('t3_events_seq'), $1, $2, 'pending', $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING`,
+			e.ID, e.Stream, e.Body, e.Enrich, created)
+	}
+	br := tx.SendBatch(ctx, &batch)
+	n := 0
+	for range evs {
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return 0, err
+		}
+		n += int(tag.RowsAffected())
+	}
+	return n, br.Close()
+}
+
+// addCounts changes the event counts by d (states with 0 are left alone).
+func addCounts(ctx context.Context, tx pgx.Tx, d map[string]int) error {
+	for _, state := range []string{store.StatePending, store.StateDelivered, store.StateDead} {
+		if d[state] == 0 {
+			continue
+		}
+		if _, err := tx.Exec(ctx, `UPDATE t3_event_counts SET n = n + $2 WHERE state = $1`, state, d[state]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- reading the queue ----
+
+// Pending returns up to limit pending events (limit <= 0: all) in sequence order.
+func (s *Store) Pending(limit int) ([]store.Event, error) {
+	return s.events(`SELECT `+withBody+` FROM t3_events WHERE state = 'pending' ORDER BY seq LIMIT $1`, true, limitArg(limit))
+}
+
+// Dead returns the dead letters, oldest first.
+func (s *Store) Dead() ([]store.Event, error) {
+	return s.events(`SELECT `+withBody+` FROM t3_events WHERE state = 'dead' ORDER BY seq`, true)
+}
+
+// Heads returns the oldest pending event of each stream (up to limit streams), by stream.
+func (s *Store) Heads(limit int) ([]store.Event, error) {
+	return s.events(`SELECT DISTINCT ON (stream) `+withBody+` FROM t3_events WHERE state = 'pending'
+		ORDER BY stream, seq LIMIT $1`, true, limitArg(limit))
+}
+
+// PendingIndex calls fn for every pending event's stream and sequence number, by stream and in
+// sequence order within each, and returns the highest sequence number committed so far; both
+// from one snapshot.
+func (s *Store) PendingIndex(fn func(stream string, seq uint64)) (last uint64, err error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var max int64
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM t3_events`).Scan(&max); err != nil {
+			return err
+		}
+		last = uint64(max)
+		rows, err := tx.Query(ctx, `SELECT stream, seq FROM t3_events WHERE state = 'pending' ORDER BY stream, seq`)
+		if err != nil {
+			return err
+		}
+		var stream string
+		var seq int64
+		_, err = pgx.ForEachRow(rows, []any{&stream, &seq}, func() error {
+			fn(stream, uint64(seq))
+			return nil
+		})
+		return err
+	})
+	return last, s.redact(err)
+}
+
+// PendingAfter returns up to limit pending events above sequence number after, in sequence
+// order, without bodies.
+func (s *Store) PendingAfter(after uint64, limit int) ([]store.Event, error) {
+	return s.events(`SELECT `+header+` FROM t3_events WHERE state = 'pending' AND seq > $1 ORDER BY seq LIMIT $2`,
+		false, int64(after), limitArg(limit))
+}
+
+// PendingEvent returns the pending event with sequence number seq (ErrNotPending when it is not).
+func (s *Store) PendingEvent(seq uint64, body bool) (store.Event, error) {
+	cols := header
+	if body {
+		cols = withBody
+	}
+	evs, err := s.events(`SELECT `+cols+` FROM t3_events WHERE seq = $1 AND state = 'pending'`, body, int64(seq))
+	if err != nil {
+		return store.Event{}, err
+	}
+	if len(evs) == 0 {
+		return store.Event{}, fmt.Errorf("store: event #%d: %w", seq, store.ErrNotPending)
+	}
+	return evs[0], nil
+}
+
+// Get returns an event in any state, with its body.
+func (s *Store) Get(id string) (store.Event, error) {
+	evs, err := s.events(`SELECT `+withBody+` FROM t3_events WHERE id = $1`, true, id)
+	if err != nil {
+		return store.Event{}, err
+	}
+	if len(evs) == 0 {
+		return store.Event{}, fmt.Errorf("store: event %q: %w", id, store.ErrNotFound)
+	}
+	return evs[0], nil
+}
+
+// Counts returns how many events are in each state (one small table: O(1)).
+func (s *Store) Counts() (pending, dead, delivered int, err error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT state, n FROM t3_event_counts`)
+	if err != nil {
+		return 0, 0, 0, s.redact(err)
+	}
+	var state string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
+		switch state {
+		case store.StatePending:
+			pending = int(n)
+		case store.StateDead:
+			dead = int(n)
+		case store.StateDelivered:
+			delivered = int(n)
+		}
+		return nil
+	})
+	return pending, dead, delivered, s.redact(err)
+}
+
+// ---- recording outcomes ----
+
+// Record applies ops to pending events in one transaction: the events are read and locked in one
+// query, the ops applied in order (so a second op on one event sees the first), and the rows
+// written back in one round trip.
+func (s *Store) Record(ops []store.Op) (errs []error, err error) {
+	errs = make([]error, len(ops))
+	if len(ops) == 0 {
+		return errs, nil
+	}
+	err = s.tx(func(ctx context.Context, tx pgx.Tx) error {
+		clear(errs)
+		ids := make([]string, len(ops))
+		for i, op := range ops {
+			ids[i] = op.ID
+		}
+		rows, err := tx.Query(ctx, `SELECT `+header+` FROM t3_events WHERE id = ANY($1) ORDER BY seq FOR UPDATE`, ids)
+		if err != nil {
+			return err
+		}
+		found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r, false) })
+		if err != nil {
+			return err
+		}
+		byID := make(map[string]*store.Event, len(found))
+		for i := range found {
+			byID[found[i].ID] = &found[i]
+		}
+		bodies := map[string][]byte{}
+		changed := map[string]bool{}
+		d := map[string]int{}
+		for i, op := range ops {
+			e := byID[op.ID]
+			if e == nil {
+				errs[i] = fmt.Errorf("store: event %q: %w", op.ID, store.ErrNotFound)
+				continue
+			}
+			if e.State != store.StatePending {
+				errs[i] = fmt.Errorf("store: event %q is %s: %w", op.ID, e.State, store.ErrNotPending)
+				continue
+			}
+			if op.Body != nil && !json.Valid(op.Body) {
+				errs[i] = fmt.Errorf("store: event %q: the new body is not valid JSON", op.ID)
+				continue
+			}
+			switch op.Kind {
+			case store.OpBody, store.OpRetry, store.OpDelivered, store.OpDead:
+			default:
+				errs[i] = fmt.Errorf("store: event %q: unknown op %d", op.ID, op.Kind)
+				continue
+			}
+			if op.Body != nil {
+				bodies[op.ID] = op.Body
+				e.Enrich = false
+			}
+			switch op.Kind {
+			case store.OpRetry:
+				e.Attempts++
+				e.NextAttempt, e.LastError = op.Next, op.Error
+			case store.OpDelivered:
+				e.Attempts++
+				e.State, e.DeliveredAt, e.NextAttempt = store.StateDelivered, op.At, time.Time{}
+			case store.OpDead:
+				e.Attempts++
+				e.State, e.DeadAt, e.NextAttempt, e.LastError = store.StateDead, op.At, time.Time{}, op.Error
+			}
+			if e.State != store.StatePending {
+				d[store.StatePending]--
+				d[e.State]++
+			}
+			changed[op.ID] = true
+		}
+		var batch pgx.Batch
+		for _, e := range found {
+			if !changed[e.ID] {
+				continue
+			}
+			// A final state ends any delivery claim.
+			batch.Queue(`UPDATE t3_events SET state = $2, enrich = $3, attempts = $4, next_attempt = $5, last_error = $6,
+				delivered_at = $7, dead_at = $8, body = coalesce($9, body),
+				claimed_by = CASE WHEN $2 = 'pending' THEN claimed_by END,
+				claim_until = CASE WHEN $2 = 'pending' THEN claim_until END
+				WHERE seq = $1`,
+				int64(e.Seq), e.State, e.Enrich, e.Attempts, null(e.NextAttempt), e.LastError, null(e.DeliveredAt), null(e.DeadAt), bodies[e.ID])
+		}
+		if batch.Len() > 0 {
+			if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+				return err
+			}
+		}
+		return addCounts(ctx, tx, d)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// ---- operator actions and housekeeping ----
+
+// Requeue moves dead letters back to pending (RequeueEvents) and returns how many it moved.
+func (s *Store) Requeue(at time.Time, ids ...string) (int, error) {
+	evs, err := s.RequeueEvents(at, ids...)
+	return len(evs), err
+}
+
+// RequeueEvents moves dead letters back to pending at time at with a fresh retry window (all of
+// them when no id is given); pending and delivered ids are skipped, an unknown id fails the call.
+// A requeued event keeps its sequence number: it goes back to its place in its stream.
+func (s *Store) RequeueEvents(at time.Time, ids ...string) ([]store.Event, error) {
+	var out []store.Event
+	err := s.tx(func(ctx context.Context, tx pgx.Tx) error {
+		out = nil
+		var rows pgx.Rows
+		var err error
+		if len(ids) == 0 {
+			rows, err = tx.Query(ctx, `SELECT `+header+` FROM t3_events WHERE state = 'dead' ORDER BY seq FOR UPDATE`)
+		} else {
+			rows, err = tx.Query(ctx, `SELECT `+header+` FROM t3_events WHERE id = ANY($1) ORDER BY seq FOR UPDATE`, ids)
+		}
+		if err != nil {
+			return err
+		}
+		found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r, false) })
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if !slices.ContainsFunc(found, func(e store.Event) bool { return e.ID == id }) {
+				return fmt.Errorf("store: event %q: %w", id, store.ErrNotFound)
+			}
+		}
+		var seqs []int64
+		for _, e := range found {
+			if e.State != store.StateDead {
+				continue
+			}
+			e.State, e.EnqueuedAt, e.Attempts = store.StatePending, at, 0
+			e.NextAttempt, e.DeadAt = time.Time{}, time.Time{}
+			seqs = append(seqs, int64(e.Seq))
+			out = append(out, e)
+		}
+		if len(seqs) == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE t3_events SET state = 'pending', enqueued_at = $2, attempts = 0, next_attempt = NULL,
+			dead_at = NULL, claimed_by = NULL, claim_until = NULL WHERE seq = ANY($1)`, seqs, at); err != nil {
+			return err
+		}
+		return addCounts(ctx, tx, map[string]int{store.StateDead: -len(seqs), store.StatePending: len(seqs)})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Prune deletes delivered events delivered before the cutoff (dead letters are kept).
+func (s *Store) Prune(deliveredBefore time.Time) (int, error) {
+	n := 0
+	err := s.tx(func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM t3_events WHERE state = 'delivered' AND delivered_at < $1`, deliveredBefore)
+		if err != nil {
+			return err
+		}
+		n = int(tag.RowsAffected())
+		return addCounts(ctx, tx, map[string]int{store.StateDelivered: -n})
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
