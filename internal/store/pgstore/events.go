@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/t3code-mcp/t3code-mcp/internal/lease"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
@@ -90,6 +91,12 @@ func (s *Store) CommitBatches(bs []store.Batch) error {
 		locked := false
 		added := 0
 		for _, b := range bs {
+			if f := b.Fence; f != nil {
+				// Wraps store.ErrFenced when the lease moved on; the batch fails (alone, in a Group).
+				if err := lease.CheckFence(ctx, tx, f.Machine, f.Token); err != nil {
+					return err
+				}
+			}
 			for k, v := range b.Detector {
 				if k == "" {
 					return errors.New("store: a detector key must not be empty")

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/lease"
 )
 
 // migrations are the schema's steps, migrations/NNNN_name.sql, applied in number order. A step
@@ -18,6 +20,12 @@ import (
 //
 //go:embed migrations/*.sql
 var migrations embed.FS
+
+// goSteps are steps whose SQL lives beside the Go code that uses it, by version. They are as
+// immutable as the files: a change is a new step.
+var goSteps = map[int]step{
+	2: {version: 2, name: "0002_leases (internal/lease/schema.sql)", sql: lease.Schema},
+}
 
 // migrateLock is the advisory lock held while migrating, so replicas starting together migrate
 // once (the others wait, then find nothing to do).
@@ -47,6 +55,9 @@ func steps() ([]step, error) {
 			return nil, err
 		}
 		out = append(out, step{version: v, name: base, sql: string(b)})
+	}
+	for _, st := range goSteps {
+		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
 	for i := range out {

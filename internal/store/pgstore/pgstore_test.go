@@ -2,7 +2,14 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	neturl "net/url"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/pgtest"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -35,4 +42,196 @@ func TestContract(t *testing.T) {
 			return s2
 		}
 	})
+}
+
+// TestMigrateConcurrentlyOnce: replicas starting together on an empty database all succeed, and
+// every step is applied exactly once.
+func TestMigrateConcurrentlyOnce(t *testing.T) {
+	url := pgtest.New(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := pgstore.Open(context.Background(), url)
+			if err == nil {
+				s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("replica %d: %v", i, err)
+		}
+	}
+	s, _ := openURL(t, url)
+	var n, max int
+	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*), max(version) FROM t3_schema_version`).Scan(&n, &max); err != nil {
+		t.Fatal(err)
+	}
+	if n != pgstore.Latest() || max != pgstore.Latest() || n < 2 {
+		t.Fatalf("schema versions: %d rows, max %d; want %d", n, max, pgstore.Latest())
+	}
+}
+
+func openURL(t *testing.T, url string) (*pgstore.Store, error) {
+	t.Helper()
+	s, err := pgstore.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, nil
+}
+
+// TestNewerSchemaRefused: a binary does not write to a database a newer one migrated.
+func TestNewerSchemaRefused(t *testing.T) {
+	s, url := open(t)
+	if _, err := s.Pool().Exec(context.Background(), `INSERT INTO t3_schema_version (version, name) VALUES ($1, 'future')`, pgstore.Latest()+1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgstore.Open(context.Background(), url); err == nil || !strings.Contains(err.Error(), "newer t3code-mcp") {
+		t.Fatalf("Open of a newer schema: %v", err)
+	}
+}
+
+// TestPasswordNeverShown: the database URL's password appears neither in Location nor in the
+// errors of a failed connection or a failed call.
+func TestPasswordNeverShown(t *testing.T) {
+	const pw = "Sup3r-s3cret-pw"
+	withPW := func(raw string) string {
+		u, err := neturl.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = neturl.UserPassword(u.User.Username(), pw)
+		return u.String()
+	}
+	// A server that does not answer: a closed port on loopback.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "postgres://app:" + pw + "@" + l.Addr().String() + "/db?sslmode=disable&connect_timeout=5"
+	l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = pgstore.Open(ctx, dead)
+	if err == nil {
+		t.Fatal("Open of a closed port succeeded")
+	}
+	if strings.Contains(err.Error(), pw) {
+		t.Fatalf("the password is in the error: %v", err)
+	}
+	if _, err := pgstore.Open(ctx, "postgres://app:"+pw+"@127.0.0.1:1/db?sslmode=bogus"); err == nil || strings.Contains(err.Error(), pw) {
+		t.Fatalf("a bad URL's error: %v", err)
+	}
+	if _, err := pgstore.Open(ctx, "postgres://127.0.0.1:1/db?sslmode=disable&password="+pw); err == nil || strings.Contains(err.Error(), pw) {
+		t.Fatalf("an error with the password in the query: %v", err)
+	}
+
+	// A working server (trust authentication ignores the password).
+	s, err := pgstore.Open(ctx, withPW(pgtest.New(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if strings.Contains(s.Location(), pw) || !strings.Contains(s.Location(), "xxxxx") {
+		t.Fatalf("Location = %s", s.Location())
+	}
+	if _, err := s.Pool().Exec(ctx, `DROP TABLE t3_events CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pending(0); err == nil || strings.Contains(err.Error(), pw) {
+		t.Fatalf("a failed call's error: %v", err)
+	}
+}
+
+// TestSequenceInCommitOrderAcrossReplicas: two stores on one database (two replicas) commit
+// concurrently while a reader follows them with a PendingAfter cursor, as an outbox does; the
+// reader must see every event, which holds only when sequence numbers are assigned in commit
+// order.
+func TestSequenceInCommitOrderAcrossReplicas(t *testing.T) {
+	a, url := open(t)
+	b, _ := openURL(t, url)
+	const per = 150
+	var wg sync.WaitGroup
+	for w, s := range []*pgstore.Store{a, b} {
+		wg.Go(func() {
+			g := store.NewGroup(s)
+			var inner sync.WaitGroup
+			for i := range per {
+				inner.Go(func() {
+					id := fmt.Sprintf("w%d-%03d", w, i)
+					if err := g.Commit(store.Batch{Events: []store.Event{storetest.Ev(id, fmt.Sprintf("s%d", i%7))}}); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			inner.Wait()
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	seen := map[string]bool{}
+	var cursor uint64
+	for finished := false; !finished; {
+		select {
+		case <-done:
+			finished = true // one more read after the last commit
+		default:
+		}
+		evs, err := a.PendingAfter(cursor, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			if e.Seq <= cursor {
+				t.Fatalf("PendingAfter(%d) returned seq %d", cursor, e.Seq)
+			}
+			seen[e.ID] = true
+			cursor = e.Seq
+		}
+	}
+	if len(seen) != 2*per {
+		t.Fatalf("the cursor saw %d of %d events: an event committed with a lower sequence number after a higher one was skipped", len(seen), 2*per)
+	}
+}
+
+// TestFencedBatchFailsAlone: a batch whose fencing token is no longer its machine's is not
+// written, and a group it was part of still writes the others.
+func TestFencedBatchFailsAlone(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO t3_machine_leases (machine, holder, token) VALUES ('m1', 'r1', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	ok := store.Batch{Fence: &store.Fence{Machine: "m1", Token: 7}, Detector: map[string][]byte{"m1/t": []byte("a")}, Events: []store.Event{storetest.Ev("ok", "m1/t")}}
+	stale := store.Batch{Fence: &store.Fence{Machine: "m1", Token: 6}, Detector: map[string][]byte{"m1/u": []byte("b")}, Events: []store.Event{storetest.Ev("stale", "m1/u")}}
+	unknown := store.Batch{Fence: &store.Fence{Machine: "m2", Token: 1}, Events: []store.Event{storetest.Ev("m2", "m2/t")}}
+	if err := s.Commit(stale); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("stale token: %v, want ErrFenced", err)
+	}
+	if err := s.Commit(unknown); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("no lease row: %v, want ErrFenced", err)
+	}
+	g := store.NewGroup(s)
+	var wg sync.WaitGroup
+	var okErr, staleErr error
+	wg.Go(func() { okErr = g.Commit(ok) })
+	wg.Go(func() { staleErr = g.Commit(stale) })
+	wg.Wait()
+	if okErr != nil || !errors.Is(staleErr, store.ErrFenced) {
+		t.Fatalf("group: ok batch %v, stale batch %v", okErr, staleErr)
+	}
+	if _, err := s.Get("stale"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the fenced event was written: %v", err)
+	}
+	if _, found, _ := s.Detector("m1/u"); found {
+		t.Fatal("the fenced detector state was written")
+	}
+	if _, err := s.Get("ok"); err != nil {
+		t.Fatalf("the current holder's event: %v", err)
+	}
 }
