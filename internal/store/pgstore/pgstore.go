@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -213,10 +212,4 @@ func (s *Store) ForEachDetector(fn func(key string, value []byte) error) error {
 		}
 	}
 	return nil
-}
-
-// isPG reports whether err is a PostgreSQL error with the given SQLSTATE.
-func isPG(err error, code string) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == code
 }

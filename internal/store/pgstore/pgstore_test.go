@@ -21,12 +21,7 @@ import (
 func open(t *testing.T) (*pgstore.Store, string) {
 	t.Helper()
 	url := pgtest.New(t)
-	s, err := pgstore.Open(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, url
+	return openURL(t, url), url
 }
 
 // TestContract runs the store contract suite on PostgreSQL (a fresh database per test).
@@ -65,7 +60,7 @@ func TestMigrateConcurrentlyOnce(t *testing.T) {
 			t.Fatalf("replica %d: %v", i, err)
 		}
 	}
-	s, _ := openURL(t, url)
+	s := openURL(t, url)
 	var n, max int
 	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*), max(version) FROM t3_schema_version`).Scan(&n, &max); err != nil {
 		t.Fatal(err)
@@ -75,14 +70,15 @@ func TestMigrateConcurrentlyOnce(t *testing.T) {
 	}
 }
 
-func openURL(t *testing.T, url string) (*pgstore.Store, error) {
+// openURL opens a store on the database url names, closed when the test ends.
+func openURL(t *testing.T, url string) *pgstore.Store {
 	t.Helper()
 	s, err := pgstore.Open(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, nil
+	return s
 }
 
 // TestNewerSchemaRefused: a binary does not write to a database a newer one migrated.
@@ -154,7 +150,7 @@ func TestPasswordNeverShown(t *testing.T) {
 // order.
 func TestSequenceInCommitOrderAcrossReplicas(t *testing.T) {
 	a, url := open(t)
-	b, _ := openURL(t, url)
+	b := openURL(t, url)
 	const per = 150
 	var wg sync.WaitGroup
 	for w, s := range []*pgstore.Store{a, b} {
