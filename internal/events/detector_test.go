@@ -576,7 +576,7 @@ func TestPrune(t *testing.T) {
 
 // countingTracked counts the reads of tracked threads.
 type countingTracked struct {
-	*store.Store
+	store.Store
 	mu          sync.Mutex
 	one, many   int
 	failGetOne  error

@@ -18,6 +18,9 @@ type Store interface {
 	PutThread(t Thread) error
 	// GetThread returns a tracked thread.
 	GetThread(id string) (Thread, bool, error)
+	// GetThreads returns the tracked threads among ids, by id, in one read; ids not tracked
+	// are absent from the map.
+	GetThreads(ids []string) (map[string]Thread, error)
 	// DeleteThread stops tracking a thread; deleting an unknown id is not an error.
 	DeleteThread(id string) error
 	// ListThreads returns every tracked thread, oldest first (CreatedAt, then ID).

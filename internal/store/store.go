@@ -232,7 +232,7 @@ func (s *Bolt) GetThread(id string) (Thread, bool, error) {
 // GetThreads returns the tracked threads among ids, by id, read in one
 // transaction (the detector looks up every row of a chunk at once); ids not
 // tracked are absent from the map.
-func (s *Store) GetThreads(ids []string) (map[string]Thread, error) {
+func (s *Bolt) GetThreads(ids []string) (map[string]Thread, error) {
 	out := make(map[string]Thread, len(ids))
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bThreads)

@@ -147,6 +147,25 @@ func (s *Store) GetThread(id string) (store.Thread, bool, error) {
 	return t, err == nil, s.redact(err)
 }
 
+// GetThreads returns the tracked threads among ids, by id, in one query.
+func (s *Store) GetThreads(ids []string) (map[string]store.Thread, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT data FROM t3_threads WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, s.redact(err)
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowTo[store.Thread])
+	if err != nil {
+		return nil, s.redact(err)
+	}
+	out := make(map[string]store.Thread, len(list))
+	for _, t := range list {
+		out[t.ID] = t
+	}
+	return out, nil
+}
+
 // DeleteThread stops tracking a thread; deleting an unknown id is not an error.
 func (s *Store) DeleteThread(id string) error {
 	ctx, cancel := s.ctx()
