@@ -8,6 +8,7 @@ import (
 	genevents "github.com/t3code-mcp/t3code-mcp/gen/events"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
@@ -43,13 +44,26 @@ type KeepReader interface {
 	ReadRecentKeep(ctx context.Context, machine, threadID string, runIDs, requestIDs []string) (p *t3api.ThreadProjection, complete bool, err error)
 }
 
+// eventType is the webhook event type that reports an outcome.
+func eventType(o threadstate.Outcome) genevents.EventType {
+	switch o {
+	case threadstate.Completed:
+		return genevents.EventTypeThreadCompleted
+	case threadstate.Interrupted:
+		return genevents.EventTypeThreadInterrupted
+	case threadstate.Question:
+		return genevents.EventTypeThreadQuestion
+	}
+	return genevents.EventTypeThreadFailed
+}
+
 // facts renders what the shell row and the tracked thread say about a
 // transition: the event without the details only T3's thread read gives
 // (summary, error, the question's text). It is what the Ack path commits.
 func facts(tr Transition) genevents.Event {
 	ev := genevents.Event{
 		ID:         tr.ID,
-		Type:       genevents.EventType(tr.Type),
+		Type:       eventType(tr.Outcome),
 		OccurredAt: tr.At,
 		Machine:    tr.Machine,
 		Project:    genevents.EventProject{ID: tr.ProjectID, Title: tr.Tracked.ProjectTitle},
@@ -66,7 +80,7 @@ func facts(tr Transition) genevents.Event {
 	if tr.Tracked.Origin != "" {
 		ev.Origin.SetTo(tr.Tracked.Origin)
 	}
-	if tr.Type == Question {
+	if tr.Outcome == threadstate.Question {
 		q := genevents.EventQuestion{RequestID: tr.RequestID, Kind: genevents.EventQuestionKindUserInput, Questions: []genevents.EventQuestionItem{}}
 		if tr.Kind != "user_input" {
 			q.Kind = genevents.EventQuestionKindApproval

@@ -34,20 +34,10 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
-// Type is the event type.
-type Type string
-
-const (
-	Completed   Type = "thread.completed"
-	Interrupted Type = "thread.interrupted"
-	Failed      Type = "thread.failed"
-	Question    Type = "thread.question"
-)
-
 // Transition is one detected transition.
 type Transition struct {
-	ID        string // stable: the same transition always gets the same id
-	Type      Type
+	ID        string              // stable: the same transition always gets the same id
+	Outcome   threadstate.Outcome // the event type is made from it (eventType)
 	Machine   string
 	ThreadID  string
 	RunID     string
@@ -443,7 +433,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		for _, t := range out {
 			body, _, err := render(t, nil)
 			if err != nil {
-				return fmt.Errorf("event %s for thread %q: %w", t.Type, t.ThreadID, err)
+				return fmt.Errorf("event %s for thread %q: %w", eventType(t.Outcome), t.ThreadID, err)
 			}
 			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, Enrich: true, CreatedAt: t.At})
 		}
@@ -514,7 +504,7 @@ func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, mach
 		case v == threadstate.RunSettledUnreadable:
 			s.Lookup = true
 		case v == threadstate.RunSettled && !s.Lookup:
-			out = append(out, d.transition(machine, row, tr, s.Latest, typeOf(outcome), "", ""))
+			out = append(out, d.transition(machine, row, tr, s.Latest, outcome, "", ""))
 			s.Settled = true
 			// Otherwise a look-up is pending: it reports this run after the
 			// older ones, so a thread's events keep their order.
@@ -526,7 +516,7 @@ func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, mach
 			if run == "" {
 				run = s.Latest
 			}
-			out = append(out, d.transition(machine, row, tr, run, Question, p.ID, p.Kind))
+			out = append(out, d.transition(machine, row, tr, run, threadstate.Question, p.ID, p.Kind))
 			s.Asked = append(s.Asked, p.ID)
 		}
 		s.Question = p.ID
@@ -547,30 +537,21 @@ func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, mach
 	return s, out
 }
 
-func typeOf(o threadstate.Outcome) Type {
-	switch o {
-	case threadstate.Completed:
-		return Completed
-	case threadstate.Interrupted:
-		return Interrupted
-	}
-	return Failed
-}
-
 // eventID is stable: the same transition always gets the same id, so the
-// store skips a repeated insert whatever path found it again.
-func eventID(machine, thread string, typ Type, subject string) string {
-	h := sha256.Sum256([]byte(machine + "\x00" + thread + "\x00" + string(typ) + "\x00" + subject))
+// store skips a repeated insert whatever path found it again. It hashes the
+// event type ("thread.completed"), as it always has.
+func eventID(machine, thread string, o threadstate.Outcome, subject string) string {
+	h := sha256.Sum256([]byte(machine + "\x00" + thread + "\x00" + string(eventType(o)) + "\x00" + subject))
 	return "evt_" + hex.EncodeToString(h[:12])
 }
 
-func (d *Detector) transition(machine string, row *t3rpc.ThreadShell, tr store.Thread, runID string, typ Type, requestID, kind string) Transition {
+func (d *Detector) transition(machine string, row *t3rpc.ThreadShell, tr store.Thread, runID string, o threadstate.Outcome, requestID, kind string) Transition {
 	subject := runID
-	if typ == Question {
+	if o == threadstate.Question {
 		subject = requestID
 	}
 	at := d.now().UTC()
-	if typ != Question {
+	if o != threadstate.Question {
 		if v, ok := row.LatestRunCompletedAt.Get(); ok && runID == threadstate.LatestRun(row) {
 			if t, ok := parseTime(v); ok {
 				at = t
@@ -582,7 +563,7 @@ func (d *Detector) transition(machine string, row *t3rpc.ThreadShell, tr store.T
 		}
 	}
 	return Transition{
-		ID: eventID(machine, row.ID, typ, subject), Type: typ, Machine: machine, ThreadID: row.ID,
+		ID: eventID(machine, row.ID, o, subject), Outcome: o, Machine: machine, ThreadID: row.ID,
 		RunID: runID, RequestID: requestID, Kind: kind, ProjectID: row.ProjectId, Title: row.Title, Tracked: tr, At: at,
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	genevents "github.com/t3code-mcp/t3code-mcp/gen/events"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
 
 // recentReader serves a bounded window (items of the runs in window) and the
@@ -43,7 +45,7 @@ func (r *recentReader) ReadRecent(context.Context, string, string) (*t3api.Threa
 
 func factsEvent(t *testing.T, run string) store.Event {
 	t.Helper()
-	b, _, err := render(Transition{ID: "evt_1", Type: Completed, Machine: "m", ThreadID: "t1", RunID: run, Title: "T"}, nil)
+	b, _, err := render(Transition{ID: "evt_1", Outcome: threadstate.Completed, Machine: "m", ThreadID: "t1", RunID: run, Title: "T"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,5 +80,24 @@ func TestEnricherPartial(t *testing.T) {
 	}
 	if !b.Partial || len(b.Missing) != 1 || b.Missing[0] != "summary" || !strings.Contains(b.PartialReason, "timeout") || b.ID != "evt_1" || b.Run != "r1" {
 		t.Fatalf("partial body = %+v", b)
+	}
+}
+
+// An event's type and id come from the run's outcome; the id hashes the webhook type as before
+// the outcome became one type, so ids already in a state file stay the ids of the same events.
+func TestEventTypeAndIDFromOutcome(t *testing.T) {
+	for o, want := range map[threadstate.Outcome]genevents.EventType{
+		threadstate.Completed:   genevents.EventTypeThreadCompleted,
+		threadstate.Interrupted: genevents.EventTypeThreadInterrupted,
+		threadstate.Failed:      genevents.EventTypeThreadFailed,
+		threadstate.Question:    genevents.EventTypeThreadQuestion,
+	} {
+		if got := eventType(o); got != want {
+			t.Errorf("eventType(%s) = %s, want %s", o, got, want)
+		}
+	}
+	// Pinned: sha256("mac\x00th-1\x00thread.completed\x00run-1")[:12].
+	if got, want := eventID("mac", "th-1", threadstate.Completed, "run-1"), "evt_b7831c9c67a1988d68f52761"; got != want {
+		t.Fatalf("eventID = %s, want %s", got, want)
 	}
 }

@@ -401,18 +401,18 @@ func (d *Detector) resolve(s seen, p *t3api.ThreadProjection, machine string, tr
 				continue
 			}
 			t := base
-			t.Type, t.RunID, t.RequestID, t.Kind = Question, r.ID, req, "user_input"
+			t.Outcome, t.RunID, t.RequestID, t.Kind = threadstate.Question, r.ID, req, "user_input"
 			if it.Type == "approval_request" {
 				t.Kind = it.RequestKind.Or("approval")
 			}
-			t.ID, t.At = eventID(machine, tr.ID, Question, req), timeOr(it.StartedAt.Or(""), d.now())
+			t.ID, t.At = eventID(machine, tr.ID, threadstate.Question, req), timeOr(it.StartedAt.Or(""), d.now())
 			out = append(out, t)
 			next.Asked = append(next.Asked, req)
 		}
 		if o, ok := threadstate.Settled(r.Status); ok {
 			t := base
-			t.Type, t.RunID = typeOf(o), r.ID
-			t.ID, t.At = eventID(machine, tr.ID, t.Type, r.ID), timeOr(r.CompletedAt.Or(""), d.now())
+			t.Outcome, t.RunID = o, r.ID
+			t.ID, t.At = eventID(machine, tr.ID, o, r.ID), timeOr(r.CompletedAt.Or(""), d.now())
 			out = append(out, t)
 			if r.ID == s.Latest {
 				next.Settled = true

@@ -5,13 +5,17 @@ package threadstate
 
 import "github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 
-// Outcome is how a run settled.
+// Outcome is what became of a run: it settled (completed, interrupted, failed) or it asks
+// (question). It is the one type for these outcomes: a wait returns it (wait.Reason adds the
+// wait's own reasons to stop) and an event reports it (events makes the webhook type from it).
 type Outcome string
 
 const (
 	Completed   Outcome = "completed"
 	Interrupted Outcome = "interrupted"
 	Failed      Outcome = "failed"
+	// Question: the run waits on a pending request, a question or an approval.
+	Question Outcome = "question"
 )
 
 // Settled maps a T3 run (or thread) status to an outcome. T3's "waiting" means

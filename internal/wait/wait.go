@@ -25,14 +25,15 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
-// Reason says why a wait returned.
-type Reason string
+// Reason says why a wait returned: what became of the run (a threadstate.Outcome) or one of the
+// wait's own reasons below.
+type Reason = threadstate.Outcome
 
 const (
-	Completed   Reason = "completed"
-	Interrupted Reason = "interrupted"
-	Failed      Reason = "failed"
-	Question    Reason = "question"
+	Completed          = threadstate.Completed
+	Interrupted        = threadstate.Interrupted
+	Failed             = threadstate.Failed
+	Question           = threadstate.Question
 	Timeout     Reason = "timeout"
 	// Idle: the thread has no run to wait for.
 	Idle Reason = "idle"
@@ -218,7 +219,7 @@ func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, b
 	out, verdict := threadstate.Judge(&row, run)
 	switch verdict {
 	case threadstate.RunSettled:
-		return Result{Reason: Reason(out), RunID: run, Shell: row}, true, nil
+		return Result{Reason: out, RunID: run, Shell: row}, true, nil
 	case threadstate.RunBusy:
 		return Result{}, false, nil
 	}
@@ -237,7 +238,7 @@ func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, b
 		return Result{}, false, nil
 	}
 	if o, ok := threadstate.Settled(r.Status); ok {
-		return Result{Reason: Reason(o), RunID: run, Shell: row, Projection: p}, true, nil
+		return Result{Reason: o, RunID: run, Shell: row, Projection: p}, true, nil
 	}
 	return Result{}, false, nil
 }
