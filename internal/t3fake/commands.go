@@ -265,13 +265,23 @@ func (s *Server) messageDispatch(c *t3rpc.MessageDispatchCommand) (int64, *t3rpc
 	if th == nil {
 		return 0, noThread(c.CommandId, "message.dispatch", c.ThreadId)
 	}
-	switch c.DispatchMode.Type {
-	case "start_immediately", "queue_after_active":
+	mode := string(c.DispatchMode.Type)
+	switch mode {
+	case "start_immediately", "queue_after_active", "steer_active", "restart_active":
 	default:
-		return 0, dispatchError(c.CommandId, "message.dispatch", "t3fake does not implement dispatch mode "+string(c.DispatchMode.Type)+".")
+		return 0, dispatchError(c.CommandId, "message.dispatch", "t3fake does not implement dispatch mode "+mode+".")
 	}
 	if msg := s.refuseDispatch.Load(); msg != nil {
 		return 0, dispatchError(c.CommandId, "message.dispatch", *msg)
+	}
+	if msg := s.refusedMode(th, mode); msg != "" {
+		return 0, dispatchError(c.CommandId, "message.dispatch", msg)
+	}
+	if mode == "steer_active" || mode == "restart_active" {
+		if fail := s.steer(th, c); fail != nil {
+			return 0, fail
+		}
+		return s.head, nil
 	}
 	// On a busy thread the run is queued behind the active one (fixture 21).
 	s.startRun(th, c.MessageId, c.Text, c.ModelSelection, false)
@@ -428,12 +438,20 @@ func (s *Server) launchThread(payload jx.Raw, scopes []string) result {
 		runtimeMode: in.RuntimeMode, interactionMode: in.InteractionMode,
 		createdBy: "user", creationSource: in.CreationSource,
 	})
+	pv := s.applyWorkspace(th, in.WorkspaceStrategy)
 	if msg, set := in.InitialMessage.Get(); set {
 		id, _ := msg.MessageId.Get()
 		if id == "" {
 			id = "message:launch:" + in.CommandId // T3 makes one when the client sends none
 		}
-		s.startRun(th, id, msg.Text, t3rpc.OptModelSelection{}, true)
+		r := s.startRun(th, id, msg.Text, t3rpc.OptModelSelection{}, true)
+		if pv != nil {
+			r.provision = pv
+			r.steps = append([]stepFunc{stepProvision}, r.steps...)
+		}
+	} else if pv != nil && pv.failure == "" {
+		// Without a first message T3 still provisions the worktree (fixture 20, B).
+		s.announceWorktree(th, pv.worktree)
 	}
 	s.remember(in.CommandId, receipt{threadID: th.id, seq: s.head, launch: true})
 	s.accepted.Add(1)

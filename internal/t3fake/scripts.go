@@ -132,7 +132,8 @@ type run struct {
 	questionItem string
 	answers      map[string][]string
 	interrupting bool
-	interruptReq string // the run_interrupt_request item
+	interruptReq string     // the run_interrupt_request item
+	provision    *provision // a worktree launch's run: what stepProvision does first
 }
 
 // interruptible matches T3's refusal text "Run … is not interruptible." for the rest.
@@ -768,20 +769,41 @@ func stepHang(s *Server, r *run) stepResult {
 }
 
 func stepFail(s *Server, r *run) stepResult {
-	ts := s.touch(r.th)
-	it := s.newItem(r, "error:1", "error", "failed", "Provider error", true)
-	it.Failure = t3rpc.NewOptFailure(t3rpc.Failure{
+	return s.failRun(r, "error:1", "Provider error", t3rpc.Failure{
 		Class:     optStr("provider_error"),
 		Message:   "Simulated provider failure: " + excerpt(r.prompt, 60),
 		Code:      null(),
 		Retryable: t3rpc.OptNilBool{Set: true, Null: true},
 	})
+}
+
+// failRun ends r failed with an error item (key, title) carrying f.
+func (s *Server) failRun(r *run, key, title string, f t3rpc.Failure) stepResult {
+	ts := s.touch(r.th)
+	it := s.newItem(r, key, "error", "failed", title, true)
+	it.Failure = t3rpc.NewOptFailure(f)
 	s.putItem(r, it)
 	r.rec.Status = "failed"
 	r.rec.CompletedAt = optNilStr(ts)
 	s.putRun(r)
 	s.settle(r, "failed", ts)
 	return stepDone
+}
+
+// cancelRequest cancels the runtime request r waits on, if any (an interrupt, or a steer that
+// replaces the question with new instructions).
+func (s *Server) cancelRequest(r *run, ts string) {
+	if r.requestID == "" {
+		return
+	}
+	if rr, ok := r.th.request(r.requestID); ok {
+		rr.Status = "cancelled"
+		rr.ResolvedAt = optNilStr(ts)
+		r.th.upsertRequest(rr)
+		s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	}
+	s.finishItem(r, r.questionItem, "cancelled", nil)
+	r.requestID = ""
 }
 
 // interrupt is run.interrupt's synchronous part: the request item now, the result at the next
@@ -809,16 +831,7 @@ func stepInterrupted(s *Server, r *run) stepResult {
 		s.finishItem(r, r.commandItem, "interrupted", nil)
 		r.commandItem = ""
 	}
-	if r.requestID != "" {
-		if rr, ok := r.th.request(r.requestID); ok {
-			rr.Status = "cancelled"
-			rr.ResolvedAt = optNilStr(ts)
-			r.th.upsertRequest(rr)
-			s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
-		}
-		s.finishItem(r, r.questionItem, "cancelled", nil)
-		r.requestID = ""
-	}
+	s.cancelRequest(r, ts)
 	it := s.newItem(r, "signal:interrupt-result", "run_interrupt_result", "interrupted", "Interrupted", true)
 	it.ParentItemId = optNilStr(r.interruptReq)
 	it.Message = optStr("Run interrupted by user")

@@ -122,8 +122,9 @@ type Server struct {
 	boundedRoute   atomic.Int32           // 0: served; 404 or 503: answered as an older build does
 	refuseDispatch atomic.Pointer[string] // non-nil: message.dispatch fails with this message
 	hangMu         sync.Mutex
-	hang           chan struct{} // non-nil while HTTPHang(true); closed to release
-	threadFaults   threadFaults  // per-thread read faults (threadfaults.go)
+	hang           chan struct{}       // non-nil while HTTPHang(true); closed to release
+	threadFaults   threadFaults        // per-thread read faults (threadfaults.go)
+	refusedModes   map[string][]string // provider instance → dispatch modes refused (RefuseModes; under mu)
 
 	onItemSent atomic.Pointer[ItemSentFunc]
 

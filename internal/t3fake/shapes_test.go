@@ -592,6 +592,41 @@ func fakeSession(t *testing.T) []doc {
 	s.StepAll()
 	a.waitItem(tl, 0, isEvent("run.updated", "status", "completed"))
 	a.call("orchestration.launchThread", strings.Replace(launch, "c-l", "c-l2", 1))
+
+	// 20: worktree launches (a new worktree, a bad base ref, an existing worktree).
+	for i, ws := range []string{
+		`{"type":"worktree","baseRef":"main","branch":"feature-x"}`,
+		`{"type":"worktree","baseRef":"no-such-branch","branch":"feature-z"}`,
+		`{"type":"existing_worktree","worktreePath":"/srv/workspace-wt-feature-y","branch":"feature-y"}`,
+	} {
+		tid := fmt.Sprintf("t-wt-%d", i)
+		wl := strings.NewReplacer("c-l", fmt.Sprintf("c-wt-%d", i), "t-launch", tid, `{"type":"root"}`, ws).Replace(launch)
+		a.call("orchestration.launchThread", wl)
+		sub := a.subscribeReady("orchestration.subscribeThread", fmt.Sprintf(`{"threadId":%q,"requestCompletionMarker":true}`, tid))
+		s.StepAll()
+		status := "completed"
+		if i == 1 {
+			status = "failed"
+		}
+		a.waitItem(sub, 0, isEvent("run.updated", "status", status))
+	}
+
+	// 21: steer_active and restart_active on the active run; aimed at a queued run they fail.
+	a.call("orchestration.dispatchCommand", createThreadPayload("c-st1", "t-steer", pid))
+	a.call("orchestration.dispatchCommand", dispatchPayload("c-st2", "t-steer", "m-st1", "hang forever"))
+	st := a.subscribeReady("orchestration.subscribeThread", `{"threadId":"t-steer","requestCompletionMarker":true}`)
+	s.StepAll()
+	a.call("orchestration.dispatchCommand", dispatchPayload("c-st3", "t-steer", "m-st2", "queued behind"))
+	run1, run2 := "run:thread:t-steer:ordinal:1", "run:thread:t-steer:ordinal:2"
+	steerPayload := func(cmd, msg, mode, target string) string {
+		return strings.Replace(dispatchPayload(cmd, "t-steer", msg, "Steer the active run with this message."),
+			`"dispatchMode":{"type":"start_immediately"}`, fmt.Sprintf(`"dispatchMode":{"type":%q,"targetRunId":%q}`, mode, target), 1)
+	}
+	a.call("orchestration.dispatchCommand", steerPayload("c-st4", "m-st3", "restart_active", run2))
+	a.call("orchestration.dispatchCommand", steerPayload("c-st5", "m-st4", "restart_active", run1))
+	a.call("orchestration.dispatchCommand", steerPayload("c-st6", "m-st5", "steer_active", run1))
+	s.StepAll()
+	a.waitItem(st, 0, isEvent("run.updated", "status", "completed"))
 	a.ping()
 	a.sendRaw(fmt.Sprintf(`{"_tag":"Interrupt","requestId":%q,"interruptors":[]}`, shell))
 	a.exit(shell)

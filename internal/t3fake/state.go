@@ -16,7 +16,8 @@ import (
 // shell row is assembled by copying, never translated. Everything here runs under Server.mu.
 
 type project struct {
-	rec t3rpc.Project // DeletedAt unset: the shell form; /api/projects adds deletedAt:null
+	rec  t3rpc.Project // DeletedAt unset: the shell form; /api/projects adds deletedAt:null
+	refs []string      // git refs of the workspace (SetGitRefs); none: not a git repository
 }
 
 type thread struct {
@@ -374,7 +375,7 @@ func (s *Server) addProject(id, title, root string) *project {
 		id = fmt.Sprintf("project-%d", s.nextProject)
 	}
 	ts := s.ts()
-	p := &project{rec: t3rpc.Project{
+	p := &project{refs: []string{"main"}, rec: t3rpc.Project{
 		ID:                    id,
 		Title:                 title,
 		WorkspaceRoot:         root,
