@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,5 +137,83 @@ func testThreadResources(t *testing.T, version string) {
 	}
 	if err := s.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Subscriptions are per session: two sessions subscribe to one thread (the
+// second with another spelling of its URI), the first unsubscribes twice, a
+// third subscribes and goes away without unsubscribing — and the second
+// still gets each update, under the URI it subscribed with, while the gone
+// session's subscription is pruned.
+func TestThreadResourceSubscriptionsPerSession(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", ManualSteps: true})
+	api := fk.AddProject("api", "/srv/api")
+	h := newHarness(t, harnessOpts{fake: fk})
+	h.waitOnline("mac")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	connect := func(updated chan string) *mcp.ClientSession {
+		t.Helper()
+		mc := mcp.NewClient(&mcp.Implementation{Name: "push-agent", Version: "1"}, &mcp.ClientOptions{
+			ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+				if updated != nil {
+					updated <- r.Params.URI
+				}
+			},
+		})
+		s, err := mc.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.http.URL + "/mcp", HTTPClient: &http.Client{}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, c := connect(nil), connect(nil)
+	defer a.Close()
+	bUpdates := make(chan string, 100)
+	b := connect(bUpdates)
+	defer b.Close()
+
+	tid := str((&client{t: t, session: a}).ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "ask me a question"}), "thread_id")
+	uri := tools.ThreadURI("mac", api, tid)
+	bURI := "t3code://threads/mac/" + api + "/" + strings.Replace(tid, "-", "%2D", 1) // the same thread, spelled otherwise
+	for _, sub := range []struct {
+		s   *mcp.ClientSession
+		uri string
+	}{{a, uri}, {b, bURI}, {c, uri}} {
+		if err := sub.s.Subscribe(ctx, &mcp.SubscribeParams{URI: sub.uri}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := h.app.Push.Subscriptions(); n != 3 {
+		t.Fatalf("subscriptions = %d, want 3", n)
+	}
+	for range 2 {
+		if err := a.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The run moves until it asks: b hears of it, under its own URI, and by
+	// then the closed session's subscription is gone.
+	for asked := false; !asked; {
+		fk.StepAll()
+		select {
+		case u := <-bUpdates:
+			if u != bURI {
+				t.Fatalf("b was notified under %s, want %s", u, bURI)
+			}
+			res, err := b.ReadResource(ctx, &mcp.ReadResourceParams{URI: bURI})
+			if err != nil {
+				t.Fatal(err)
+			}
+			asked = strings.Contains(res.Contents[0].Text, `"pending_question"`)
+		case <-ctx.Done():
+			t.Fatal("b got no notifications/resources/updated after a unsubscribed twice and c left")
+		}
+	}
+	if n := h.app.Push.Subscriptions(); n != 1 {
+		t.Fatalf("subscriptions = %d, want 1 (b's)", n)
 	}
 }

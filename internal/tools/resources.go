@@ -63,10 +63,18 @@ type Push struct {
 	srv     *mcp.Server
 }
 
+// subscribed is one thread's subscriptions: per MCP session, the URI it
+// subscribed with (the SDK notifies a session only under that exact string,
+// and two spellings of one thread's URI are one thread here).
 type subscribed struct {
-	uri   string
-	count int    // subscribe calls not yet undone (all sessions)
-	state string // what the last notification (or the subscription) saw
+	sessions map[string]string // session id → URI
+	state    string            // what the last notification (or the subscription) saw
+}
+
+func (s *subscribed) queue(pending map[string]bool) {
+	for _, uri := range s.sessions {
+		pending[uri] = true
+	}
 }
 
 // NewPush makes an idle Push; Bind gives it the server to notify through.
@@ -109,14 +117,14 @@ func (p *Push) Apply(_ context.Context, c watch.Change) error {
 		}
 		if st := rowState(t); st != s.state {
 			s.state = st
-			p.pending[s.uri] = true
+			s.queue(p.pending)
 			queued = true
 		}
 	}
 	for _, id := range c.Removed {
 		if s := p.subs[subKey(c.Machine, id)]; s != nil && s.state != "removed" {
 			s.state = "removed"
-			p.pending[s.uri] = true
+			s.queue(p.pending)
 			queued = true
 		}
 	}
@@ -139,15 +147,18 @@ func (p *Push) Run(ctx context.Context) {
 		}
 		p.mu.Lock()
 		srv := p.srv
+		p.mu.Unlock()
+		if srv == nil {
+			continue
+		}
+		p.prune(srv)
+		p.mu.Lock()
 		uris := make([]string, 0, len(p.pending))
 		for u := range p.pending {
 			uris = append(uris, u)
 		}
 		clear(p.pending)
 		p.mu.Unlock()
-		if srv == nil {
-			continue
-		}
 		sort.Strings(uris)
 		for _, u := range uris {
 			_ = srv.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: u})
@@ -155,7 +166,47 @@ func (p *Push) Run(ctx context.Context) {
 	}
 }
 
-func (p *Push) subscribe(machine, threadID, uri string, shell *t3rpc.ThreadShell) error {
+// prune drops the subscriptions of sessions that are gone (closed or timed
+// out without unsubscribing), so they neither hold a thread's subscription
+// open nor count against maxSubscribed.
+func (p *Push) prune(srv *mcp.Server) {
+	live := map[string]bool{}
+	for ss := range srv.Sessions() {
+		live[ss.ID()] = true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, s := range p.subs {
+		for id := range s.sessions {
+			if !live[id] {
+				delete(s.sessions, id)
+			}
+		}
+		if len(s.sessions) == 0 {
+			delete(p.subs, k)
+		}
+	}
+}
+
+// Subscriptions is how many (thread, session) subscriptions are held.
+func (p *Push) Subscriptions() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.subs {
+		n += len(s.sessions)
+	}
+	return n
+}
+
+func (p *Push) subscribe(machine, threadID, session, uri string, shell *t3rpc.ThreadShell) error {
+	p.mu.Lock()
+	srv := p.srv
+	full := len(p.subs) >= maxSubscribed && p.subs[subKey(machine, threadID)] == nil
+	p.mu.Unlock()
+	if full && srv != nil {
+		p.prune(srv)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := subKey(machine, threadID)
@@ -164,22 +215,32 @@ func (p *Push) subscribe(machine, threadID, uri string, shell *t3rpc.ThreadShell
 		if len(p.subs) >= maxSubscribed {
 			return fmt.Errorf("resources/subscribe: %d threads are subscribed already, the most this connector follows; unsubscribe from some first", maxSubscribed)
 		}
-		s = &subscribed{uri: uri, state: rowState(shell)}
+		s = &subscribed{sessions: map[string]string{}, state: rowState(shell)}
 		p.subs[k] = s
 	}
-	s.count++
+	s.sessions[session] = uri
 	return nil
 }
 
-func (p *Push) unsubscribe(machine, threadID string) {
+// unsubscribe ends one session's subscription to a thread; the others' stay.
+func (p *Push) unsubscribe(machine, threadID, session string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := subKey(machine, threadID)
 	if s := p.subs[k]; s != nil {
-		if s.count--; s.count <= 0 {
+		delete(s.sessions, session)
+		if len(s.sessions) == 0 {
 			delete(p.subs, k)
 		}
 	}
+}
+
+// sessionID is the calling session's id ("" for a session without one: stdio).
+func sessionID(ss *mcp.ServerSession) string {
+	if ss == nil {
+		return ""
+	}
+	return ss.ID()
 }
 
 // findURI resolves a thread URI to the thread, with the allowlist applied
@@ -208,11 +269,13 @@ func (d *Deps) ServerOptions(o *mcp.ServerOptions) {
 		if err != nil {
 			return err
 		}
-		return d.Push.subscribe(f.Machine.Name, f.Shell.ID, ThreadURI(f.Machine.Name, f.Project.ID, f.Shell.ID), &f.Shell)
+		// Notified under the URI as the client wrote it: the SDK matches it to
+		// the session by that exact string.
+		return d.Push.subscribe(f.Machine.Name, f.Shell.ID, sessionID(req.Session), req.Params.URI, &f.Shell)
 	}
 	o.UnsubscribeHandler = func(_ context.Context, req *mcp.UnsubscribeRequest) error {
 		if machine, _, thread, ok := parseThreadURI(req.Params.URI); ok {
-			d.Push.unsubscribe(machine, thread)
+			d.Push.unsubscribe(machine, thread, sessionID(req.Session))
 		}
 		return nil
 	}
