@@ -66,6 +66,16 @@ func TestThreadsListsTheMachine(t *testing.T) {
 	if _, got := list(map[string]any{"query": "quokkaflux"}); len(got) != 1 || !strings.Contains(str(got[mine], "match"), "quokkaflux") {
 		t.Fatalf("search = %v", got)
 	}
+	// T3's search skips archived threads: with archived, they are matched on
+	// their title here (and not without archived).
+	if _, got := list(map[string]any{"query": "OLD wor", "archived": true}); len(got) != 1 || got[archived]["archived"] != true || str(got[archived], "match") != "old work" {
+		t.Fatalf("search with archived = %v", got)
+	}
+	if _, got := list(map[string]any{"query": "old work"}); len(got) != 0 {
+		t.Fatalf("search without archived = %v", got)
+	}
+	// A status it does not filter on is an error naming the field and the values.
+	c.fails("t3_threads", map[string]any{"machine": "mac", "status": "done"}, `status "done"`, "idle, preparing, queued", "busy, question")
 	// Status filter and paging.
 	if _, got := list(map[string]any{"status": "busy"}); len(got) != 0 {
 		t.Fatalf("busy = %v", got)

@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
 // Paging and search bounds of t3_threads.
@@ -53,6 +55,10 @@ func threadsTool(d *Deps) Handler {
 				return Result{}, fmt.Errorf("%s: cursor %s is not one this tool returned; pass next_cursor from the previous page, or leave it out for the first page", tool, text.Quoted(cur))
 			}
 			offset = n
+		}
+		status := strings.TrimSpace(in.Status.Or(""))
+		if status != "" && !slices.Contains(threadStatuses, status) {
+			return Result{}, fmt.Errorf("%s: status %s is not one it filters on; use one of %s, or leave status out", tool, fleet.Quoted(status), strings.Join(threadStatuses, ", "))
 		}
 		projectID := ""
 		if ref, ok := in.Project.Get(); ok && strings.TrimSpace(ref) != "" {
@@ -95,12 +101,18 @@ func threadsTool(d *Deps) Handler {
 				if s, ok := snippet[r.shell.ID]; ok {
 					r.match = s
 					kept = append(kept, r)
+				} else if r.archived {
+					// T3's search leaves archived threads out: match them here on
+					// what their rows hold (title, latest message).
+					if s, ok := archivedMatch(&r.shell, strings.TrimSpace(q)); ok {
+						r.match = s
+						kept = append(kept, r)
+					}
 				}
 			}
 			rows = kept
 		}
 		answered := d.answered.snapshot()
-		status := strings.TrimSpace(in.Status.Or(""))
 		kept := rows[:0]
 		for _, r := range rows {
 			if projectID != "" && r.shell.ProjectId != projectID {
@@ -165,6 +177,24 @@ func threadsTool(d *Deps) Handler {
 		}
 		return Result{Structured: &out, Text: b.String()}, nil
 	}
+}
+
+// threadStatuses are the values t3_threads filters on: T3's run statuses
+// (fixtures 05–23; the row says idle before a first run), busy and question.
+var threadStatuses = []string{"idle", "preparing", "queued", "starting", "running", "waiting", "completed", "interrupted", "failed", "cancelled", "rolled_back", "busy", "question"}
+
+// archivedMatch matches an archived thread to a query, case-insensitively,
+// on its title or latest visible message (T3's searchThreads skips archived
+// threads); the match is the text that held it.
+func archivedMatch(t *t3rpc.ThreadShell, query string) (string, bool) {
+	q := strings.ToLower(query)
+	if strings.Contains(strings.ToLower(t.Title), q) {
+		return t.Title, true
+	}
+	if m, ok := t.LatestVisibleMessage.Get(); ok && strings.Contains(strings.ToLower(m.Text), q) {
+		return threadview.Cut(m.Text, 200), true
+	}
+	return "", false
 }
 
 // statusMatches applies t3_threads' status filter: busy, question, or a T3
