@@ -114,7 +114,9 @@ func TestShellSubscribeAndRunToCompletion(t *testing.T) {
 	if len(files) != 1 || mustJSON(files[0]) != `{"additions":3,"deletions":1,"kind":"modified","path":"README.md"}` {
 		t.Errorf("checkpoint files %v", files)
 	}
-	shellRow := asMap(t, c.items[shell][c.waitItem(shell, 0, isShell(tid, "completed"))])
+	// The index first: waitItem appends to c.items while it waits.
+	i := c.waitItem(shell, 0, isShell(tid, "completed"))
+	shellRow := asMap(t, c.items[shell][i])
 	if str(shellRow, "thread", "latestRunId") != runID(tid, 1) || path(shellRow, "thread", "activeRunId") != nil ||
 		str(shellRow, "thread", "latestVisibleMessage", "role") != "assistant" {
 		t.Errorf("completed shell row %v", shellRow["thread"])
@@ -176,9 +178,11 @@ func TestQuestionAndRespond(t *testing.T) {
 	if len(q0["options"].([]any)) != 2 || q0["multiSelect"] != nil || q1["multiSelect"] != true {
 		t.Errorf("questions %v", qs)
 	}
-	row := asMap(t, c.items[shell][c.waitItem(shell, 0, func(m map[string]any) bool {
+	// The index first: waitItem appends to c.items while it waits.
+	i := c.waitItem(shell, 0, func(m map[string]any) bool {
 		return m["kind"] == "thread.updated" && path(m, "thread", "pendingRuntimeRequest") != nil
-	})])
+	})
+	row := asMap(t, c.items[shell][i])
 	if str(row, "thread", "pendingRuntimeRequest", "id") != reqID || str(row, "thread", "pendingRuntimeRequest", "kind") != "user_input" ||
 		str(row, "thread", "status") != "running" {
 		t.Errorf("shell row %v", row["thread"])
