@@ -15,7 +15,6 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
-	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
 // Paging and search bounds of t3_threads.
@@ -58,7 +57,7 @@ func threadsTool(d *Deps) Handler {
 		}
 		status := strings.TrimSpace(in.Status.Or(""))
 		if status != "" && !slices.Contains(threadStatuses, status) {
-			return Result{}, fmt.Errorf("%s: status %s is not one it filters on; use one of %s, or leave status out", tool, fleet.Quoted(status), strings.Join(threadStatuses, ", "))
+			return Result{}, fmt.Errorf("%s: status %s is not one it filters on; use one of %s, or leave status out", tool, text.Quoted(status), strings.Join(threadStatuses, ", "))
 		}
 		projectID := ""
 		if ref, ok := in.Project.Get(); ok && strings.TrimSpace(ref) != "" {
@@ -192,7 +191,7 @@ func archivedMatch(t *t3rpc.ThreadShell, query string) (string, bool) {
 		return t.Title, true
 	}
 	if m, ok := t.LatestVisibleMessage.Get(); ok && strings.Contains(strings.ToLower(m.Text), q) {
-		return threadview.Cut(m.Text, 200), true
+		return text.Cut(m.Text, 200), true
 	}
 	return "", false
 }
