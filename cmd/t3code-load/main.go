@@ -8,6 +8,7 @@
 //	t3code-load -m 10 -t 500 -k 200 -e 500 -duration 10s -json out.json
 //	t3code-load -phases outage -outage 10m -outage-rate 100   the 60,000-event backlog, the slow way
 //	t3code-load -short -phases soak -soak-duration 15m          state file and RSS over time, short retention
+//	t3code-load -database-url postgres://… -replicas 3   the same on PostgreSQL, three replicas
 //
 // The -json report's field names are stable (docs/benchmarks.md lists them; a test fails when one
 // changes): compare runs with it.
@@ -75,6 +76,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	soakChurn := fs.Float64("soak-churn", 0, "soak phase: new threads per second watched, unwatched and archived (full 2, short 1)")
 	soakRetention := fs.Duration("soak-retention", 0, "soak phase: the connector's T3CODE_MCP_HOOK_RETENTION and T3CODE_MCP_THREAD_RETENTION (full 2m, short 15s); pruned every quarter of it")
 	soakSample := fs.Duration("soak-sample", 0, "soak phase: how often RSS, heap, state file and tracked threads are sampled (full 30s, short 5s)")
+	databaseURL := fs.String("database-url", "", "run the connector on this PostgreSQL database (postgres://…, an empty one) instead of a bbolt file")
+	replicas := fs.Int("replicas", 1, "connectors sharing -database-url (lease per machine, any replica delivers); the first one is measured")
 	noHook := fs.Bool("no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
 	timeout := fs.Duration("timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
@@ -97,6 +100,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	setI(&cfg.ThreadCalls, *threadCalls)
 	setI(&cfg.SeedRuns, *seedRuns)
 	cfg.NoHook = *noHook
+	cfg.DatabaseURL, cfg.Replicas = *databaseURL, *replicas
+	if *replicas > 1 && *databaseURL == "" {
+		fmt.Fprintln(stderr, "t3code-load: -replicas needs -database-url (replicas share a PostgreSQL database)")
+		return 2
+	}
 	if *phases != "" {
 		cfg.Phases = strings.Split(*phases, ",")
 	}

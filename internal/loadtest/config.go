@@ -116,6 +116,15 @@ type Config struct {
 	// empty: all but soak.
 	Phases []string
 
+	// DatabaseURL (postgres://…) runs the connector on PostgreSQL (T3CODE_MCP_DATABASE_URL)
+	// instead of a bbolt file: the tracked threads are seeded there, the accounting reads it.
+	// The database should be empty (a fresh one per run).
+	DatabaseURL string
+	// Replicas runs this many connectors on DatabaseURL (default 1): the first is the one the
+	// agents talk to and whose CPU and memory are reported; the others detect the machines whose
+	// leases they hold and deliver events like it.
+	Replicas int
+
 	// InProcess runs the connector inside this process instead of the binary, for profiling
 	// (its CPU and memory figures then include the harness). Binary is not needed.
 	InProcess bool

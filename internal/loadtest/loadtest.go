@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/store/pgstore"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
@@ -34,6 +36,7 @@ type harness struct {
 
 	rec    *receiver
 	conn   *connector
+	extra  []*connector // replicas 2…N (Config.Replicas), on the same database
 	agents *agents
 
 	driveCancel context.CancelFunc
@@ -92,6 +95,11 @@ func describe(c Config) string {
 	where := "binary"
 	if c.InProcess {
 		where = "in-process (profiling)"
+	}
+	if c.DatabaseURL != "" {
+		where += fmt.Sprintf(", PostgreSQL store, %d replica(s)", max(c.Replicas, 1))
+	} else {
+		where += ", bbolt store"
 	}
 	if c.NoHook {
 		where += ", events off (no T3CODE_MCP_HOOK_URL)"
@@ -281,7 +289,7 @@ func (h *harness) setup(ctx context.Context) error {
 
 	// Every thread but the pollers' (and the big one) is tracked and watched, as if an agent had
 	// dispatched or adopted it earlier: written into the state file before the connector starts.
-	st, err := store.Open(h.state)
+	st, err := h.openStore(ctx)
 	if err != nil {
 		return err
 	}
@@ -304,6 +312,38 @@ func (h *harness) setup(ctx context.Context) error {
 	return err
 }
 
+// openStore opens the connector's store while no connector runs: the bbolt file, or the
+// PostgreSQL database (-database-url).
+func (h *harness) openStore(ctx context.Context) (store.Store, error) {
+	if h.cfg.DatabaseURL != "" {
+		return pgstore.Open(ctx, h.cfg.DatabaseURL)
+	}
+	return store.Open(h.state)
+}
+
+// startReplicas starts replicas 2…N beside the first connector, each in a directory of its own,
+// and waits until they serve.
+func (h *harness) startReplicas(ctx context.Context, env []string) error {
+	for i := 2; i <= h.cfg.Replicas; i++ {
+		dir := filepath.Join(h.dir, fmt.Sprintf("replica%d", i))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		c, err := startConnector(h.cfg.Binary, dir, append(slices.Clone(env), "T3CODE_MCP_STATE_DIR="+filepath.Join(dir, "state")))
+		if err != nil {
+			return err
+		}
+		h.extra = append(h.extra, c)
+		if err := c.waitReady(ctx, len(h.all)); err != nil {
+			return fmt.Errorf("replica %d: %w", i, err)
+		}
+	}
+	if len(h.extra) > 0 {
+		h.logf("%d more replicas serving on the same database", len(h.extra))
+	}
+	return nil
+}
+
 func (h *harness) startConnector(ctx context.Context) error {
 	cfgPath := filepath.Join(h.dir, "t3code.toml")
 	if err := writeConfig(cfgPath, h.all); err != nil {
@@ -320,6 +360,9 @@ func (h *harness) startConnector(ctx context.Context) error {
 	if !h.cfg.NoHook {
 		env = append(env, "T3CODE_MCP_HOOK_URL="+h.rec.url, "T3CODE_MCP_HOOK_SECRET="+hookSecret)
 	}
+	if h.cfg.DatabaseURL != "" {
+		env = append(env, "T3CODE_MCP_DATABASE_URL="+h.cfg.DatabaseURL)
+	}
 	t0 := time.Now()
 	var err error
 	if h.cfg.InProcess {
@@ -335,6 +378,9 @@ func (h *harness) startConnector(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := h.conn.waitReady(rctx, len(h.all)); err != nil {
+		return err
+	}
+	if err := h.startReplicas(rctx, env); err != nil {
 		return err
 	}
 	h.rep.Startup.Ready = time.Since(t0)
@@ -1077,7 +1123,9 @@ func poll(ctx context.Context, r *run, interval time.Duration) (time.Time, int64
 // (recorded in the outbox, not delivered when the connector stopped) and lost (never recorded),
 // reading the state file the stopped connector left.
 func (h *harness) account() error {
-	st, err := store.Open(h.state)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := h.openStore(ctx)
 	if err != nil {
 		return err
 	}
@@ -1123,6 +1171,11 @@ func (h *harness) cleanup() error {
 	var errs []error
 	if h.agents != nil {
 		h.agents.close()
+	}
+	for i, c := range h.extra {
+		if err := c.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("replica %d: %w", i+2, err))
+		}
 	}
 	if h.conn != nil {
 		if _, hwm, err := h.conn.memory(); err == nil {
