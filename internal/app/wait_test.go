@@ -207,6 +207,54 @@ func TestArchivedWhileWaiting(t *testing.T) {
 	eventually(t, 10*time.Second, "the wait slot to be free", func() bool { return h.app.Deps.ActiveWaits() == 0 }, nil)
 }
 
+// TestArchivedBeforeWait: t3_wait on a thread archived before the call —
+// before the connector ever connected (it is then only in T3's archived list)
+// or while it ran — answers archived at once with the thread's state, never
+// "not found"; t3_thread on it says it is archived. A thread of a project no
+// allowlist admits stays "not found", archived or not.
+func TestArchivedBeforeWait(t *testing.T) {
+	leakCheck(t)
+	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", ManualSteps: true})
+	pid := fk.AddProject("api", "/srv/api")
+	hidden := fk.AddProject("secret", "/srv/secret")
+	early := fk.AddThread(pid, "archived before start", "completed")
+	secret := fk.AddThread(hidden, "hidden", "completed")
+	if !fk.ArchiveThread(early) || !fk.ArchiveThread(secret) {
+		t.Fatal("archive refused")
+	}
+	h := newHarness(t, harnessOpts{fake: fk, projects: `["api"]`})
+	h.waitOnline("mac")
+	c := h.client("archived")
+
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "finish quickly"})
+	late := str(d, "thread_id")
+	h.fake.StepAll()
+	c.ok("t3_wait", map[string]any{"thread_id": late, "timeout": 30})
+	if !h.fake.ArchiveThread(late) {
+		t.Fatal("archive refused")
+	}
+	eventually(t, 10*time.Second, "the watcher to see the archive", func() bool {
+		where, gone := h.app.Fleet.Machines()[0].Watcher().Gone(late)
+		return gone && where == "archive"
+	}, nil)
+
+	for _, id := range []string{early, late} {
+		res := c.ok("t3_wait", map[string]any{"thread_id": id, "timeout": 3600})
+		if str(res, "reason") != "archived" || dump(res, "state", "thread_id") != id {
+			t.Fatalf("t3_wait on %s archived before the call: %v", id, res)
+		}
+		c.fails("t3_thread", map[string]any{"thread_id": id}, "archived", id, `machine "mac"`)
+	}
+	res := c.ok("t3_wait", map[string]any{"thread_ids": []string{early, late}, "timeout": 3600})
+	if str(res, "reason") != "archived" {
+		t.Fatalf("t3_wait on several archived threads: %v", res)
+	}
+	c.fails("t3_wait", map[string]any{"thread_id": secret, "timeout": 5}, "not found")
+	if h.app.Deps.ActiveWaits() != 0 {
+		t.Fatalf("%d waits still counted", h.app.Deps.ActiveWaits())
+	}
+}
+
 // dump is the value at path, printed (for lists and objects).
 func dump(m map[string]any, path ...string) string {
 	var cur any = m

@@ -348,6 +348,10 @@ func (m *Machine) ProjectByID(id string) (t3rpc.Project, bool) {
 // ErrThreadNotFound is wrapped by Thread's not-found errors.
 var ErrThreadNotFound = errors.New("thread not found")
 
+// ErrThreadArchived is wrapped by Thread's error for a thread archived (or
+// deleted) in T3: its machine's watcher saw it leave the list.
+var ErrThreadArchived = errors.New("thread archived")
+
 // Found is a thread located on a machine, in an allowlisted project.
 type Found struct {
 	Machine *Machine
@@ -356,12 +360,26 @@ type Found struct {
 	Tracked store.Thread
 	// IsTracked is true when the state file knows the thread.
 	IsTracked bool
+	// Gone is "archive" or "removed" for a thread that left its machine's
+	// list (ThreadOrGone only); Shell then holds its id, project and title.
+	Gone string
 }
 
 // Thread looks a thread up: the state file first (it names the machine), then
 // every online machine's shell. A thread of a project no allowlist admits is
 // reported exactly like a thread that does not exist.
 func (f *Fleet) Thread(id string) (Found, error) {
+	return f.thread(id, false)
+}
+
+// ThreadOrGone is Thread that also finds a thread archived or deleted in T3
+// (Found.Gone set), when its project is allowlisted: t3_wait answers archived
+// for it at once instead of "not found".
+func (f *Fleet) ThreadOrGone(id string) (Found, error) {
+	return f.thread(id, true)
+}
+
+func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 	id = strings.TrimSpace(id)
 	if id == "" {
 		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
@@ -400,6 +418,28 @@ func (f *Fleet) Thread(id string) (Found, error) {
 			return Found{}, notFound
 		}
 		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked}, nil
+	}
+	for _, m := range candidates {
+		if m.watcher == nil {
+			continue
+		}
+		g, gone := m.watcher.GoneThread(id)
+		if !gone {
+			continue
+		}
+		p, ok := m.ProjectByID(g.ProjectID)
+		if !ok || !m.Allowed(p) {
+			return Found{}, notFound
+		}
+		if !orGone {
+			what := "archived"
+			if g.Where == "removed" {
+				what = "deleted"
+			}
+			return Found{}, fmt.Errorf("thread %s was %s in T3 on machine %q (%w): unarchive it in T3 to use it, or dispatch a new thread", Quoted(id), what, m.Name, ErrThreadArchived)
+		}
+		shell := t3rpc.ThreadShell{ID: id, ProjectId: g.ProjectID, Title: g.Title}
+		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked, Gone: g.Where}, nil
 	}
 	if len(unchecked) > 0 {
 		if m, ok := f.byName[tr.Machine]; tracked && ok {

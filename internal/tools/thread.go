@@ -155,7 +155,9 @@ func waitTool(d *Deps) Handler {
 		if len(in.ThreadIds) > 0 || !in.ThreadID.Set {
 			return d.waitAny(ctx, c, in) // waitany.go
 		}
-		f, err := d.Fleet.Thread(in.ThreadID.Value)
+		// A thread archived before the call is found too: the wait then
+		// answers archived at once (wait.Wait asks the watcher's Gone).
+		f, err := d.Fleet.ThreadOrGone(in.ThreadID.Value)
 		if err != nil {
 			return Result{}, err
 		}

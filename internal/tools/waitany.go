@@ -40,7 +40,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 			continue
 		}
 		seen[id] = true
-		f, err := d.Fleet.Thread(id)
+		f, err := d.Fleet.ThreadOrGone(id) // an archived one answers archived at once
 		if err != nil {
 			return Result{}, err
 		}

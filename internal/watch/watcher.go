@@ -99,12 +99,11 @@ type Watcher struct {
 	// gone remembers why threads left the list ("archive" or "removed"), so a
 	// wait on one ends with that reason instead of waiting for a row that
 	// will not come back. Bounded: the oldest entries are forgotten.
-	gone      map[string]string
-	goneOrder []string
-	anyWait   chan struct{} // closed on any change (status, snapshot)
-	status    Status
-	conn      *effectrpc.Conn
-	connWait  chan struct{} // closed when a conn becomes available
+	gone     *goneSet
+	anyWait  chan struct{} // closed on any change (status, snapshot)
+	status   Status
+	conn     *effectrpc.Conn
+	connWait chan struct{} // closed when a conn becomes available
 }
 
 // New makes a watcher; call Run to start it.
@@ -128,7 +127,7 @@ func New(name string, connect Connect, opts Options) *Watcher {
 		models:   models{},
 		projects: map[string]t3rpc.Project{},
 		waiters:  map[string]chan struct{}{},
-		gone:     map[string]string{},
+		gone:     newGoneSet(goneLimit),
 		anyWait:  make(chan struct{}),
 		connWait: make(chan struct{}),
 	}
@@ -278,9 +277,9 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 		case "thread.updated":
 			if t, ok := it.Thread.Get(); ok {
 				if loc, _ := it.Location.Get(); loc == "archive" {
-					w.removeLocked(t.ID, "archive", &change, touched)
+					w.removeLocked(t.ID, &GoneThread{Where: "archive", ProjectID: t.ProjectId, Title: t.Title}, &change, touched)
 				} else {
-					delete(w.gone, t.ID) // unarchived, or a thread id seen again
+					w.gone.drop(t.ID) // unarchived, or a thread id seen again
 					w.putLocked(&t)
 					w.touchLocked(t.ID)
 					if idx, ok := touched[t.ID]; ok {
@@ -294,12 +293,12 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 			}
 		case "thread.removed":
 			if id, ok := it.ThreadId.Get(); ok {
-				where := "removed"
+				gone := &GoneThread{Where: "removed"}
 				if loc, _ := it.Location.Get(); loc != "" && loc != "active" {
 					// Leaving another list (the archive) is not a deletion.
-					where = ""
+					gone = nil
 				}
-				w.removeLocked(id, where, &change, touched)
+				w.removeLocked(id, gone, &change, touched)
 			}
 		case "project.updated":
 			if p, ok := it.Project.Get(); ok {
@@ -360,16 +359,17 @@ func (w *Watcher) applyToSink(ctx context.Context, c Change) error {
 }
 
 func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
-	// A thread archived while the socket was down shows up only in the
-	// snapshot's archived list: remember it, as a live archive item would.
+	// Threads archived while the socket was down, or before this connector
+	// ever connected, are in the snapshot's archived list only: remember them
+	// all, as live archive items would be, so that a wait on one says
+	// archived instead of "not found".
 	for i := range snap.ArchivedThreads {
-		id := snap.ArchivedThreads[i].ID
-		if _, listed := w.threads[id]; listed {
-			w.removeLocked(id, "archive", &Change{}, map[string]int{})
-		}
+		t := &snap.ArchivedThreads[i]
+		w.removeLocked(t.ID, &GoneThread{Where: "archive", ProjectID: t.ProjectId, Title: t.Title}, &Change{}, map[string]int{})
 	}
 	w.threads = make(map[string]*row, len(snap.Threads))
 	for i := range snap.Threads {
+		w.gone.drop(snap.Threads[i].ID)
 		w.putLocked(&snap.Threads[i])
 	}
 	w.projects = make(map[string]t3rpc.Project, len(snap.Projects))
@@ -395,24 +395,21 @@ func (w *Watcher) putLocked(t *t3rpc.ThreadShell) {
 	r.set(t, w.intern, w.models)
 }
 
-// goneLimit bounds the memory of threads that left the list.
-const goneLimit = 10_000
-
-func (w *Watcher) removeLocked(id, where string, change *Change, touched map[string]int) {
-	if _, ok := w.threads[id]; !ok {
+// removeLocked takes a thread off the list; gone, when not nil, is what to
+// remember of it (also of a thread the list did not hold: one archived before
+// the watcher saw it).
+func (w *Watcher) removeLocked(id string, gone *GoneThread, change *Change, touched map[string]int) {
+	r, listed := w.threads[id]
+	if gone != nil {
+		if listed && gone.ProjectID == "" {
+			gone.ProjectID, gone.Title = r.projectID, r.title
+		}
+		w.gone.add(id, *gone)
+	}
+	if !listed {
 		return
 	}
 	delete(w.threads, id)
-	if where != "" {
-		if _, seen := w.gone[id]; !seen {
-			w.goneOrder = append(w.goneOrder, id)
-		}
-		w.gone[id] = where
-		for len(w.goneOrder) > goneLimit {
-			delete(w.gone, w.goneOrder[0])
-			w.goneOrder = w.goneOrder[1:]
-		}
-	}
 	w.touchLocked(id)
 	if idx, ok := touched[id]; ok {
 		change.Threads = append(change.Threads[:idx], change.Threads[idx+1:]...)
@@ -499,13 +496,18 @@ func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
 // was archived, "removed" when it was deleted; ok is false when the watcher did
 // not see it leave (or has forgotten: it keeps the newest 10,000).
 func (w *Watcher) Gone(id string) (where string, ok bool) {
+	g, ok := w.GoneThread(id)
+	return g.Where, ok
+}
+
+// GoneThread is Gone with what the watcher remembers of the thread.
+func (w *Watcher) GoneThread(id string) (GoneThread, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	if _, listed := w.threads[id]; listed {
-		return "", false
+		return GoneThread{}, false
 	}
-	where, ok = w.gone[id]
-	return where, ok
+	return w.gone.get(id)
 }
 
 // ThreadAndWait returns the thread's row and a channel closed at its next

@@ -414,3 +414,119 @@ func TestArchivedThreadIsGone(t *testing.T) {
 		t.Fatal("an archived thread is still listed")
 	}
 }
+
+// A thread archived before the watcher ever connected is in the first
+// snapshot's archived list only: the watcher remembers it as archived (with
+// its project), so a wait on it says archived, not "not found".
+func TestArchivedBeforeFirstSnapshotIsGone(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{ManualSteps: true})
+	pid := fk.AddProject("api", "/srv/api")
+	tid := fk.AddThread(pid, "archived early", "completed")
+	if !fk.ArchiveThread(tid) {
+		t.Fatal("the fake did not archive the thread")
+	}
+	r := start(t, fk, &recorder{})
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	g, gone := r.watcher.GoneThread(tid)
+	if !gone || g.Where != "archive" || g.ProjectID != pid || g.Title != "archived early" {
+		t.Fatalf("GoneThread(%s) = %+v, %v; want archived in project %s", tid, g, gone, pid)
+	}
+	if _, ok := r.watcher.Thread(tid); ok {
+		t.Fatal("an archived thread is listed")
+	}
+}
+
+// A deleted thread (thread.removed from the active list) is gone as
+// "removed", with the project its row had.
+func TestRemovedThreadIsGone(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{ManualSteps: true})
+	pid := fk.AddProject("api", "/srv/api")
+	rec := &changes{}
+	r := start(t, fk, rec)
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	tid := fk.AddThread(pid, "doomed", "idle")
+	eventually(t, "the row", func() bool { _, ok := r.watcher.Thread(tid); return ok })
+	if !fk.RemoveThread(tid) {
+		t.Fatal("the fake did not remove the thread")
+	}
+	eventually(t, "removed", func() bool { where, gone := r.watcher.Gone(tid); return gone && where == "removed" })
+	if g, _ := r.watcher.GoneThread(tid); g.ProjectID != pid {
+		t.Fatalf("gone %+v: want the row's project %s", g, pid)
+	}
+	if !rec.removed(tid) {
+		t.Fatal("the sink was not told the thread left the list (Change.Removed)")
+	}
+}
+
+// changes is a Sink that keeps every Change.
+type changes struct {
+	mu  sync.Mutex
+	all []watch.Change
+}
+
+func (c *changes) Apply(_ context.Context, ch watch.Change) error {
+	c.mu.Lock()
+	c.all = append(c.all, ch)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *changes) removed(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range c.all {
+		if contains(ch.Removed, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// passedAndLast returns, over every change, the statuses a thread's rows were
+// passed over with (Change.Passed) and the statuses it ended chunks with.
+func (c *changes) passedAndLast(id string) (passed, last []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range c.all {
+		for _, t := range ch.Passed {
+			if t.ID == id {
+				passed = append(passed, t.Status)
+			}
+		}
+		for _, t := range ch.Threads {
+			if t.ID == id {
+				last = append(last, t.Status)
+			}
+		}
+	}
+	return passed, last
+}
+
+// Rows of one thread folded inside one chunk are not lost: the chunk's Threads
+// holds the thread's last row and Passed the earlier ones, in order, so the
+// detector sees a run that started and ended within one chunk.
+func TestChunkPassesFoldedRows(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{ManualSteps: true})
+	pid := fk.AddProject("api", "/srv/api")
+	rec := &changes{}
+	r := start(t, fk, rec)
+	eventually(t, "synced", func() bool { return r.watcher.Status().Synced })
+	tid := r.dispatch(t, pid, "do the thing")
+	eventually(t, "the row", func() bool { _, ok := r.watcher.Thread(tid); return ok })
+	// Hold the stream while the run goes from start to end: its rows then
+	// arrive as one chunk.
+	fk.StallStreams(true)
+	fk.StepAll()
+	fk.StallStreams(false)
+	eventually(t, "completed", func() bool {
+		s, ok := r.watcher.Thread(tid)
+		return ok && s.Status == "completed"
+	})
+	passed, last := rec.passedAndLast(tid)
+	if len(passed) == 0 || !contains(passed, "running") {
+		t.Fatalf("rows passed over %v (chunks ended with %v): want the run's earlier rows, running among them", passed, last)
+	}
+	if last[len(last)-1] != "completed" {
+		t.Fatalf("the chunk ended with %v, want completed last", last)
+	}
+}
