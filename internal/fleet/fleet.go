@@ -436,7 +436,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 			if g.Where == "removed" {
 				what = "deleted"
 			}
-			return Found{}, fmt.Errorf("thread %s was %s in T3 on machine %q (%w): unarchive it in T3 to use it, or dispatch a new thread", Quoted(id), what, m.Name, ErrThreadArchived)
+			return Found{}, fmt.Errorf("thread %s was %s in T3 on machine %q (%w): unarchive it in T3 to use it, or dispatch a new thread", text.Quoted(id), what, m.Name, ErrThreadArchived)
 		}
 		shell := t3rpc.ThreadShell{ID: id, ProjectId: g.ProjectID, Title: g.Title}
 		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked, Gone: g.Where}, nil
