@@ -103,10 +103,10 @@ func (s *Store) CommitBatches(bs []store.Batch) error {
 				}
 				var err error
 				if v == nil {
-					_, err = tx.Exec(ctx, `DELETE FROM t3_detector WHERE key = $1`, k)
+					_, err = tx.Exec(ctx, `DELETE FROM t3_detector WHERE key = $1`, []byte(k))
 				} else {
 					_, err = tx.Exec(ctx, `INSERT INTO t3_detector (key, value) VALUES ($1, $2)
-						ON CONFLICT (key) DO UPDATE SET value = excluded.value`, k, v)
+						ON CONFLICT (key) DO UPDATE SET value = excluded.value`, []byte(k), v)
 				}
 				if err != nil {
 					return err

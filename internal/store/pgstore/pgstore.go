@@ -197,7 +197,7 @@ func (s *Store) Detector(key string) ([]byte, bool, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	var v []byte
-	err := s.pool.QueryRow(ctx, `SELECT value FROM t3_detector WHERE key = $1`, key).Scan(&v)
+	err := s.pool.QueryRow(ctx, `SELECT value FROM t3_detector WHERE key = $1`, []byte(key)).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -209,10 +209,7 @@ func (s *Store) Detector(key string) ([]byte, bool, error) {
 func (s *Store) ForEachDetector(fn func(key string, value []byte) error) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	type kv struct {
-		k string
-		v []byte
-	}
+	type kv struct{ k, v []byte }
 	rows, err := s.pool.Query(ctx, `SELECT key, value FROM t3_detector ORDER BY key`)
 	if err != nil {
 		return s.redact(err)
@@ -226,7 +223,7 @@ func (s *Store) ForEachDetector(fn func(key string, value []byte) error) error {
 		return s.redact(err)
 	}
 	for _, x := range all {
-		if err := fn(x.k, x.v); err != nil {
+		if err := fn(string(x.k), x.v); err != nil {
 			return err
 		}
 	}

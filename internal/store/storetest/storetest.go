@@ -174,7 +174,7 @@ func threadEqual(a, b store.Thread) bool {
 
 func testDetectorAndBatch(t *testing.T, open Opener) {
 	s, _ := open(t)
-	must(t, s.Commit(store.Batch{Detector: map[string][]byte{"m/t2": []byte("two"), "m/t1": []byte("one"), "gone": []byte("x")}}))
+	must(t, s.Commit(store.Batch{Detector: map[string][]byte{"m/t2": []byte("two"), "m/t1": []byte("one"), "gone": []byte("x"), "m\x00t": {0, 1}}}))
 	must(t, s.Commit(store.Batch{Detector: map[string][]byte{"gone": nil, "m/t1": []byte("uno")}, Events: []store.Event{Ev("e1", "m/t1")}}))
 	v, ok, err := s.Detector("m/t1")
 	if err != nil || !ok || string(v) != "uno" {
@@ -189,15 +189,22 @@ func testDetectorAndBatch(t *testing.T, open Opener) {
 		v[0] = 'X' // a copy: changing it changes nothing stored
 		return nil
 	}))
-	if !slices.Equal(keys, []string{"m/t1=uno", "m/t2=two"}) {
+	if !slices.Equal(keys, []string{"m\x00t=\x00\x01", "m/t1=uno", "m/t2=two"}) { // byte order; a NUL in a key (events.key) kept
 		t.Fatalf("ForEachDetector = %v (want key order)", keys)
 	}
 	if v, _, _ := s.Detector("m/t2"); string(v) != "two" {
 		t.Fatalf("ForEachDetector handed out stored memory: %q", v)
 	}
+	if v, ok, err := s.Detector("m\x00t"); err != nil || !ok || !slices.Equal(v, []byte{0, 1}) {
+		t.Fatalf("Detector(key with NUL) = %v %v %v", v, ok, err)
+	}
 	stop := errors.New("stop")
 	if err := s.ForEachDetector(func(string, []byte) error { return stop }); !errors.Is(err, stop) {
 		t.Fatalf("ForEachDetector did not return fn's error: %v", err)
+	}
+	must(t, s.Commit(store.Batch{Detector: map[string][]byte{"m\x00t": nil}}))
+	if _, ok, _ := s.Detector("m\x00t"); ok {
+		t.Fatal("a key with NUL was not deleted")
 	}
 	counts(t, s, 1, 0, 0)
 }
