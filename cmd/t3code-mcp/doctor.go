@@ -25,7 +25,7 @@ import (
 )
 
 func openStore(s app.Settings) (store.Store, error) {
-	st, err := store.Open(s.StateDir)
+	st, err := app.OpenStore(s)
 	if errors.Is(err, store.ErrInUse) {
 		return nil, fmt.Errorf("%w: stop the running t3code-mcp first (it holds %s)", err, s.StateDir)
 	}
@@ -417,6 +417,16 @@ func isConnector(ctx context.Context, addr string) bool {
 }
 
 func checkState(r *report, s app.Settings) {
+	if s.DatabaseURL != "" {
+		st, err := app.OpenStore(s)
+		if err != nil {
+			r.fail("%v", err)
+			return
+		}
+		defer st.Close()
+		reportState(r, st, st.Location())
+		return
+	}
 	path := filepath.Join(s.StateDir, store.FileName)
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		r.ok("no state file yet at %s (T3CODE_MCP_STATE_DIR): serve creates it", path)
@@ -432,17 +442,23 @@ func checkState(r *report, s app.Settings) {
 		return
 	}
 	defer st.Close()
+	reportState(r, st, path)
+}
+
+// reportState reports what the store holds: where names it (a file, or the database URL
+// without its password).
+func reportState(r *report, st store.Store, where string) {
 	threads, err := st.ListThreads()
 	if err != nil {
-		r.fail("reading %s: %v", path, err)
+		r.fail("reading %s: %v", where, err)
 		return
 	}
 	pending, dead, _, err := st.Counts()
 	if err != nil {
-		r.fail("reading %s: %v", path, err)
+		r.fail("reading %s: %v", where, err)
 		return
 	}
-	r.ok("%s: %s tracked, %s pending", path, plural.Count(len(threads), "thread"), plural.Count(pending, "event"))
+	r.ok("%s: %s tracked, %s pending", where, plural.Count(len(threads), "thread"), plural.Count(pending, "event"))
 	if dead > 0 {
 		r.warn("%s (events the hook never accepted): `t3code-mcp dead-letters` lists them, `t3code-mcp dead-letters retry` requeues them", plural.Count(dead, "dead letter"))
 	}

@@ -71,6 +71,7 @@ var settingFlags = []struct{ flag, env string }{
 	{"host", "T3CODE_MCP_HOST"},
 	{"port", "T3CODE_MCP_PORT"},
 	{"state-dir", "T3CODE_MCP_STATE_DIR"},
+	{"database-url", "T3CODE_MCP_DATABASE_URL"},
 	{"log-level", "T3CODE_MCP_LOG_LEVEL"},
 	{"read-only", "T3CODE_MCP_READ_ONLY"},
 }
@@ -162,6 +163,7 @@ win over them. All of them: docs/configuration.md.`,
 	pf.String("host", "", "listen address of serve (T3CODE_MCP_HOST; default 127.0.0.1)")
 	pf.Int("port", 0, "listen port of serve (T3CODE_MCP_PORT; default 8000)")
 	pf.String("state-dir", "", "state directory (T3CODE_MCP_STATE_DIR; default $XDG_STATE_HOME/t3code-mcp)")
+	pf.String("database-url", "", "keep the state in PostgreSQL, shared by replicas: postgres://user:password@host:port/db (T3CODE_MCP_DATABASE_URL; default the bbolt file in the state directory)")
 	pf.String("log-level", "", "debug, info, warn or error (T3CODE_MCP_LOG_LEVEL; default info)")
 	pf.Bool("log-json", false, "log JSON lines instead of text (T3CODE_MCP_LOG_FORMAT=json)")
 	pf.Bool("read-only", false, "offer only the read tools; t3_dispatch, t3_answer and t3_interrupt are not listed (T3CODE_MCP_READ_ONLY)")

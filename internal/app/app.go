@@ -38,6 +38,9 @@ type Settings struct {
 	Host       string // T3CODE_MCP_HOST (127.0.0.1)
 	Port       int    // T3CODE_MCP_PORT (8000)
 	StateDir   string // T3CODE_MCP_STATE_DIR
+	// DatabaseURL (T3CODE_MCP_DATABASE_URL), when set, keeps the state in PostgreSQL (shared by
+	// replicas) instead of the bbolt file in StateDir. It holds a password: never log it.
+	DatabaseURL string
 
 	HookURL, HookToken, HookSecret string        // T3CODE_MCP_HOOK_URL, _TOKEN, _SECRET
 	HookMaxAge                     time.Duration // T3CODE_MCP_HOOK_MAX_AGE (24h)
@@ -97,14 +100,15 @@ func DefaultStateDir() string {
 // SettingsFromEnv reads the settings; errors name the variable.
 func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	s := Settings{
-		ConfigPath: getenv("T3CODE_MCP_CONFIG"),
-		Host:       getenv("T3CODE_MCP_HOST"),
-		StateDir:   getenv("T3CODE_MCP_STATE_DIR"),
-		HookURL:    getenv("T3CODE_MCP_HOOK_URL"),
-		HookToken:  getenv("T3CODE_MCP_HOOK_TOKEN"),
-		HookSecret: getenv("T3CODE_MCP_HOOK_SECRET"),
-		Token:      getenv("T3CODE_MCP_TOKEN"),
-		Origin:     getenv("T3CODE_MCP_ORIGIN"),
+		ConfigPath:  getenv("T3CODE_MCP_CONFIG"),
+		Host:        getenv("T3CODE_MCP_HOST"),
+		StateDir:    getenv("T3CODE_MCP_STATE_DIR"),
+		DatabaseURL: getenv("T3CODE_MCP_DATABASE_URL"),
+		HookURL:     getenv("T3CODE_MCP_HOOK_URL"),
+		HookToken:   getenv("T3CODE_MCP_HOOK_TOKEN"),
+		HookSecret:  getenv("T3CODE_MCP_HOOK_SECRET"),
+		Token:       getenv("T3CODE_MCP_TOKEN"),
+		Origin:      getenv("T3CODE_MCP_ORIGIN"),
 	}
 	if s.Host == "" {
 		s.Host = "127.0.0.1"
@@ -172,6 +176,9 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	intVar("T3CODE_MCP_AUDIT_MAX_BYTES", &auditMax, audit.DefaultMaxBytes)
 	s.AuditMaxBytes = int64(auditMax)
 	intVar("T3CODE_MCP_AUDIT_KEEP", &s.AuditKeep, audit.DefaultKeep)
+	if err := checkDatabaseURL(s.DatabaseURL); err != nil {
+		errs = append(errs, err)
+	}
 	return s, errors.Join(errs...)
 }
 
@@ -231,9 +238,9 @@ func New(s Settings, o Options) (*App, error) {
 		}
 	}
 	a.Config = cfg
-	st, err := store.Open(s.StateDir)
+	st, err := OpenStore(s)
 	if err != nil {
-		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
+		return nil, err
 	}
 	a.Store = st
 	a.Registry = prometheus.NewRegistry()
