@@ -175,14 +175,17 @@ func (r recorder) Do(req *http.Request) (*http.Response, error) {
 	if x, ok := req.Context().Value(exchangeKey{}).(*exchange); ok {
 		x.status = resp.StatusCode
 		if resp.StatusCode == http.StatusOK && x.keep != nil {
-			b, err := readBody(resp.Body, resp.ContentLength)
+			buf, err := readBody(resp.Body, resp.ContentLength)
 			_ = resp.Body.Close()
 			if err != nil {
+				putBody(buf)
 				return nil, err
 			}
+			b := buf.Bytes()
 			if t, runs, err := trimBounded(b, *x.keep); err == nil {
 				b, x.runs, x.trimmed = t, runs, true
-			} // else the generated decoder reports what is wrong with the body
+				putBody(buf) // the trimmed body is a copy
+			} // else the generated decoder reports what is wrong with the body (in buf, not pooled again)
 			resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
 			return resp, nil
 		}
