@@ -214,6 +214,11 @@ func (o *Outbox) Run(ctx context.Context) {
 		if l.more {
 			wait = 0
 		}
+		if o.claimer != nil {
+			// Other replicas commit and deliver too: look for their events, and retry the heads
+			// they held, at least every pollEvery.
+			wait = min(wait, pollEvery)
+		}
 		if len(l.wall) > 0 {
 			wait = min(wait, max(0, l.wall[0].at.Sub(now)))
 		}

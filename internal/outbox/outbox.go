@@ -32,6 +32,7 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -131,6 +132,10 @@ type Config struct {
 	HTTPClient *http.Client     // default a client of its own; redirects are never followed
 	Logger     *slog.Logger     // default slog.Default()
 	Metrics    *Metrics         // default unregistered metrics
+
+	// Claimant names this outbox in delivery claims when the Queue is shared by replicas
+	// (store.Claimer, PostgreSQL); default a random id per outbox.
+	Claimant string
 }
 
 // Outbox delivers the store's pending events. Create it with New, run it with Run.
@@ -146,6 +151,8 @@ type Outbox struct {
 	redact  *strings.Replacer
 	wake    chan struct{}
 	running sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
+	// claimer is q when replicas share it: an event is claimed before each attempt (claim.go).
+	claimer store.Claimer
 
 	// requeued are dead letters RetryDead moved back, for the loop to put into its queues.
 	requeuedMu sync.Mutex
@@ -161,6 +168,10 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		return nil, errors.New("outbox: T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
 	}
 	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1)}
+	o.claimer, _ = q.(store.Claimer)
+	if cfg.Claimant == "" {
+		cfg.Claimant = "outbox-" + rand.Text()
+	}
 	if cfg.Secret != "" {
 		if o.key, err = DecodeSecret(cfg.Secret); err != nil {
 			return nil, err

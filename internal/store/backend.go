@@ -87,3 +87,15 @@ type Store interface {
 }
 
 var _ Store = (*Bolt)(nil)
+
+// Claimer is implemented by a store that several replicas deliver from (PostgreSQL): before an
+// attempt, a replica claims the event, so that no two replicas send one event at the same time.
+// The bbolt store, which one process owns, has no claims (its outbox is the only deliverer).
+type Claimer interface {
+	// Claim claims pending event seq for claimant for ttl (by the store's clock). It succeeds
+	// only for its stream's head (so per-stream order holds across replicas) that no other
+	// claimant holds, or whose claim expired (its holder died): that claim is taken over. A
+	// claimant may renew its own claim. It returns false when another claimant holds it or an
+	// earlier event of its stream is still pending, and ErrNotPending when it is not pending.
+	Claim(seq uint64, claimant string, ttl time.Duration) (bool, error)
+}

@@ -458,3 +458,34 @@ func (s *Store) Prune(deliveredBefore time.Time) (int, error) {
 	}
 	return n, nil
 }
+
+var _ store.Claimer = (*Store)(nil)
+
+// Claim claims pending event seq for claimant for ttl, by the database's clock (store.Claimer).
+// The row is locked with FOR UPDATE SKIP LOCKED: a replica never waits on another's claim, it
+// moves on to other streams.
+func (s *Store) Claim(seq uint64, claimant string, ttl time.Duration) (bool, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var got int64
+	err := s.pool.QueryRow(ctx, `WITH c AS (
+			SELECT e.seq FROM t3_events e
+			WHERE e.seq = $1 AND e.state = 'pending'
+			  AND (e.claimed_by IS NULL OR e.claimed_by = $2 OR e.claim_until < now())
+			  AND NOT EXISTS (SELECT 1 FROM t3_events p WHERE p.stream = e.stream AND p.state = 'pending' AND p.seq < e.seq)
+			FOR UPDATE SKIP LOCKED)
+		UPDATE t3_events e SET claimed_by = $2, claim_until = now() + make_interval(secs => $3)
+		FROM c WHERE e.seq = c.seq RETURNING e.seq`, int64(seq), claimant, ttl.Seconds()).Scan(&got)
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return false, s.redact(err)
+	}
+	var state string
+	err = s.pool.QueryRow(ctx, `SELECT state FROM t3_events WHERE seq = $1`, int64(seq)).Scan(&state)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && state != store.StatePending) {
+		return false, fmt.Errorf("store: event #%d: %w", seq, store.ErrNotPending)
+	}
+	return false, s.redact(err)
+}

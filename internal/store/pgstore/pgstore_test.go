@@ -231,3 +231,81 @@ func TestFencedBatchFailsAlone(t *testing.T) {
 		t.Fatalf("the current holder's event: %v", err)
 	}
 }
+
+// TestClaim: only a stream's head is claimable, by one claimant at a time; a claim ends with the
+// event's final outcome, and an expired claim (a dead replica's) is taken over.
+func TestClaim(t *testing.T) {
+	s, _ := open(t)
+	if err := s.Commit(store.Batch{Events: []store.Event{storetest.Ev("a1", "a"), storetest.Ev("a2", "a"), storetest.Ev("b1", "b")}}); err != nil {
+		t.Fatal(err)
+	}
+	seq := func(id string) uint64 {
+		e, err := s.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Seq
+	}
+	claim := func(id, who string, ttl time.Duration) bool {
+		t.Helper()
+		ok, err := s.Claim(seq(id), who, ttl)
+		if err != nil {
+			t.Fatalf("Claim(%s, %s): %v", id, who, err)
+		}
+		return ok
+	}
+	if claim("a2", "A", time.Minute) {
+		t.Fatal("a2 was claimed while a1, ahead of it in its stream, is pending")
+	}
+	if !claim("a1", "A", time.Minute) || claim("a1", "B", time.Minute) || !claim("a1", "A", time.Minute) {
+		t.Fatal("a1: A claims, B is refused, A renews")
+	}
+	if errs, err := s.Record([]store.Op{{ID: "a1", Kind: store.OpDelivered, At: storetest.T0}}); err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	if _, err := s.Claim(seq("a1"), "B", time.Minute); !errors.Is(err, store.ErrNotPending) {
+		t.Fatalf("claim of a delivered event: %v", err)
+	}
+	if !claim("a2", "B", time.Minute) {
+		t.Fatal("a2, now its stream's head, could not be claimed")
+	}
+	// A claims b1 and dies: its claim is already past its expiry, and B takes it over.
+	if !claim("b1", "A", -time.Second) || !claim("b1", "B", time.Minute) || claim("b1", "A", time.Minute) {
+		t.Fatal("b1: A's expired claim was not taken over by B")
+	}
+	// A retry keeps the claim; a dead letter ends it, and a requeued event is claimable again.
+	if errs, err := s.Record([]store.Op{{ID: "b1", Kind: store.OpDead, At: storetest.T0, Error: "x"}}); err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	if _, err := s.Requeue(storetest.T0, "b1"); err != nil {
+		t.Fatal(err)
+	}
+	if !claim("b1", "C", time.Minute) {
+		t.Fatal("a requeued event kept its old claim")
+	}
+
+	// Many claimants at once: exactly one wins.
+	if err := s.Commit(store.Batch{Events: []store.Event{storetest.Ev("c1", "c")}}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wins := 0
+	for i := range 8 {
+		wg.Go(func() {
+			ok, err := s.Claim(seq("c1"), fmt.Sprintf("r%d", i), time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				mu.Lock()
+				wins++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if wins != 1 {
+		t.Fatalf("%d claimants won c1, want 1", wins)
+	}
+}
