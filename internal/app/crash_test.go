@@ -89,15 +89,7 @@ func TestKill9LosesNoEvent(t *testing.T) {
 	for round := 0; round < 5; round++ {
 		proc := startProc()
 		c := dial(t, base)
-		for i := 0; i < 6; i++ {
-			prompt, typ := "finish the job", "thread.completed"
-			if rng.IntN(3) == 0 {
-				prompt, typ = "fail the job", "thread.failed"
-			}
-			res := callTool(t, c, "t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": prompt})
-			want[str(res, "thread_id")] = typ
-			time.Sleep(time.Duration(rng.IntN(15)) * time.Millisecond)
-		}
+		dispatchSome(t, c, rng, 6, want)
 		c.Close()
 		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
 		_ = proc.Process.Signal(syscall.SIGKILL)
