@@ -311,7 +311,8 @@ func TestLogsNeverCarryToken(t *testing.T) {
 			p.send(recordedExit(t, "05-ws-basic-run.json", "0", r.ID.String))
 		}
 	}
-	c := f.client(t, "vm", Options{Logger: log, RPC: effectrpc.Options{PingInterval: 20 * time.Millisecond}})
+	// Pings every 20 ms for debug lines; a Pong may be late on a loaded machine.
+	c := f.client(t, "vm", Options{Logger: log, RPC: effectrpc.Options{PingInterval: 20 * time.Millisecond, PongTimeout: safety}})
 	ctx := tctx(t)
 	_, _ = c.Handshake(ctx)
 	_, _ = c.Shell(ctx)
