@@ -32,6 +32,11 @@ type Event struct {
 	RunID string `json:"run_id"`
 	// The thread's title.
 	Title string `json:"title"`
+	// The git branch the thread runs on (a worktree thread's own branch); absent when T3 set none.
+	Branch OptString `json:"branch"`
+	// The thread's git worktree on the machine; absent for a thread in the project's root (and for a
+	// worktree thread until T3 has made the worktree).
+	Worktree OptString `json:"worktree"`
 	// The X-Conversation-Origin header value recorded when the thread was dispatched; absent when there
 	// was none.
 	Origin OptString `json:"origin"`
@@ -89,6 +94,16 @@ func (s *Event) GetRunID() string {
 // GetTitle returns the value of Title.
 func (s *Event) GetTitle() string {
 	return s.Title
+}
+
+// GetBranch returns the value of Branch.
+func (s *Event) GetBranch() OptString {
+	return s.Branch
+}
+
+// GetWorktree returns the value of Worktree.
+func (s *Event) GetWorktree() OptString {
+	return s.Worktree
 }
 
 // GetOrigin returns the value of Origin.
@@ -164,6 +179,16 @@ func (s *Event) SetRunID(val string) {
 // SetTitle sets the value of Title.
 func (s *Event) SetTitle(val string) {
 	s.Title = val
+}
+
+// SetBranch sets the value of Branch.
+func (s *Event) SetBranch(val OptString) {
+	s.Branch = val
+}
+
+// SetWorktree sets the value of Worktree.
+func (s *Event) SetWorktree(val OptString) {
+	s.Worktree = val
 }
 
 // SetOrigin sets the value of Origin.
@@ -615,6 +640,18 @@ func (s *Event) encodeFields(e *jx.Encoder) {
 		e.Str(s.Title)
 	}
 	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.Worktree.Set {
+			e.FieldStart("worktree")
+			s.Worktree.Encode(e)
+		}
+	}
+	{
 		if s.Origin.Set {
 			e.FieldStart("origin")
 			s.Origin.Encode(e)
@@ -662,7 +699,7 @@ func (s *Event) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfEvent = [15]string{
+var jsonFieldsNameOfEvent = [17]string{
 	0:  "id",
 	1:  "type",
 	2:  "occurred_at",
@@ -671,13 +708,15 @@ var jsonFieldsNameOfEvent = [15]string{
 	5:  "thread_id",
 	6:  "run_id",
 	7:  "title",
-	8:  "origin",
-	9:  "summary",
-	10: "error",
-	11: "question",
-	12: "partial",
-	13: "missing",
-	14: "partial_reason",
+	8:  "branch",
+	9:  "worktree",
+	10: "origin",
+	11: "summary",
+	12: "error",
+	13: "question",
+	14: "partial",
+	15: "missing",
+	16: "partial_reason",
 }
 
 // Decode decodes Event from json.
@@ -685,7 +724,7 @@ func (s *Event) Decode(d *jx.Decoder) error {
 	if s == nil {
 		return errors.New("invalid: unable to decode Event to nil")
 	}
-	var requiredBitSet [2]uint8
+	var requiredBitSet [3]uint8
 
 	if err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
@@ -781,6 +820,26 @@ func (s *Event) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"title\"")
 			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktree":
+			if err := func() error {
+				s.Worktree.Reset()
+				if err := s.Worktree.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktree\"")
+			}
 		case "origin":
 			if err := func() error {
 				s.Origin.Reset()
@@ -869,8 +928,9 @@ func (s *Event) Decode(d *jx.Decoder) error {
 	}
 	// Validate required fields.
 	var failures []validate.FieldError
-	for i, mask := range [2]uint8{
+	for i, mask := range [3]uint8{
 		0b11111111,
+		0b00000000,
 		0b00000000,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {

@@ -63,6 +63,18 @@ func (s *AppThread) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.WorktreePath.Set {
+			e.FieldStart("worktreePath")
+			s.WorktreePath.Encode(e)
+		}
+	}
+	{
 		if s.CreatedAt.Set {
 			e.FieldStart("createdAt")
 			s.CreatedAt.Encode(e)
@@ -88,7 +100,7 @@ func (s *AppThread) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfAppThread = [12]string{
+var jsonFieldsNameOfAppThread = [14]string{
 	0:  "id",
 	1:  "projectId",
 	2:  "title",
@@ -97,10 +109,12 @@ var jsonFieldsNameOfAppThread = [12]string{
 	5:  "interactionMode",
 	6:  "createdBy",
 	7:  "creationSource",
-	8:  "createdAt",
-	9:  "updatedAt",
-	10: "archivedAt",
-	11: "deletedAt",
+	8:  "branch",
+	9:  "worktreePath",
+	10: "createdAt",
+	11: "updatedAt",
+	12: "archivedAt",
+	13: "deletedAt",
 }
 
 // Decode decodes AppThread from json.
@@ -197,6 +211,26 @@ func (s *AppThread) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"creationSource\"")
+			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktreePath":
+			if err := func() error {
+				s.WorktreePath.Reset()
+				if err := s.WorktreePath.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktreePath\"")
 			}
 		case "createdAt":
 			if err := func() error {

@@ -17,6 +17,11 @@ type AppThread struct {
 	InteractionMode OptString         `json:"interactionMode"`
 	CreatedBy       OptString         `json:"createdBy"`
 	CreationSource  OptString         `json:"creationSource"`
+	// The git branch the thread works on (a worktree thread's own), null when T3 set none.
+	Branch OptNilString `json:"branch"`
+	// The thread's git worktree; null for the project root, and for a worktree thread until
+	// thread.metadata-updated brings the path (fixture 20).
+	WorktreePath OptNilString `json:"worktreePath"`
 	// ISO 8601.
 	CreatedAt OptString `json:"createdAt"`
 	// ISO 8601.
@@ -65,6 +70,16 @@ func (s *AppThread) GetCreatedBy() OptString {
 // GetCreationSource returns the value of CreationSource.
 func (s *AppThread) GetCreationSource() OptString {
 	return s.CreationSource
+}
+
+// GetBranch returns the value of Branch.
+func (s *AppThread) GetBranch() OptNilString {
+	return s.Branch
+}
+
+// GetWorktreePath returns the value of WorktreePath.
+func (s *AppThread) GetWorktreePath() OptNilString {
+	return s.WorktreePath
 }
 
 // GetCreatedAt returns the value of CreatedAt.
@@ -125,6 +140,16 @@ func (s *AppThread) SetCreatedBy(val OptString) {
 // SetCreationSource sets the value of CreationSource.
 func (s *AppThread) SetCreationSource(val OptString) {
 	s.CreationSource = val
+}
+
+// SetBranch sets the value of Branch.
+func (s *AppThread) SetBranch(val OptNilString) {
+	s.Branch = val
+}
+
+// SetWorktreePath sets the value of WorktreePath.
+func (s *AppThread) SetWorktreePath(val OptNilString) {
+	s.WorktreePath = val
 }
 
 // SetCreatedAt sets the value of CreatedAt.

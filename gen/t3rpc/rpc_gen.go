@@ -117,6 +117,11 @@ type AppThread struct {
 	InteractionMode OptString         `json:"interactionMode"`
 	CreatedBy       OptString         `json:"createdBy"`
 	CreationSource  OptString         `json:"creationSource"`
+	// The git branch the thread works on (a worktree thread's own), null when T3 set none.
+	Branch OptNilString `json:"branch"`
+	// The thread's git worktree; null for the project root, and for a worktree thread until
+	// thread.metadata-updated brings the path (fixture 20).
+	WorktreePath OptNilString `json:"worktreePath"`
 	// ISO 8601.
 	CreatedAt OptString `json:"createdAt"`
 	// ISO 8601.
@@ -165,6 +170,16 @@ func (s *AppThread) GetCreatedBy() OptString {
 // GetCreationSource returns the value of CreationSource.
 func (s *AppThread) GetCreationSource() OptString {
 	return s.CreationSource
+}
+
+// GetBranch returns the value of Branch.
+func (s *AppThread) GetBranch() OptNilString {
+	return s.Branch
+}
+
+// GetWorktreePath returns the value of WorktreePath.
+func (s *AppThread) GetWorktreePath() OptNilString {
+	return s.WorktreePath
 }
 
 // GetCreatedAt returns the value of CreatedAt.
@@ -225,6 +240,16 @@ func (s *AppThread) SetCreatedBy(val OptString) {
 // SetCreationSource sets the value of CreationSource.
 func (s *AppThread) SetCreationSource(val OptString) {
 	s.CreationSource = val
+}
+
+// SetBranch sets the value of Branch.
+func (s *AppThread) SetBranch(val OptNilString) {
+	s.Branch = val
+}
+
+// SetWorktreePath sets the value of WorktreePath.
+func (s *AppThread) SetWorktreePath(val OptNilString) {
+	s.WorktreePath = val
 }
 
 // SetCreatedAt sets the value of CreatedAt.
@@ -7693,6 +7718,18 @@ func (s *AppThread) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.Branch.Set {
+			e.FieldStart("branch")
+			s.Branch.Encode(e)
+		}
+	}
+	{
+		if s.WorktreePath.Set {
+			e.FieldStart("worktreePath")
+			s.WorktreePath.Encode(e)
+		}
+	}
+	{
 		if s.CreatedAt.Set {
 			e.FieldStart("createdAt")
 			s.CreatedAt.Encode(e)
@@ -7718,7 +7755,7 @@ func (s *AppThread) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfAppThread = [12]string{
+var jsonFieldsNameOfAppThread = [14]string{
 	0:  "id",
 	1:  "projectId",
 	2:  "title",
@@ -7727,10 +7764,12 @@ var jsonFieldsNameOfAppThread = [12]string{
 	5:  "interactionMode",
 	6:  "createdBy",
 	7:  "creationSource",
-	8:  "createdAt",
-	9:  "updatedAt",
-	10: "archivedAt",
-	11: "deletedAt",
+	8:  "branch",
+	9:  "worktreePath",
+	10: "createdAt",
+	11: "updatedAt",
+	12: "archivedAt",
+	13: "deletedAt",
 }
 
 // Decode decodes AppThread from json.
@@ -7827,6 +7866,26 @@ func (s *AppThread) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"creationSource\"")
+			}
+		case "branch":
+			if err := func() error {
+				s.Branch.Reset()
+				if err := s.Branch.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"branch\"")
+			}
+		case "worktreePath":
+			if err := func() error {
+				s.WorktreePath.Reset()
+				if err := s.WorktreePath.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"worktreePath\"")
 			}
 		case "createdAt":
 			if err := func() error {

@@ -68,3 +68,23 @@ func TestWorktreeThreadsInParallel(t *testing.T) {
 	c.fails("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "x", "worktree": map[string]any{"base_ref": "main", "path": "/srv/x"}}, "not both")
 	c.fails("t3_dispatch", map[string]any{"thread_id": ids[0], "prompt": "x", "worktree": map[string]any{"base_ref": "main"}}, "worktree applies to a new thread")
 }
+
+// A watched worktree thread's webhook event names its branch and worktree.
+func TestWorktreeThreadEventNamesItsWorkspace(t *testing.T) {
+	fk := newIdemFake(t)
+	h := newHarness(t, harnessOpts{fake: fk, hook: true})
+	h.waitOnline("mac")
+	c := h.client("")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "finish the job",
+		"worktree": map[string]any{"base_ref": "main", "branch": "fix-events"}})
+	ev := h.hook.next(t).event
+	if ev["type"] != "thread.completed" || str(ev, "thread_id") != str(d, "thread_id") ||
+		str(ev, "branch") != "fix-events" || str(ev, "worktree") != "/home/dev/.t3/worktrees/api/fix-events" {
+		t.Fatalf("event = %v", ev)
+	}
+	// A thread in the project root: neither field.
+	c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "finish the job"})
+	if ev := h.hook.next(t).event; ev["branch"] != nil || ev["worktree"] != nil {
+		t.Fatalf("root thread event = %v", ev)
+	}
+}

@@ -80,6 +80,7 @@ func facts(tr Transition) genevents.Event {
 	if tr.Tracked.Origin != "" {
 		ev.Origin.SetTo(tr.Tracked.Origin)
 	}
+	setWorkspace(&ev, tr.Branch, tr.Worktree)
 	if tr.Outcome == threadstate.Question {
 		q := genevents.EventQuestion{RequestID: tr.RequestID, Kind: genevents.EventQuestionKindUserInput, Questions: []genevents.EventQuestionItem{}}
 		if tr.Kind != "user_input" {
@@ -93,6 +94,8 @@ func facts(tr Transition) genevents.Event {
 // complete adds what the thread's projection says: the run's final reply as
 // summary, its error, the question with its choices.
 func complete(ev *genevents.Event, p *t3api.ThreadProjection) {
+	// The worktree path may have arrived since the row the facts came from.
+	setWorkspace(ev, p.Thread.Branch.Or(""), p.Thread.WorktreePath.Or(""))
 	v := threadview.New(p)
 	if ev.Type != genevents.EventTypeThreadQuestion {
 		if s := v.Reply(ev.RunID); s != "" {
@@ -248,4 +251,14 @@ func parseTime(s string) (time.Time, bool) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	return t.UTC(), err == nil
+}
+
+// setWorkspace names the thread's branch and worktree in the event, where known.
+func setWorkspace(ev *genevents.Event, branch, worktree string) {
+	if branch != "" {
+		ev.Branch.SetTo(branch)
+	}
+	if worktree != "" {
+		ev.Worktree.SetTo(worktree)
+	}
 }

@@ -45,8 +45,11 @@ type Transition struct {
 	Kind      string // runtime request kind for questions
 	ProjectID string
 	Title     string
-	Tracked   store.Thread
-	At        time.Time
+	// Branch and Worktree are the thread's git workspace as T3 showed it
+	// (a worktree thread's own; empty for the project root).
+	Branch, Worktree string
+	Tracked          store.Thread
+	At               time.Time
 }
 
 // Tracked tells which threads are watched.
@@ -565,5 +568,6 @@ func (d *Detector) transition(machine string, row *t3rpc.ThreadShell, tr store.T
 	return Transition{
 		ID: eventID(machine, row.ID, o, subject), Outcome: o, Machine: machine, ThreadID: row.ID,
 		RunID: runID, RequestID: requestID, Kind: kind, ProjectID: row.ProjectId, Title: row.Title, Tracked: tr, At: at,
+		Branch: row.Branch.Or(""), Worktree: row.WorktreePath.Or(""),
 	}
 }

@@ -387,7 +387,8 @@ func (d *Detector) resolve(s seen, p *t3api.ThreadProjection, machine string, tr
 	next := s
 	next.Open, next.Asked = nil, slices.Clone(s.Asked)
 	next.Gap, next.GapAfter = false, ""
-	base := Transition{Machine: machine, ThreadID: tr.ID, ProjectID: p.Thread.ProjectId, Title: p.Thread.Title, Tracked: tr}
+	base := Transition{Machine: machine, ThreadID: tr.ID, ProjectID: p.Thread.ProjectId, Title: p.Thread.Title, Tracked: tr,
+		Branch: p.Thread.Branch.Or(""), Worktree: p.Thread.WorktreePath.Or("")}
 	var out []Transition
 	retry := false
 	for _, r := range runs {

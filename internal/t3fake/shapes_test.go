@@ -26,7 +26,7 @@ const fixtureDir = "../../testdata/t3"
 // generated types (what the connector decodes) do not declare. Each line says what they are.
 var omittedKeys = map[string][]string{
 	// Internals of T3's execution graph and provider plumbing.
-	"AppThread":      {"activeProviderThreadId", "branch", "forkedFrom", "lastVisitedAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "worktreePath"},
+	"AppThread":      {"activeProviderThreadId", "forkedFrom", "lastVisitedAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration"},
 	"ThreadShell":    {"activeProviderThreadId", "createdBy", "creationSource", "forkedFrom", "hasActionableProposedPlan", "lastVisitedAt", "latestUserMessageAt", "lineage", "providerInstanceId", "settledAt", "settledOverride", "snoozedAt", "snoozedUntil", "titleRegeneration", "visibleItemCount"},
 	"Run":            {"activeAttemptId", "contextHandoffId", "providerInstanceId", "providerThreadId", "queuePosition", "rootNodeId"},
 	"RuntimeRequest": {"nativeRequestRef", "providerTurnId"},

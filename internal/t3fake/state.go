@@ -409,6 +409,8 @@ func (s *Server) createThread(sp threadSpec) *thread {
 		InteractionMode: optStr(sp.interactionMode),
 		CreatedBy:       optStr(sp.createdBy),
 		CreationSource:  optStr(sp.creationSource),
+		Branch:          null(),
+		WorktreePath:    null(),
 		CreatedAt:       optStr(ts),
 		UpdatedAt:       optStr(ts),
 		ArchivedAt:      null(),

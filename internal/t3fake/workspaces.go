@@ -73,6 +73,7 @@ func (s *Server) applyWorkspace(th *thread, ws t3rpc.WorkspaceStrategy) (pv *pro
 	case "existing_worktree":
 		th.shell.Branch = strOrNull(ws.Branch.Or(""))
 		th.shell.WorktreePath = optNilStr(ws.WorktreePath.Or(""))
+		th.app.Branch, th.app.WorktreePath = th.shell.Branch, th.shell.WorktreePath
 	case "worktree":
 		root := s.projectByID[th.shell.ProjectId].rec.WorkspaceRoot // launchThread checked the project
 		branch := ws.Branch.Or("")
@@ -80,6 +81,7 @@ func (s *Server) applyWorkspace(th *thread, ws t3rpc.WorkspaceStrategy) (pv *pro
 			branch = "t3/" + th.id
 		}
 		th.shell.Branch = optNilStr(branch)
+		th.app.Branch = th.shell.Branch
 		pv = &provision{worktree: slashpath.Join(worktreeRoot, slashpath.Base(strings.TrimRight(root, "/")), branch)}
 		if !slices.Contains(s.projectByID[th.shell.ProjectId].refs, ws.BaseRef.Or("")) {
 			pv = &provision{failure: "Workspace preparation failed during provision worktree: Git command failed in GitVcsDriver.createWorktree (" +
@@ -98,6 +100,7 @@ func (s *Server) applyWorkspace(th *thread, ws t3rpc.WorkspaceStrategy) (pv *pro
 func (s *Server) announceWorktree(th *thread, worktree string) {
 	s.touch(th)
 	th.shell.WorktreePath = optNilStr(worktree)
+	th.app.WorktreePath = th.shell.WorktreePath
 	s.emit(th, "", "thread.metadata-updated", encode(&th.app))
 	s.publishShell(th)
 }
