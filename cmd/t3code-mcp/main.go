@@ -196,6 +196,7 @@ Exits 1 on any FAIL, 0 otherwise (warnings allowed).`,
 			RunE: func(cmd *cobra.Command, _ []string) error { return c.doctor(cmd.Context()) },
 		},
 		c.deadLettersCommand(),
+		c.migrateStoreCommand(),
 		c.auditCommand(),
 		c.configSchemaCommand(),
 		&cobra.Command{
