@@ -18,7 +18,7 @@ import (
 )
 
 // open opens a store on a fresh database of this test's own.
-func open(t *testing.T) (*pgstore.Store, string) {
+func open(t testing.TB) (*pgstore.Store, string) {
 	t.Helper()
 	url := pgtest.New(t)
 	return openURL(t, url), url
@@ -71,7 +71,7 @@ func TestMigrateConcurrentlyOnce(t *testing.T) {
 }
 
 // openURL opens a store on the database url names, closed when the test ends.
-func openURL(t *testing.T, url string) *pgstore.Store {
+func openURL(t testing.TB, url string) *pgstore.Store {
 	t.Helper()
 	s, err := pgstore.Open(context.Background(), url)
 	if err != nil {
