@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -192,6 +193,12 @@ var retry = struct {
 	base, max time.Duration
 }{attempts: 4, base: 250 * time.Millisecond, max: 2 * time.Second}
 
+// retryBackOff doubles the delay from retry.base up to retry.max, each delay randomized by ±25 %
+// so that several commands cut off by one lost socket do not resend in lockstep.
+func retryBackOff() backoff.BackOff {
+	return &backoff.ExponentialBackOff{InitialInterval: retry.base, RandomizationFactor: 0.25, Multiplier: 2, MaxInterval: retry.max}
+}
+
 // Dispatch sends cmd through orchestration.dispatchCommand and returns the
 // sequence of its last event. When the reply is lost (the socket closed before
 // the Exit) it resends the same command — same commandId — on a socket from
@@ -223,53 +230,38 @@ func Launch(ctx context.Context, connect Connect, in *t3rpc.LaunchThreadInput) (
 func idempotent(ctx context.Context, connect Connect, method, what, commandID string, payload, result any) error {
 	var machine string
 	var lost error // the last lost-reply error, once one happened
-	for attempt := 1; ; attempt++ {
+	attempts := 0
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		attempts++
 		conn, err := connect(ctx)
 		if err != nil {
 			if lost == nil || ctx.Err() != nil {
 				// Nothing was sent yet, or the caller gave up: connect's own error says it.
-				return err
+				return struct{}{}, backoff.Permanent(err)
 			}
 			lost = err
-		} else {
-			machine = conn.Label()
-			err = conn.Call(ctx, method, payload, result)
-			if err == nil {
-				return nil
-			}
+			return struct{}{}, err
+		}
+		machine = conn.Label()
+		if err := conn.Call(ctx, method, payload, result); err != nil {
 			if !errors.Is(err, effectrpc.ErrClosed) || ctx.Err() != nil {
-				return rpcError(machine, what, err, nil)
+				return struct{}{}, backoff.Permanent(rpcError(machine, what, err, nil))
 			}
-			lost = err
+			lost = err // resent, same commandId, after a delay
+			return struct{}{}, err
 		}
-		if attempt >= retry.attempts {
-			return &Error{Machine: machine, Op: what, Code: CodeReplyLost, Err: lost, Message: fmt.Sprintf(
-				"%s: no reply to %s command %s after %d attempts (last: %v); it may or may not have been applied, and sending the same command again is safe",
-				onMachine(machine), what, commandID, attempt, lost)}
-		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
-			return err
-		}
-	}
-}
-
-// backoff doubles from retry.base up to retry.max, with up to 25% jitter so
-// several commands cut off by one lost socket do not resend in lockstep.
-func backoff(attempt int) time.Duration {
-	d := retry.base << (attempt - 1)
-	if d > retry.max || d <= 0 {
-		d = retry.max
-	}
-	return d + time.Duration(rand.Int64N(int64(d)/4+1))
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
+		return struct{}{}, nil
+	}, backoff.WithBackOff(retryBackOff()), backoff.WithMaxTries(uint(retry.attempts)), backoff.WithMaxElapsedTime(0))
+	var refused *backoff.PermanentError
+	switch {
+	case err == nil:
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	case errors.As(err, &refused): // Retry returns it still wrapped when it came on the last try
+		return refused.Unwrap()
+	case attempts < retry.attempts:
+		return err // the caller gave up while waiting to resend
 	}
+	return &Error{Machine: machine, Op: what, Code: CodeReplyLost, Err: lost, Message: fmt.Sprintf(
+		"%s: no reply to %s command %s after %d attempts (last: %v); it may or may not have been applied, and sending the same command again is safe",
+		onMachine(machine), what, commandID, attempts, lost)}
 }

@@ -7,7 +7,8 @@
 // then watch from a version (afterSequence), and relist whenever T3 decides the
 // gap is too large (it sends a snapshot item instead of the replay).
 //
-// Thread state has one owner, the Watcher. Waiters block on Changed(threadID);
+// Thread state has one owner, the Watcher. Waiters call ThreadAndWait(threadID),
+// the row and a channel closed at its next change, read atomically;
 // the event detector is the Sink, called synchronously with every chunk before
 // the chunk is acknowledged, so what it derives is durable before T3 moves on.
 package watch
@@ -17,11 +18,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -60,8 +62,8 @@ type Sink interface {
 // Options tune a Watcher. Zero values pick the defaults.
 type Options struct {
 	Logger *slog.Logger
-	// Backoff bounds for reconnects: full jitter between MinBackoff and an
-	// exponentially growing ceiling capped at MaxBackoff.
+	// Backoff bounds for reconnects: each delay is within ±50 % of an interval
+	// that doubles from MinBackoff up to MaxBackoff (reconnectBackOff).
 	MinBackoff time.Duration // default 250ms
 	MaxBackoff time.Duration // default 30s
 	// Sink is optional.
@@ -138,20 +140,10 @@ func (w *Watcher) Name() string { return w.name }
 
 // Run connects, subscribes and reconnects until ctx ends.
 func (w *Watcher) Run(ctx context.Context) {
-	attempt := 0
+	bo := w.reconnectBackOff()
+	wasUp := false
 	lastReason := "" // the failure last logged at warn, so a retry loop says it once
-	for ctx.Err() == nil {
-		synced, err := w.session(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-		if synced {
-			attempt = 0 // the link worked: start the backoff over
-		}
-		wasUp := w.Status().Online
-		w.setOffline(err)
-		d := w.backoff(attempt)
-		attempt++
+	logRetry := func(err error, d time.Duration) {
 		switch reason := fmt.Sprint(err); {
 		case wasUp:
 			w.log.Warn("machine link lost; reconnecting", "err", err, "in", d.Round(time.Millisecond))
@@ -163,23 +155,33 @@ func (w *Watcher) Run(ctx context.Context) {
 		default:
 			w.log.Debug("machine cannot connect; retrying", "err", err, "in", d.Round(time.Millisecond))
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
 	}
+	// A session always ends in an error (the socket or the stream ended); Retry waits out the
+	// backoff before the next one and returns only when ctx ends.
+	_, _ = backoff.Retry(ctx, func() (struct{}, error) {
+		synced, err := w.session(ctx)
+		if ctx.Err() != nil {
+			return struct{}{}, backoff.Permanent(ctx.Err())
+		}
+		if synced {
+			bo.Reset() // the link worked: start the backoff over
+		}
+		wasUp = w.Status().Online
+		w.setOffline(err)
+		return struct{}{}, err
+	}, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(0), backoff.WithNotify(logRetry))
 	w.setOffline(ctx.Err())
 }
 
-// backoff is exponential with full jitter, capped near MaxBackoff.
-func (w *Watcher) backoff(attempt int) time.Duration {
-	ceil := w.opts.MinBackoff << min(attempt, 20)
-	if ceil > w.opts.MaxBackoff || ceil <= 0 {
-		ceil = w.opts.MaxBackoff
+// reconnectBackOff: each delay is within ±50 % of an interval that doubles from MinBackoff up
+// to MaxBackoff, so machines that lost their links together do not reconnect in lockstep.
+func (w *Watcher) reconnectBackOff() *backoff.ExponentialBackOff {
+	return &backoff.ExponentialBackOff{
+		InitialInterval:     w.opts.MinBackoff,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         max(w.opts.MaxBackoff, w.opts.MinBackoff),
 	}
-	return w.opts.MinBackoff/2 + rand.N(ceil)
 }
 
 // session runs one socket: connect, subscribe from the cursor, apply until the
@@ -337,25 +339,22 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 // unacknowledged: T3 holds the stream, nothing is lost, and the error is visible
 // in the status. It gives up only when ctx ends.
 func (w *Watcher) applyToSink(ctx context.Context, c Change) error {
-	delay := 100 * time.Millisecond
-	for {
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		err := w.opts.Sink.Apply(ctx, c)
-		if err == nil {
-			return nil
+		if err != nil {
+			w.log.Error("could not record thread changes; holding the stream until it works", "err", err)
+			w.mu.Lock()
+			w.status.LastError = fmt.Errorf("recording thread changes: %w", err)
+			w.mu.Unlock()
 		}
-		w.log.Error("could not record thread changes; holding the stream until it works", "err", err)
-		w.mu.Lock()
-		w.status.LastError = fmt.Errorf("recording thread changes: %w", err)
-		w.mu.Unlock()
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		delay = min(delay*2, 5*time.Second)
-	}
+		return struct{}{}, err
+	}, backoff.WithBackOff(sinkBackOff()), backoff.WithMaxElapsedTime(0))
+	return err
+}
+
+// sinkBackOff retries a failing sink after 100 ms, doubling up to 5 s (±50 %).
+func sinkBackOff() backoff.BackOff {
+	return &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}
 }
 
 func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
