@@ -9,14 +9,14 @@
 package t3codemcp
 
 // T3's HTTP reads: an ogen client plus the read-model types (schema/t3/model.json).
-//go:generate go tool ogen -config gen/ogen.yml -target gen/t3api -package t3api -clean schema/t3/openapi.yaml
+//go:generate go tool ogen -config schema/t3/ogen.yml -target gen/t3api -package t3api -clean schema/t3/openapi.yaml
 
 // T3's Effect RPC envelope, stream items, commands and failures.
 //go:generate go tool jschemagen -target gen/t3rpc/rpc_gen.go -package t3rpc -typename Root schema/t3/rpc.json
 
 // The MCP tools' inputs and outputs: Go types, then each tool's self-contained JSON Schemas as data.
 //go:generate go tool jschemagen -target gen/mcptools/tools_gen.go -package mcptools -typename Root schema/mcp/tools.json
-//go:generate go run ./gen/generators/mcpschema -in schema/mcp/tools.json -out gen/mcptools/schemas_gen.go -package mcptools
+//go:generate go run ./internal/generators/mcpschema -in schema/mcp/tools.json -out gen/mcptools/schemas_gen.go -package mcptools
 
 // The webhook event t3code-mcp delivers (docs/events.md).
 //go:generate go tool jschemagen -target gen/events/event_gen.go -package events -typename Event schema/events/event.json

@@ -2966,8 +2966,8 @@ func (s *QuestionKind) UnmarshalText(data []byte) error {
 // Input and output of every tool t3code-mcp offers to an agent. The descriptions are what the agent
 // reads when it decides which tool to call and how: write them for that reader. x-tools lists the
 // tools (name, title, description, behaviour hints, input and output definition);
-// gen/generators/mcpschema turns each into a self-contained schema (gen/mcptools/schemas_gen.go) and
-// jschemagen turns the definitions into Go types (gen/mcptools/tools_gen.go). The root object only
+// internal/generators/mcpschema turns each into a self-contained schema (gen/mcptools/schemas_gen.go)
+// and jschemagen turns the definitions into Go types (gen/mcptools/tools_gen.go). The root object only
 // lists every definition so jschemagen emits them all; nothing sends it. Inputs reject unknown
 // arguments; outputs may gain fields, so clients must ignore fields they do not know.
 type Root struct {
