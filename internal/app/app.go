@@ -319,7 +319,7 @@ func New(s Settings, o Options) (*App, error) {
 // health is /healthz's events block: the outbox, and the watched threads
 // whose events wait for a look-up (per machine; retried with backoff).
 func (a *App) health() map[string]any {
-	h := server.OutboxHealth(a.Store, a.Settings.HookURL != "")
+	h := outbox.Health(a.Store, a.Settings.HookURL != "")
 	if a.replication != nil {
 		// Which machines' events this replica detects (docs/deploy.md).
 		h["replica"] = map[string]any{"id": a.replication.leases.Replica(), "leases": a.replication.leases.Holding()}

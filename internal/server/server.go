@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/tools"
 )
 
@@ -187,17 +186,4 @@ func Health(f *fleet.Fleet, extra func() map[string]any) map[string]any {
 		}
 	}
 	return out
-}
-
-// OutboxHealth reports the outbox for /healthz.
-func OutboxHealth(st store.Store, hookConfigured bool) map[string]any {
-	if !hookConfigured {
-		return map[string]any{"events": map[string]any{"enabled": false, "reason": "T3CODE_MCP_HOOK_URL is not set: no events are produced (t3_wait still works)"}}
-	}
-	pending, dead, _, err := st.Counts()
-	ev := map[string]any{"enabled": true, "pending": pending, "dead_letters": dead}
-	if err != nil {
-		ev["error"] = err.Error()
-	}
-	return map[string]any{"events": ev}
 }
