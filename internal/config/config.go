@@ -196,107 +196,138 @@ func parseMachine(name string, v any) (Machine, error) {
 			return m, fmt.Errorf("machine %q: unknown key %q (known keys: %s)", name, k, strings.Join(knownMachineKeys, ", "))
 		}
 	}
+	// One parser per key, in the order the file's keys are documented; the first error wins.
+	for _, parse := range []keyParser{parseURL, parseTokenEnv, parseProjects, parseModel, parseOptions, parseAccess, parseApprove} {
+		if err := parse(&m, t, keyErr); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
 
-	// url
+// keyErrorf makes an error naming the machine and the key.
+type keyErrorf func(key, format string, args ...any) error
+
+// A keyParser checks one key of a [machines.NAME] table and sets it on m.
+type keyParser func(m *Machine, t map[string]any, keyErr keyErrorf) error
+
+func parseURL(m *Machine, t map[string]any, keyErr keyErrorf) error {
 	u, present, err := stringKey(t, "url")
 	if err != nil {
-		return m, keyErr("url", "%v", err)
+		return keyErr("url", "%v", err)
 	}
 	if !present || u == "" {
-		return m, keyErr("url", "is required, e.g. url = \"http://100.64.0.7:3773\"")
+		return keyErr("url", "is required, e.g. url = \"http://100.64.0.7:3773\"")
 	}
 	if err := checkURL(u); err != nil {
-		return m, keyErr("url", "%v", err)
+		return keyErr("url", "%v", err)
 	}
 	m.URL = strings.TrimRight(u, "/")
+	return nil
+}
 
-	// token_env
+func parseTokenEnv(m *Machine, t map[string]any, keyErr keyErrorf) error {
 	te, present, err := stringKey(t, "token_env")
 	if err != nil {
-		return m, keyErr("token_env", "%v", err)
+		return keyErr("token_env", "%v", err)
 	}
 	if !present || te == "" {
-		return m, keyErr("token_env", "is required: the name of the environment variable that holds this machine's token, e.g. token_env = \"T3_%s_TOKEN\"", envSuggestion(name))
+		return keyErr("token_env", "is required: the name of the environment variable that holds this machine's token, e.g. token_env = \"T3_%s_TOKEN\"", envSuggestion(m.Name))
 	}
 	if !envNameRe.MatchString(te) {
-		return m, keyErr("token_env", "%q is not an environment variable name (letters, digits and '_', not starting with a digit)", te)
+		return keyErr("token_env", "%q is not an environment variable name (letters, digits and '_', not starting with a digit)", te)
 	}
 	m.TokenEnv = te
+	return nil
+}
 
-	// projects
-	if pv, ok := t["projects"]; ok {
-		ps, err := stringList(pv)
-		if err != nil {
-			return m, keyErr("projects", "%v", err)
-		}
-		for _, p := range ps {
-			if err := ValidatePattern(p); err != nil {
-				return m, keyErr("projects", "pattern %q is malformed: %v", p, err)
-			}
-		}
-		m.Projects = ps
-	} else {
+func parseProjects(m *Machine, t map[string]any, keyErr keyErrorf) error {
+	pv, ok := t["projects"]
+	if !ok {
 		m.Projects = slices.Clone(DefaultProjects)
+		return nil
 	}
+	ps, err := stringList(pv)
+	if err != nil {
+		return keyErr("projects", "%v", err)
+	}
+	for _, p := range ps {
+		if err := ValidatePattern(p); err != nil {
+			return keyErr("projects", "pattern %q is malformed: %v", p, err)
+		}
+	}
+	m.Projects = ps
+	return nil
+}
 
-	// model
+func parseModel(m *Machine, t map[string]any, keyErr keyErrorf) error {
 	model, _, err := stringKey(t, "model")
 	if err != nil {
-		return m, keyErr("model", "%v", err)
+		return keyErr("model", "%v", err)
 	}
 	if model != "" {
 		inst, mod, ok := strings.Cut(model, "/")
 		if !ok || inst == "" || mod == "" || strings.ContainsAny(model, " \t\r\n") {
-			return m, keyErr("model", "%q is not instanceId/model, e.g. \"claudeAgent/claude-opus-5\"", model)
+			return keyErr("model", "%q is not instanceId/model, e.g. \"claudeAgent/claude-opus-5\"", model)
 		}
 		m.Model = model
 	}
+	return nil
+}
 
-	// options
-	if ov, ok := t["options"]; ok {
-		tbl, ok := ov.(map[string]any)
-		if !ok {
-			return m, keyErr("options", "must be a table like { effort = \"high\" }, got %s", typeName(ov))
-		}
-		m.Options = make(map[string]any, len(tbl))
-		for _, k := range sortedKeys(tbl) {
-			switch val := tbl[k].(type) {
-			case string, bool:
-				m.Options[k] = val
-			default:
-				return m, keyErr("options."+k, "must be a string or a boolean, got %s", typeName(val))
-			}
+func parseOptions(m *Machine, t map[string]any, keyErr keyErrorf) error {
+	ov, ok := t["options"]
+	if !ok {
+		return nil
+	}
+	tbl, ok := ov.(map[string]any)
+	if !ok {
+		return keyErr("options", "must be a table like { effort = \"high\" }, got %s", typeName(ov))
+	}
+	m.Options = make(map[string]any, len(tbl))
+	for _, k := range sortedKeys(tbl) {
+		switch val := tbl[k].(type) {
+		case string, bool:
+			m.Options[k] = val
+		default:
+			return keyErr("options."+k, "must be a string or a boolean, got %s", typeName(val))
 		}
 	}
+	return nil
+}
 
-	// access
+func parseAccess(m *Machine, t map[string]any, keyErr keyErrorf) error {
 	acc, present, err := stringKey(t, "access")
 	if err != nil {
-		return m, keyErr("access", "%v", err)
+		return keyErr("access", "%v", err)
 	}
 	if present {
 		if acc != AccessOperate && acc != AccessRead {
-			return m, keyErr("access", "%q is not one of %q, %q", acc, AccessOperate, AccessRead)
+			return keyErr("access", "%q is not one of %q, %q", acc, AccessOperate, AccessRead)
 		}
 		m.Access = acc
 	}
+	return nil
+}
 
-	// approve
-	if av, ok := t["approve"]; ok {
-		as, err := stringList(av)
-		if err != nil {
-			return m, keyErr("approve", "%v", err)
+func parseApprove(m *Machine, t map[string]any, keyErr keyErrorf) error {
+	av, ok := t["approve"]
+	if !ok {
+		return nil
+	}
+	as, err := stringList(av)
+	if err != nil {
+		return keyErr("approve", "%v", err)
+	}
+	for _, a := range as {
+		if !slices.Contains(Approvable, a) {
+			return keyErr("approve", "%q is not one of %s", a, text.QuoteList(Approvable))
 		}
-		for _, a := range as {
-			if !slices.Contains(Approvable, a) {
-				return m, keyErr("approve", "%q is not one of %s", a, text.QuoteList(Approvable))
-			}
-			if !slices.Contains(m.Approve, a) {
-				m.Approve = append(m.Approve, a)
-			}
+		if !slices.Contains(m.Approve, a) {
+			m.Approve = append(m.Approve, a)
 		}
 	}
-	return m, nil
+	return nil
 }
 
 func checkURL(s string) error {
