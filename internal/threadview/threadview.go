@@ -324,62 +324,14 @@ func (v *View) Render(m Meta, turns int, lim Limits) mcptools.ThreadState {
 		}
 	}
 	if n := len(v.runs); n > 0 {
-		r := v.runs[n-1]
-		lr := mcptools.LatestRun{ID: r.ID, Status: r.Status}
-		if s, ok := r.StartedAt.Get(); ok {
-			lr.StartedAt.SetTo(s)
-		}
-		if s, ok := r.CompletedAt.Get(); ok {
-			lr.CompletedAt.SetTo(s)
-		}
-		if e := v.Error(r.ID); e != "" {
-			lr.Error.SetTo(c.cut("latest_run.error", e, lim.Error))
-		}
-		st.LatestRun.SetTo(lr)
+		st.LatestRun.SetTo(v.latestRun(&c, v.runs[n-1], lim))
 	}
 	if turns <= 0 {
 		turns = 3
 	}
 	first := max(0, len(v.runs)-turns)
 	for i, r := range v.runs[first:] {
-		p := fmt.Sprintf("runs[%d]", i)
-		rs := mcptools.RunSummary{RunID: r.ID, Status: r.Status, Tools: []string{}, ChangedFiles: []mcptools.ChangedFile{}}
-		if s := v.Prompt(r.ID); s != "" {
-			rs.Prompt.SetTo(c.cut(p+".prompt", s, lim.Prompt))
-		}
-		if s := v.Reply(r.ID); s != "" {
-			rs.Reply.SetTo(c.cut(p+".reply", s, lim.Reply))
-		}
-		if s := v.Error(r.ID); s != "" {
-			rs.Error.SetTo(c.cut(p+".error", s, lim.Error))
-		}
-		tools := v.Tools(r.ID)
-		if len(tools) > lim.Tools {
-			c.notes = append(c.notes, mcptools.TruncationNote{Field: p + ".tools", CutChars: len(tools) - lim.Tools})
-			tools = append(tools[:lim.Tools:lim.Tools], fmt.Sprintf("… and %d more", len(tools)-lim.Tools))
-		}
-		for j, t := range tools {
-			rs.Tools = append(rs.Tools, c.cut(fmt.Sprintf("%s.tools[%d]", p, j), t, lim.Tool))
-		}
-		files := v.ChangedFiles(r.ID)
-		if len(files) > lim.Files {
-			c.notes = append(c.notes, mcptools.TruncationNote{Field: p + ".changed_files", CutChars: len(files) - lim.Files})
-			files = files[:lim.Files]
-		}
-		for _, f := range files {
-			cf := mcptools.ChangedFile{Path: f.Path}
-			if k, ok := f.Kind.Get(); ok {
-				cf.Kind.SetTo(k)
-			}
-			if a, ok := f.Additions.Get(); ok {
-				cf.Additions.SetTo(int(a))
-			}
-			if d, ok := f.Deletions.Get(); ok {
-				cf.Deletions.SetTo(int(d))
-			}
-			rs.ChangedFiles = append(rs.ChangedFiles, cf)
-		}
-		st.Runs = append(st.Runs, rs)
+		st.Runs = append(st.Runs, v.runSummary(&c, fmt.Sprintf("runs[%d]", i), r, lim))
 	}
 	if m.PendingRequestID != "" {
 		if q, ok := v.PendingQuestion(m.PendingRequestID, m.PendingKind, lim, &c); ok {
@@ -390,6 +342,63 @@ func (v *View) Render(m Meta, turns int, lim Limits) mcptools.ThreadState {
 		st.Truncated = c.notes
 	}
 	return st
+}
+
+// latestRun is the thread's latest run: its status, times and error.
+func (v *View) latestRun(c *cutter, r t3api.Run, lim Limits) mcptools.LatestRun {
+	lr := mcptools.LatestRun{ID: r.ID, Status: r.Status}
+	if s, ok := r.StartedAt.Get(); ok {
+		lr.StartedAt.SetTo(s)
+	}
+	if s, ok := r.CompletedAt.Get(); ok {
+		lr.CompletedAt.SetTo(s)
+	}
+	if e := v.Error(r.ID); e != "" {
+		lr.Error.SetTo(c.cut("latest_run.error", e, lim.Error))
+	}
+	return lr
+}
+
+// runSummary is one run of Runs (field is its path in the result, for truncation notes): prompt,
+// reply and error cut to the limits, its tools and changed files up to theirs.
+func (v *View) runSummary(c *cutter, field string, r t3api.Run, lim Limits) mcptools.RunSummary {
+	rs := mcptools.RunSummary{RunID: r.ID, Status: r.Status, Tools: []string{}, ChangedFiles: []mcptools.ChangedFile{}}
+	if s := v.Prompt(r.ID); s != "" {
+		rs.Prompt.SetTo(c.cut(field+".prompt", s, lim.Prompt))
+	}
+	if s := v.Reply(r.ID); s != "" {
+		rs.Reply.SetTo(c.cut(field+".reply", s, lim.Reply))
+	}
+	if s := v.Error(r.ID); s != "" {
+		rs.Error.SetTo(c.cut(field+".error", s, lim.Error))
+	}
+	tools := v.Tools(r.ID)
+	if len(tools) > lim.Tools {
+		c.notes = append(c.notes, mcptools.TruncationNote{Field: field + ".tools", CutChars: len(tools) - lim.Tools})
+		tools = append(tools[:lim.Tools:lim.Tools], fmt.Sprintf("… and %d more", len(tools)-lim.Tools))
+	}
+	for j, t := range tools {
+		rs.Tools = append(rs.Tools, c.cut(fmt.Sprintf("%s.tools[%d]", field, j), t, lim.Tool))
+	}
+	files := v.ChangedFiles(r.ID)
+	if len(files) > lim.Files {
+		c.notes = append(c.notes, mcptools.TruncationNote{Field: field + ".changed_files", CutChars: len(files) - lim.Files})
+		files = files[:lim.Files]
+	}
+	for _, f := range files {
+		cf := mcptools.ChangedFile{Path: f.Path}
+		if k, ok := f.Kind.Get(); ok {
+			cf.Kind.SetTo(k)
+		}
+		if a, ok := f.Additions.Get(); ok {
+			cf.Additions.SetTo(int(a))
+		}
+		if d, ok := f.Deletions.Get(); ok {
+			cf.Deletions.SetTo(int(d))
+		}
+		rs.ChangedFiles = append(rs.ChangedFiles, cf)
+	}
+	return rs
 }
 
 // ApprovalText says what an approval request asks permission for, from its
