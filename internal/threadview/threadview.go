@@ -238,16 +238,6 @@ func (v *View) Request(requestID string) (*t3api.TurnItem, bool) {
 	return it, ok
 }
 
-// RequestStatus is the status of a runtime request ("" when unknown).
-func (v *View) RequestStatus(requestID string) string {
-	for _, r := range v.p.RuntimeRequests {
-		if r.ID == requestID {
-			return r.Status
-		}
-	}
-	return ""
-}
-
 // Unanswerable reports whether T3 can no longer deliver an answer to a
 // runtime request (its responseCapability is not_resumable), and why: such a
 // request is reported, never answered.
