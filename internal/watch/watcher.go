@@ -231,17 +231,9 @@ func (w *Watcher) session(ctx context.Context) (bool, error) {
 // applyChunk decodes and applies one chunk, then hands the change to the sink.
 // It returns true once the stream reported synchronized.
 func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error) {
-	// Decoded in place: a ShellStreamItem is large, and copying each one into
-	// the slice (and each row into the change, grown one append at a time)
-	// was a third of this function's CPU under load.
-	items := make([]t3rpc.ShellStreamItem, len(values))
-	for i, v := range values {
-		if err := items[i].Decode(jx.DecodeBytes(v)); err != nil {
-			// A malformed item cannot be applied, and skipping it could lose a
-			// transition: fail the stream so the reconnect replays it (or T3
-			// sends a snapshot), and say what was wrong.
-			return false, fmt.Errorf("decode shell item: %w", err)
-		}
+	items, err := decodeItems(values)
+	if err != nil {
+		return false, err
 	}
 
 	w.mu.Lock()
@@ -275,45 +267,7 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 		if hasSeq && seq <= w.status.Cursor {
 			continue // replay overlap: already applied
 		}
-		switch it.Kind {
-		case "thread.updated":
-			if t, ok := it.Thread.Get(); ok {
-				if loc, _ := it.Location.Get(); loc == "archive" {
-					w.removeLocked(t.ID, &GoneThread{Where: "archive", ProjectID: t.ProjectId, Title: t.Title}, &change, touched)
-				} else {
-					w.gone.drop(t.ID) // unarchived, or a thread id seen again
-					w.putLocked(&t)
-					w.touchLocked(t.ID)
-					if idx, ok := touched[t.ID]; ok {
-						change.Passed = append(change.Passed, change.Threads[idx])
-						change.Threads[idx] = t
-					} else {
-						touched[t.ID] = len(change.Threads)
-						change.Threads = append(change.Threads, t)
-					}
-				}
-			}
-		case "thread.removed":
-			if id, ok := it.ThreadId.Get(); ok {
-				gone := &GoneThread{Where: "removed"}
-				if loc, _ := it.Location.Get(); loc != "" && loc != "active" {
-					// Leaving another list (the archive) is not a deletion.
-					gone = nil
-				}
-				w.removeLocked(id, gone, &change, touched)
-			}
-		case "project.updated":
-			if p, ok := it.Project.Get(); ok {
-				w.projects[p.ID] = p
-			}
-		case "project.removed":
-			if id, ok := it.ProjectId.Get(); ok {
-				delete(w.projects, id)
-			}
-		default:
-			// An item kind this connector does not know: skip it, but its
-			// sequence still advances the cursor (below), as T3 expects.
-		}
+		w.applyItemLocked(it, &change, touched)
 		if hasSeq && seq > w.status.Cursor {
 			w.status.Cursor = seq
 		}
@@ -333,6 +287,67 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 		}
 	}
 	return syncedNow, nil
+}
+
+// decodeItems decodes a chunk's items in place: a ShellStreamItem is large, and copying each one
+// into the slice (and each row into the change, grown one append at a time) was a third of
+// applyChunk's CPU under load.
+func decodeItems(values []jx.Raw) ([]t3rpc.ShellStreamItem, error) {
+	items := make([]t3rpc.ShellStreamItem, len(values))
+	for i, v := range values {
+		if err := items[i].Decode(jx.DecodeBytes(v)); err != nil {
+			// A malformed item cannot be applied, and skipping it could lose a
+			// transition: fail the stream so the reconnect replays it (or T3
+			// sends a snapshot), and say what was wrong.
+			return nil, fmt.Errorf("decode shell item: %w", err)
+		}
+	}
+	return items, nil
+}
+
+// applyItemLocked applies one sequenced item (a thread or project updated or removed) to the
+// machine's state and records what it changed in change (touched: thread id → index in
+// change.Threads).
+func (w *Watcher) applyItemLocked(it *t3rpc.ShellStreamItem, change *Change, touched map[string]int) {
+	switch it.Kind {
+	case "thread.updated":
+		if t, ok := it.Thread.Get(); ok {
+			if loc, _ := it.Location.Get(); loc == "archive" {
+				w.removeLocked(t.ID, &GoneThread{Where: "archive", ProjectID: t.ProjectId, Title: t.Title}, change, touched)
+			} else {
+				w.gone.drop(t.ID) // unarchived, or a thread id seen again
+				w.putLocked(&t)
+				w.touchLocked(t.ID)
+				if idx, ok := touched[t.ID]; ok {
+					change.Passed = append(change.Passed, change.Threads[idx])
+					change.Threads[idx] = t
+				} else {
+					touched[t.ID] = len(change.Threads)
+					change.Threads = append(change.Threads, t)
+				}
+			}
+		}
+	case "thread.removed":
+		if id, ok := it.ThreadId.Get(); ok {
+			gone := &GoneThread{Where: "removed"}
+			if loc, _ := it.Location.Get(); loc != "" && loc != "active" {
+				// Leaving another list (the archive) is not a deletion.
+				gone = nil
+			}
+			w.removeLocked(id, gone, change, touched)
+		}
+	case "project.updated":
+		if p, ok := it.Project.Get(); ok {
+			w.projects[p.ID] = p
+		}
+	case "project.removed":
+		if id, ok := it.ProjectId.Get(); ok {
+			delete(w.projects, id)
+		}
+	default:
+		// An item kind this connector does not know: skip it, but its
+		// sequence still advances the cursor (below), as T3 expects.
+	}
 }
 
 // applyToSink retries a failing sink (a full disk, say) while the chunk stays
