@@ -1,0 +1,197 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// This file: the comparison phase: the connector's waits against clients polling T3 themselves.
+
+func (h *harness) compare(ctx context.Context) error {
+	cfg := h.cfg
+	if cfg.PushRuns == 0 && len(cfg.Pollers) == 0 {
+		return nil
+	}
+	h.logf("comparison: staging %d push runs and pollers %v", cfg.PushRuns, cfg.Pollers)
+	before := h.requests()
+	push, err := h.stageHang(ctx, h.roles.push, rolePush)
+	if err != nil {
+		return err
+	}
+	polls := make([][]*run, len(cfg.Pollers))
+	for i, ss := range h.roles.polls {
+		if polls[i], err = h.stageHang(ctx, ss, rolePoll); err != nil {
+			return err
+		}
+	}
+	maxPoll := time.Duration(0)
+	for _, p := range cfg.Pollers {
+		maxPoll = max(maxPoll, p.Interval)
+	}
+	phaseCtx, cancel := context.WithTimeout(ctx, cfg.RunLength+maxPoll+cfg.Drain)
+	defer cancel()
+
+	// Start every approach, then release the runs at random times within RunLength.
+	start := time.Now()
+	wakes := make(chan wake, len(push))
+	for i, r := range push {
+		go func() { wakes <- h.awaitRun(phaseCtx, i/cfg.WaitsPerSession, r) }()
+	}
+	type noticed struct {
+		r   *run
+		at  time.Time
+		req int64
+		err error
+	}
+	pollOut := make([]chan noticed, len(polls))
+	for i, runs := range polls {
+		pollOut[i] = make(chan noticed, len(runs))
+		iv := cfg.Pollers[i].Interval
+		for _, r := range runs {
+			go func() {
+				at, n, err := poll(phaseCtx, r, iv)
+				pollOut[i] <- noticed{r, at, n, err}
+			}()
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var all []*run
+	all = append(all, push...)
+	for _, runs := range polls {
+		all = append(all, runs...)
+	}
+	offsets := make([]time.Duration, len(all))
+	for i := range offsets {
+		offsets[i] = time.Duration(rng.Int64N(int64(cfg.RunLength)) + 1)
+	}
+	if err := h.release(ctx, all, func(i int) time.Time { return start.Add(offsets[i]) }); err != nil {
+		return err
+	}
+
+	// The push path: t3_wait results and webhooks.
+	waitA := Approach{Name: "connector t3_wait (push)", Runs: len(push)}
+	hookA := Approach{Name: "connector webhook (push)", Runs: len(push)}
+	var wl, hl []time.Duration
+	for range push {
+		var w wake
+		select {
+		case w = <-wakes:
+		case <-phaseCtx.Done():
+		}
+		if w.r == nil || w.err != nil {
+			continue
+		}
+		waitA.Noticed++
+		wl = append(wl, w.at.Sub(w.r.settleAt))
+	}
+	h.phaseRuns = append(h.phaseRuns, phaseRuns{"compare (push)", push})
+	h.drainEvents(phaseCtx, push)
+	for _, r := range push {
+		if d, ok := h.rec.forRun(r.id); ok && !r.settleAt.IsZero() {
+			hookA.Noticed++
+			hl = append(hl, d.at.Sub(r.settleAt))
+		}
+	}
+	waitA.Notice, hookA.Notice = dist(wl), dist(hl)
+
+	var pollA []Approach
+	var polled int64
+	for i, runs := range polls {
+		a := Approach{Name: fmt.Sprintf("HTTP poller every %s", cfg.Pollers[i].Interval), Runs: len(runs)}
+		var pl []time.Duration
+		for range runs {
+			n := <-pollOut[i]
+			a.Requests += n.req
+			if n.err == nil {
+				a.Noticed++
+				pl = append(pl, n.at.Sub(n.r.settleAt))
+			}
+		}
+		polled += a.Requests
+		a.Notice = dist(pl)
+		a.PerRun = float64(a.Requests) / float64(max(1, a.Noticed))
+		a.ByRoute = map[string]int64{routeThread: a.Requests}
+		pollA = append(pollA, a)
+	}
+	if err := h.idle(ctx); err != nil {
+		return err
+	}
+	// What the connector asked T3 for: every HTTP request the fakes served in the phase, less
+	// the pollers' own.
+	after := h.requests()
+	byRoute := map[string]int64{}
+	var total int64
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			byRoute[k] = d
+			total += d
+		}
+	}
+	byRoute[routeThread] -= polled
+	if byRoute[routeThread] == 0 {
+		delete(byRoute, routeThread)
+	}
+	total -= polled
+	waitA.Requests, waitA.ByRoute = total, byRoute
+	waitA.PerRun = float64(total) / float64(max(1, len(push)))
+	hookA.Requests, hookA.PerRun, hookA.ByRoute = waitA.Requests, waitA.PerRun, byRoute
+
+	base := waitA
+	h.rep.Compare = []Approach{waitA}
+	if !cfg.NoHook {
+		h.rep.Compare = append(h.rep.Compare, hookA)
+	}
+	h.rep.Compare = append(h.rep.Compare, pollA...)
+	for i := range h.rep.Compare {
+		a := &h.rep.Compare[i]
+		if base.Notice.Mean > 0 {
+			a.NoticeRatio = float64(a.Notice.Mean) / float64(base.Notice.Mean)
+		}
+		if base.PerRun > 0 {
+			a.RequestX = a.PerRun / base.PerRun
+		}
+		h.logf("comparison: %s: %s, %.2f requests/run", a.Name, a.Notice, a.PerRun)
+	}
+	return nil
+}
+
+const routeThread = "GET /api/orchestration/threads/{id}"
+
+// requests sums the fakes' HTTP request counters by route.
+func (h *harness) requests() map[string]int64 {
+	out := map[string]int64{}
+	for _, m := range h.all {
+		for k, v := range m.fk.Stats().HTTPRequests {
+			out[k] += v
+		}
+	}
+	return out
+}
+
+// poll reads r's thread every interval until r has settled, as a polling MCP server would; it
+// returns when it noticed and how many requests it made.
+func poll(ctx context.Context, r *run, interval time.Duration) (time.Time, int64, error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var n int64
+	for {
+		select {
+		case <-ctx.Done():
+			return time.Time{}, n, ctx.Err()
+		case <-t.C:
+		}
+		n++
+		snap, err := r.m.client.Thread(ctx, r.thread)
+		at := time.Now()
+		if err != nil {
+			return at, n, err
+		}
+		for _, run := range snap.Projection.Runs {
+			if run.ID == r.id && (run.Status == "completed" || run.Status == "failed" || run.Status == "interrupted") {
+				return at, n, nil
+			}
+		}
+	}
+}
