@@ -170,9 +170,9 @@ func waitTool(d *Deps) Handler {
 		}
 		defer end()
 
-		target, read := waitTarget(f, d.answered.snapshot())
+		target, wr := waitTarget(f, d.answered.snapshot())
 		m := f.Machine
-		opts := wait.Options{Read: read, ProgressEvery: d.Limits.ProgressEvery}
+		opts := wait.Options{Read: wr.read, ProgressEvery: d.Limits.ProgressEvery}
 		if tok := progressToken(c.Req); tok != nil {
 			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
 				_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
@@ -204,7 +204,7 @@ func waitTool(d *Deps) Handler {
 		if shell.ID == "" {
 			shell = f.Shell
 		}
-		st, err := d.state(rctx, f, shell, 3, r.Projection)
+		st, err := wr.state(rctx, d, f, shell, r.Projection)
 		if err != nil {
 			return Result{}, err
 		}
@@ -251,8 +251,9 @@ func (d *Deps) beginWait(ctx context.Context, c *Call, in mcptools.WaitInput) (_
 
 // waitTarget is what t3_wait waits for on a found thread — the run
 // t3_dispatch saw T3 make, else the message it sent (the run is then found
-// with one read) — and how it reads the thread (bounded, t3.Client.ThreadRecent).
-func waitTarget(f fleet.Found, answered map[string]bool) (wait.Target, func(context.Context) (*t3api.ThreadProjection, error)) {
+// with one read) — and how it reads the thread: bounded, decoding only the
+// runs the result shows and the ones the wait looks for (t3.Keep).
+func waitTarget(f fleet.Found, answered map[string]bool) (wait.Target, *waitRead) {
 	target := wait.Target{ThreadID: f.Shell.ID, Answered: answered}
 	if f.IsTracked {
 		target.RunID = f.Tracked.LastRunID
@@ -260,9 +261,38 @@ func waitTarget(f fleet.Found, answered map[string]bool) (wait.Target, func(cont
 			target.MessageID = f.Tracked.LastMessageID
 		}
 	}
-	m, id := f.Machine, f.Shell.ID
-	return target, func(ctx context.Context) (*t3api.ThreadProjection, error) {
-		rec, err := m.Recent(ctx, id)
-		return rec.Projection, err
+	keep := t3.Keep{Runs: 3} // the runs a wait result shows; the newest is the row's latest run
+	if target.RunID != "" {
+		keep.RunIDs = []string{target.RunID}
 	}
+	if target.MessageID != "" {
+		keep.MessageIDs = []string{target.MessageID}
+	}
+	return target, &waitRead{m: f.Machine, id: f.Shell.ID, keep: keep, runCount: -1}
+}
+
+// waitRead is a wait's read of its thread; runCount is the thread's number
+// of runs as of the last read (-1 before one), for the result's run_count.
+type waitRead struct {
+	m        *fleet.Machine
+	id       string
+	keep     t3.Keep
+	runCount int
+}
+
+func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
+	rec, err := w.m.RecentKeep(ctx, w.id, w.keep)
+	if err == nil {
+		w.runCount = rec.RunCount
+	}
+	return rec.Projection, err
+}
+
+// state renders the wait's result; p is the wait's last read (nil: none).
+func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
+	st, err := d.state(ctx, f, shell, 3, p)
+	if err == nil && p != nil && w.runCount >= 0 {
+		st.RunCount.SetTo(w.runCount) // the thread's runs, not only those decoded
+	}
+	return st, err
 }

@@ -57,6 +57,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 
 	type outcome struct {
 		f   fleet.Found
+		wr  *waitRead
 		r   wait.Result
 		err error
 	}
@@ -65,10 +66,10 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	results := make(chan outcome, len(found))
 	answered := d.answered.snapshot()
 	for _, f := range found {
-		target, read := waitTarget(f, answered)
+		target, wr := waitTarget(f, answered)
 		go func() {
-			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: read})
-			results <- outcome{f, r, err}
+			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read})
+			results <- outcome{f, wr, r, err}
 		}()
 	}
 	// The first that settles or asks wins; a timeout counts only once every
@@ -119,7 +120,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	if shell.ID == "" {
 		shell = first.f.Shell
 	}
-	st, err := d.state(rctx, first.f, shell, 3, first.r.Projection)
+	st, err := first.wr.state(rctx, d, first.f, shell, first.r.Projection)
 	if err != nil {
 		return Result{}, err
 	}
