@@ -40,6 +40,11 @@ type Event struct {
 	// The X-Conversation-Origin header value recorded when the thread was dispatched; absent when there
 	// was none.
 	Origin OptString `json:"origin"`
+	// The run's own status in T3 as it settled: completed, failed, interrupted, cancelled (a tool approval
+	// answered cancel, or a queued run dropped) or rolled_back. type is derived from it (cancelled is
+	// reported as thread.interrupted, rolled_back as thread.failed): read run_status to tell a cancelled
+	// run from an interrupted one. Absent for thread.question, and when the connector could not learn it.
+	RunStatus OptString `json:"run_status"`
 	// The agent's final text in the run, cut to a bounded length (a cut text ends with "… [N characters
 	// cut]"); absent when it said nothing.
 	Summary OptString `json:"summary"`
@@ -109,6 +114,11 @@ func (s *Event) GetWorktree() OptString {
 // GetOrigin returns the value of Origin.
 func (s *Event) GetOrigin() OptString {
 	return s.Origin
+}
+
+// GetRunStatus returns the value of RunStatus.
+func (s *Event) GetRunStatus() OptString {
+	return s.RunStatus
 }
 
 // GetSummary returns the value of Summary.
@@ -194,6 +204,11 @@ func (s *Event) SetWorktree(val OptString) {
 // SetOrigin sets the value of Origin.
 func (s *Event) SetOrigin(val OptString) {
 	s.Origin = val
+}
+
+// SetRunStatus sets the value of RunStatus.
+func (s *Event) SetRunStatus(val OptString) {
+	s.RunStatus = val
 }
 
 // SetSummary sets the value of Summary.
@@ -658,6 +673,12 @@ func (s *Event) encodeFields(e *jx.Encoder) {
 		}
 	}
 	{
+		if s.RunStatus.Set {
+			e.FieldStart("run_status")
+			s.RunStatus.Encode(e)
+		}
+	}
+	{
 		if s.Summary.Set {
 			e.FieldStart("summary")
 			s.Summary.Encode(e)
@@ -699,7 +720,7 @@ func (s *Event) encodeFields(e *jx.Encoder) {
 	}
 }
 
-var jsonFieldsNameOfEvent = [17]string{
+var jsonFieldsNameOfEvent = [18]string{
 	0:  "id",
 	1:  "type",
 	2:  "occurred_at",
@@ -711,12 +732,13 @@ var jsonFieldsNameOfEvent = [17]string{
 	8:  "branch",
 	9:  "worktree",
 	10: "origin",
-	11: "summary",
-	12: "error",
-	13: "question",
-	14: "partial",
-	15: "missing",
-	16: "partial_reason",
+	11: "run_status",
+	12: "summary",
+	13: "error",
+	14: "question",
+	15: "partial",
+	16: "missing",
+	17: "partial_reason",
 }
 
 // Decode decodes Event from json.
@@ -849,6 +871,16 @@ func (s *Event) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"origin\"")
+			}
+		case "run_status":
+			if err := func() error {
+				s.RunStatus.Reset()
+				if err := s.RunStatus.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"run_status\"")
 			}
 		case "summary":
 			if err := func() error {

@@ -769,6 +769,14 @@ const outputWait = `{
         "archived"
       ]
     },
+    "run_id": {
+      "type": "string",
+      "description": "The run waited for, when there was one."
+    },
+    "run_status": {
+      "type": "string",
+      "description": "That run's own status in T3 when it settled: completed, failed, interrupted, cancelled (an approval answered cancel, or a queued run dropped) or rolled_back. reason is derived from it (cancelled → interrupted, rolled_back → failed)."
+    },
     "state": {
       "type": "object",
       "description": "The thread's state. Fields: see t3_thread's output schema."

@@ -4156,13 +4156,29 @@ func (s *WaitInput) SetTimeout(val OptInt) {
 
 // Ref: #/$defs/WaitOutput
 type WaitOutput struct {
-	Reason WaitReason  `json:"reason"`
-	State  ThreadState `json:"state"`
+	Reason WaitReason `json:"reason"`
+	// The run waited for, when there was one.
+	RunID OptString `json:"run_id"`
+	// That run's own status in T3 when it settled: completed, failed, interrupted, cancelled (an approval
+	// answered cancel, or a queued run dropped) or rolled_back. reason is derived from it (cancelled →
+	// interrupted, rolled_back → failed).
+	RunStatus OptString   `json:"run_status"`
+	State     ThreadState `json:"state"`
 }
 
 // GetReason returns the value of Reason.
 func (s *WaitOutput) GetReason() WaitReason {
 	return s.Reason
+}
+
+// GetRunID returns the value of RunID.
+func (s *WaitOutput) GetRunID() OptString {
+	return s.RunID
+}
+
+// GetRunStatus returns the value of RunStatus.
+func (s *WaitOutput) GetRunStatus() OptString {
+	return s.RunStatus
 }
 
 // GetState returns the value of State.
@@ -4173,6 +4189,16 @@ func (s *WaitOutput) GetState() ThreadState {
 // SetReason sets the value of Reason.
 func (s *WaitOutput) SetReason(val WaitReason) {
 	s.Reason = val
+}
+
+// SetRunID sets the value of RunID.
+func (s *WaitOutput) SetRunID(val OptString) {
+	s.RunID = val
+}
+
+// SetRunStatus sets the value of RunStatus.
+func (s *WaitOutput) SetRunStatus(val OptString) {
+	s.RunStatus = val
 }
 
 // SetState sets the value of State.
@@ -11096,14 +11122,28 @@ func (s *WaitOutput) encodeFields(e *jx.Encoder) {
 		s.Reason.Encode(e)
 	}
 	{
+		if s.RunID.Set {
+			e.FieldStart("run_id")
+			s.RunID.Encode(e)
+		}
+	}
+	{
+		if s.RunStatus.Set {
+			e.FieldStart("run_status")
+			s.RunStatus.Encode(e)
+		}
+	}
+	{
 		e.FieldStart("state")
 		s.State.Encode(e)
 	}
 }
 
-var jsonFieldsNameOfWaitOutput = [2]string{
+var jsonFieldsNameOfWaitOutput = [4]string{
 	0: "reason",
-	1: "state",
+	1: "run_id",
+	2: "run_status",
+	3: "state",
 }
 
 // Decode decodes WaitOutput from json.
@@ -11125,8 +11165,28 @@ func (s *WaitOutput) Decode(d *jx.Decoder) error {
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"reason\"")
 			}
+		case "run_id":
+			if err := func() error {
+				s.RunID.Reset()
+				if err := s.RunID.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"run_id\"")
+			}
+		case "run_status":
+			if err := func() error {
+				s.RunStatus.Reset()
+				if err := s.RunStatus.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"run_status\"")
+			}
 		case "state":
-			requiredBitSet[0] |= 1 << 1
+			requiredBitSet[0] |= 1 << 3
 			if err := func() error {
 				if err := s.State.Decode(d); err != nil {
 					return err
@@ -11145,7 +11205,7 @@ func (s *WaitOutput) Decode(d *jx.Decoder) error {
 	// Validate required fields.
 	var failures []validate.FieldError
 	for i, mask := range [1]uint8{
-		0b00000011,
+		0b00001001,
 	} {
 		if result := (requiredBitSet[i] & mask) ^ mask; result != 0 {
 			// Mask only required fields and check equality to mask using XOR.

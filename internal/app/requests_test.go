@@ -77,7 +77,7 @@ func TestApprovalRequests(t *testing.T) {
 	tid2, _ := askedFor(t, c, promptApproval)
 	c.ok("t3_answer", map[string]any{"thread_id": tid2, "decision": "cancel"})
 	r := c.ok("t3_wait", map[string]any{"thread_id": tid2, "timeout": 30})
-	if str(r, "reason") != "interrupted" || str(r, "state", "latest_run", "status") != "cancelled" {
+	if str(r, "reason") != "interrupted" || str(r, "run_status") != "cancelled" || str(r, "state", "latest_run", "status") != "cancelled" {
 		t.Fatalf("after cancel: %v", r)
 	}
 
@@ -91,6 +91,45 @@ func TestApprovalRequests(t *testing.T) {
 	}
 	if got, _ := h.fake.Answers(req); strings.Join(got["decision"], ",") != "decline" {
 		t.Errorf("T3 got %v", got)
+	}
+}
+
+// TestApprovalCancelReportsTheRunsStatus: a run ended by an approval's cancel
+// decision keeps the contract's three event types (thread.interrupted) and
+// wait reasons (interrupted), and the caller sees the truth beside them:
+// run_status "cancelled" in the t3_wait result (and its text) and in the
+// webhook body. A completed run says run_status "completed".
+func TestApprovalCancelReportsTheRunsStatus(t *testing.T) {
+	leakCheck(t)
+	h := newHarness(t, harnessOpts{hook: true})
+	h.waitOnline("mac")
+	c := h.client("cancel-approval")
+
+	tid, w := askedFor(t, c, promptApproval)
+	if d := h.hook.next(t); d.event["type"] != "thread.question" || d.event["run_status"] != nil {
+		t.Fatalf("question event %v: want thread.question without run_status", d.event)
+	}
+	run := str(w, "state", "latest_run", "id")
+	c.ok("t3_answer", map[string]any{"thread_id": tid, "decision": "cancel"})
+	sc, text, isErr := c.call("t3_wait", map[string]any{"thread_id": tid, "timeout": 30})
+	if isErr || str(sc, "reason") != "interrupted" || str(sc, "run_status") != "cancelled" || str(sc, "run_id") != run {
+		t.Fatalf("t3_wait after cancel: %v %s", sc, text)
+	}
+	if !strings.HasPrefix(text, "interrupted (run cancelled): ") {
+		t.Fatalf("t3_wait text %q: want it to say the run was cancelled", text)
+	}
+	d := h.hook.next(t)
+	if d.event["type"] != "thread.interrupted" || d.event["run_status"] != "cancelled" || d.event["run_id"] != run {
+		t.Fatalf("event after cancel: %v", d.event)
+	}
+
+	d2 := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "please finish"})
+	r := c.ok("t3_wait", map[string]any{"thread_id": str(d2, "thread_id"), "timeout": 30})
+	if str(r, "reason") != "completed" || str(r, "run_status") != "completed" {
+		t.Fatalf("t3_wait on a completed run: %v", r)
+	}
+	if e := h.hook.next(t); e.event["type"] != "thread.completed" || e.event["run_status"] != "completed" {
+		t.Fatalf("completed event %v", e.event)
 	}
 }
 

@@ -71,6 +71,9 @@ func facts(tr Transition) genevents.Event {
 		RunID:      tr.RunID,
 		Title:      tr.Title,
 	}
+	if tr.RunStatus != "" {
+		ev.RunStatus.SetTo(tr.RunStatus)
+	}
 	if ev.Project.ID == "" {
 		ev.Project.ID = tr.Tracked.ProjectID
 	}
@@ -98,6 +101,11 @@ func complete(ev *genevents.Event, p *t3api.ThreadProjection) {
 	setWorkspace(ev, p.Thread.Branch.Or(""), p.Thread.WorktreePath.Or(""))
 	v := threadview.New(p)
 	if ev.Type != genevents.EventTypeThreadQuestion {
+		if r, ok := v.Run(ev.RunID); ok && !ev.RunStatus.Set {
+			if _, settled := threadstate.Settled(r.Status); settled {
+				ev.RunStatus.SetTo(r.Status) // committed before the run's status was known
+			}
+		}
 		if s := v.Reply(ev.RunID); s != "" {
 			ev.Summary.SetTo(threadview.Cut(s, SummaryLimit))
 		}

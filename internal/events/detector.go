@@ -36,11 +36,14 @@ import (
 
 // Transition is one detected transition.
 type Transition struct {
-	ID        string              // stable: the same transition always gets the same id
-	Outcome   threadstate.Outcome // the event type is made from it (eventType)
-	Machine   string
-	ThreadID  string
-	RunID     string
+	ID       string              // stable: the same transition always gets the same id
+	Outcome  threadstate.Outcome // the event type is made from it (eventType)
+	Machine  string
+	ThreadID string
+	RunID    string
+	// RunStatus is the run's own status in T3 when it settled (cancelled,
+	// rolled_back, …): Outcome is derived from it (threadstate.Settled).
+	RunStatus string
 	RequestID string // for questions
 	Kind      string // runtime request kind for questions
 	ProjectID string
@@ -507,7 +510,9 @@ func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, mach
 		case v == threadstate.RunSettledUnreadable:
 			s.Lookup = true
 		case v == threadstate.RunSettled && !s.Lookup:
-			out = append(out, d.transition(machine, row, tr, s.Latest, outcome, "", ""))
+			t := d.transition(machine, row, tr, s.Latest, outcome, "", "")
+			t.RunStatus = row.Status // RunSettled: the status is about this run
+			out = append(out, t)
 			s.Settled = true
 			// Otherwise a look-up is pending: it reports this run after the
 			// older ones, so a thread's events keep their order.

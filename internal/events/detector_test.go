@@ -161,6 +161,7 @@ type body struct {
 	ID, Type, Machine, Origin, Summary, Error string
 	ThreadID                                  string `json:"thread_id"`
 	Run                                       string `json:"run_id"`
+	RunStatus                                 string `json:"run_status"`
 	Project                                   struct{ ID, Title string }
 	Question                                  *struct {
 		RequestID string `json:"request_id"`
@@ -313,6 +314,13 @@ func TestCancelledNewestQueuedRun(t *testing.T) {
 	e.setRuns("t1", fakeRun{id: "r2", status: "completed"}, fakeRun{id: "r4", status: "cancelled"})
 	e.lookups()
 	e.want("interrupted r4", "completed r2")
+	// The contract's type is interrupted; the body says what T3 said: the
+	// row's status (r4) and the run's own record read by the look-up (r2).
+	for _, r := range e.records() {
+		if want := map[string]string{"r4": "cancelled", "r2": "completed"}[r.Run]; r.RunStatus != want {
+			t.Errorf("event for %s: run_status %q, want %q", r.Run, r.RunStatus, want)
+		}
+	}
 }
 
 // A server that reports "idle" after a finished run: the row cannot say how

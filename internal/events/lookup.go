@@ -412,7 +412,7 @@ func (d *Detector) resolve(s seen, p *t3api.ThreadProjection, machine string, tr
 		}
 		if o, ok := threadstate.Settled(r.Status); ok {
 			t := base
-			t.Outcome, t.RunID = o, r.ID
+			t.Outcome, t.RunID, t.RunStatus = o, r.ID, r.Status
 			t.ID, t.At = eventID(machine, tr.ID, o, r.ID), timeOr(r.CompletedAt.Or(""), d.now())
 			out = append(out, t)
 			if r.ID == s.Latest {

@@ -209,8 +209,30 @@ func waitTool(d *Deps) Handler {
 			return Result{}, err
 		}
 		out := mcptools.WaitOutput{Reason: mcptools.WaitReason(r.Reason), State: st}
-		return Result{Structured: &out, Text: string(r.Reason) + ": " + stateText(st)}, nil
+		setRun(&out, r)
+		return Result{Structured: &out, Text: reasonText(r) + ": " + stateText(st)}, nil
 	}
+}
+
+// setRun names the run a wait ended on and its own status in T3 (a run
+// cancelled through an approval's cancel has reason interrupted and
+// run_status cancelled).
+func setRun(out *mcptools.WaitOutput, r wait.Result) {
+	if r.RunID != "" {
+		out.RunID.SetTo(r.RunID)
+	}
+	if r.RunStatus != "" {
+		out.RunStatus.SetTo(r.RunStatus)
+	}
+}
+
+// reasonText is the reason, with the run's own status when it says more
+// ("interrupted (run cancelled)").
+func reasonText(r wait.Result) string {
+	if r.RunStatus != "" && r.RunStatus != string(r.Reason) {
+		return fmt.Sprintf("%s (run %s)", r.Reason, r.RunStatus)
+	}
+	return string(r.Reason)
 }
 
 func progressToken(req *mcp.CallToolRequest) any {

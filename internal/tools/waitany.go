@@ -125,6 +125,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 		return Result{}, err
 	}
 	out := mcptools.WaitOutput{Reason: mcptools.WaitReason(first.r.Reason), State: st}
+	setRun(&out, first.r)
 	text := fmt.Sprintf("%s (thread %s, first of %d): %s", first.r.Reason, st.ThreadID, len(found), stateText(st))
 	if first.r.Reason == wait.Timeout {
 		text = fmt.Sprintf("timeout: none of the %d threads settled or asked; showing %s", len(found), stateText(st))

@@ -79,6 +79,11 @@ type Target struct {
 type Result struct {
 	Reason Reason
 	RunID  string
+	// RunStatus is the run's own status in T3 when it settled (completed,
+	// failed, interrupted, cancelled, rolled_back): Reason is derived from it
+	// (threadstate.Settled: cancelled reads as interrupted), so a caller can
+	// still tell a cancelled run from an interrupted one.
+	RunStatus string
 	// RequestID of the pending request when Reason is Question.
 	RequestID string
 	Shell     t3rpc.ThreadShell
@@ -219,7 +224,8 @@ func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, b
 	out, verdict := threadstate.Judge(&row, run)
 	switch verdict {
 	case threadstate.RunSettled:
-		return Result{Reason: out, RunID: run, Shell: row}, true, nil
+		// RunSettled: the row's status is about this run (the latest).
+		return Result{Reason: out, RunID: run, RunStatus: row.Status, Shell: row}, true, nil
 	case threadstate.RunBusy:
 		return Result{}, false, nil
 	}
@@ -238,7 +244,7 @@ func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, b
 		return Result{}, false, nil
 	}
 	if o, ok := threadstate.Settled(r.Status); ok {
-		return Result{Reason: o, RunID: run, Shell: row, Projection: p}, true, nil
+		return Result{Reason: o, RunID: run, RunStatus: r.Status, Shell: row, Projection: p}, true, nil
 	}
 	return Result{}, false, nil
 }
