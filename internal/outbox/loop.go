@@ -384,9 +384,12 @@ func (l *loop) dispatch(now time.Time) {
 	cfg := l.o.cfg
 	// Look at as many ready heads as there is room for; a head that must wait for a slot of
 	// the other kind keeps its place at the back of the ready queue.
-	for n := len(l.ready); n > 0 && len(l.ready) > 0 && l.ctx.Err() == nil; n-- {
+	// Heads put back count: while only enrichment has room, look at no more of them than it has
+	// slots, so that a turn stays O(slots), not O(ready streams).
+	putBack := 0
+	for n := len(l.ready); n > 0 && len(l.ready) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
 		deliverRoom := l.inflight+len(l.toDeliver) < cfg.Concurrency
-		enrichRoom := l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
+		enrichRoom := cfg.Enricher != nil && l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
 		if !deliverRoom && !enrichRoom {
 			break
 		}
@@ -405,7 +408,11 @@ func (l *loop) dispatch(now time.Time) {
 			s.ready = true
 			l.toEnrich = append(l.toEnrich, s)
 		default:
+			if !s.enriched {
+				s.body = nil // read again when its turn comes: a waiting head holds no body
+			}
 			l.makeReady(s)
+			putBack++
 		}
 	}
 	for l.inflight < cfg.Concurrency && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
