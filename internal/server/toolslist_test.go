@@ -62,7 +62,7 @@ const (
 	// toolsListMeasured is its size now. A change that makes it grow by more
 	// than 2% fails here until this figure (and docs/clients.md) is updated:
 	// growth is a decision, not an accident.
-	toolsListMeasured = 14872
+	toolsListMeasured = 15239
 )
 
 // TestToolsListSize measures tools/list as a client receives it, in bytes
