@@ -388,3 +388,23 @@ func clientOf(req *mcp.CallToolRequest) audit.Client {
 
 // tomlList writes a list of strings as t3code.toml does: ["dispatch", "answer"].
 func tomlList(xs []string) string { return "[" + text.QuoteList(xs) + "]" }
+
+// actOn finds the thread a mutating tool acts on — allowlisted, on a machine
+// whose policy permits changes and which is online — and notes it for the
+// audit line.
+func (d *Deps) actOn(tool string, c *Call, threadID, verb string) (fleet.Found, error) {
+	c.Audit.Thread = threadID
+	f, err := d.Fleet.Thread(threadID)
+	if err != nil {
+		return fleet.Found{}, err
+	}
+	m := f.Machine
+	c.Audit.Machine, c.Audit.Project, c.Audit.Thread = m.Name, f.Project.Title, f.Shell.ID
+	if m.Config.ReadOnly() {
+		return fleet.Found{}, refuseReadOnly(tool, m, verb)
+	}
+	if err := m.Ready(); err != nil {
+		return fleet.Found{}, err
+	}
+	return f, nil
+}

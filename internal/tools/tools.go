@@ -1,6 +1,13 @@
 // Package tools declares the MCP tools as data: each pairs its schema
 // (generated from schema/mcp/tools.json into gen/mcptools) with a handler
-// factory, one file per domain. Register adds them to an MCP server.
+// factory. Register adds them to an MCP server.
+//
+// One file per tool, named after it (machines.go, projects.go, dispatch*.go,
+// thread*.go, wait*.go, answer.go, interrupt.go, watch.go, threads.go): its
+// handler and the helpers only it uses. Shared glue: tools.go (Deps, the call
+// wrapper, tracking), args.go (argument errors), guard.go (read-only policy,
+// approvals, the thread a mutating tool acts on); resources.go serves thread
+// resources and completions.
 //
 // Every tool error is a tool result with isError set and a message naming the
 // machine, thread or field at fault and what to do; protocol errors are left to
@@ -374,88 +381,6 @@ func requireText(tool, field, v string) error {
 	return nil
 }
 
-// waitCounter bounds concurrent waits overall and per MCP session, and ends
-// a session's waits when the session ends (EndSession).
-type waitCounter struct {
-	mu        sync.Mutex
-	total     int
-	bySession map[string]int
-	// cancels holds each running wait's cancel, by session.
-	cancels map[string]map[*context.CancelCauseFunc]struct{}
-}
-
-// ErrSessionEnded is the cause of a wait ended because its MCP session ended.
-var ErrSessionEnded = errors.New("the MCP session ended")
-
-// track registers a running wait's cancel under its session until the
-// returned func is called.
-func (w *waitCounter) track(session string, cancel context.CancelCauseFunc) func() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cancels == nil {
-		w.cancels = map[string]map[*context.CancelCauseFunc]struct{}{}
-	}
-	if w.cancels[session] == nil {
-		w.cancels[session] = map[*context.CancelCauseFunc]struct{}{}
-	}
-	key := &cancel
-	w.cancels[session][key] = struct{}{}
-	return func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		delete(w.cancels[session], key)
-		if len(w.cancels[session]) == 0 {
-			delete(w.cancels, session)
-		}
-	}
-}
-
-// EndSession ends every wait of an MCP session at once (its client closed
-// it): the SDK closes a session only after its calls return, so without this
-// a closing client's waits would hold their slots until their own timeouts.
-func (d *Deps) EndSession(session string) {
-	d.waits.mu.Lock()
-	var cancels []context.CancelCauseFunc
-	for key := range d.waits.cancels[session] {
-		cancels = append(cancels, *key)
-	}
-	d.waits.mu.Unlock()
-	for _, cancel := range cancels {
-		cancel(ErrSessionEnded)
-	}
-}
-
-func (w *waitCounter) acquire(session string, l Limits) (func(), error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.bySession == nil {
-		w.bySession = map[string]int{}
-	}
-	if w.total >= l.MaxWaits {
-		return nil, fmt.Errorf("t3_wait: %d waits are already running on this connector (T3CODE_MCP_MAX_WAITS); retry later or use t3_thread", w.total)
-	}
-	if w.bySession[session] >= l.MaxWaitsPerSession {
-		return nil, fmt.Errorf("t3_wait: this session already has %d waits running (T3CODE_MCP_MAX_WAITS_PER_SESSION); end one first or use t3_thread", w.bySession[session])
-	}
-	w.total++
-	w.bySession[session]++
-	return func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.total--
-		if w.bySession[session]--; w.bySession[session] <= 0 {
-			delete(w.bySession, session)
-		}
-	}, nil
-}
-
-// Active reports the number of running waits.
-func (d *Deps) ActiveWaits() int {
-	d.waits.mu.Lock()
-	defer d.waits.mu.Unlock()
-	return d.waits.total
-}
-
 // answeredSet remembers runtime requests answered through this connector: T3
 // may show them pending a moment longer, and they must not count as questions.
 type answeredSet struct {
@@ -486,4 +411,20 @@ func (a *answeredSet) snapshot() map[string]bool {
 		out[k] = true
 	}
 	return out
+}
+
+// readyMachine is the machine a read tool names in its machine argument,
+// connected and with its threads loaded.
+func (d *Deps) readyMachine(tool, name string) (*fleet.Machine, error) {
+	if err := requireText(tool, "machine", name); err != nil {
+		return nil, err
+	}
+	m, err := d.Fleet.Machine(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Ready(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }

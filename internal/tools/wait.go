@@ -1,0 +1,274 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/wait"
+)
+
+func waitTool(d *Deps) Handler {
+	return func(ctx context.Context, c *Call) (Result, error) {
+		const tool = mcptools.ToolWait
+		var in mcptools.WaitInput
+		if err := decodeArgs(tool, c.Args, &in); err != nil {
+			return Result{}, err
+		}
+		if len(in.ThreadIds) > 0 || !in.ThreadID.Set {
+			return d.waitAny(ctx, c, in) // waitany.go
+		}
+		// A thread archived before the call is found too: the wait then
+		// answers archived at once (wait.Wait asks the watcher's Gone).
+		f, err := d.Fleet.ThreadOrGone(in.ThreadID.Value)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := f.Machine.Ready(); err != nil {
+			return Result{}, err
+		}
+		ctx, timeout, end, err := d.beginWait(ctx, c, in)
+		if err != nil {
+			return Result{}, err
+		}
+		defer end()
+
+		target, wr := waitTarget(f, d.answered.snapshot())
+		m := f.Machine
+		opts := wait.Options{Read: wr.read, ProgressEvery: d.Limits.ProgressEvery}
+		if tok := progressToken(c.Req); tok != nil {
+			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
+				_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+					ProgressToken: tok,
+					Progress:      elapsed.Seconds(),
+					Total:         timeout.Seconds(),
+					Message:       fmt.Sprintf("thread %s is %s after %s", f.Shell.ID, shell.Status, elapsed.Round(time.Second)),
+				})
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		r, err := wait.Wait(wctx, m.Watcher(), target, opts)
+		if err != nil {
+			if cause := context.Cause(ctx); errors.Is(cause, ErrShuttingDown) {
+				return Result{}, fmt.Errorf("%s: thread %q: %w", tool, f.Shell.ID, ErrShuttingDown)
+			}
+			if ctx.Err() != nil {
+				// The client gave up (cancelled, closed its stream or its
+				// session): nobody reads a result, and the slot is free now.
+				return Result{}, fmt.Errorf("%s: the wait on thread %q was abandoned by the client: %w", tool, f.Shell.ID, context.Cause(ctx))
+			}
+			return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, f.Shell.ID, err)
+		}
+		// Render with a context of its own: a timeout must still report state.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
+		defer rcancel()
+		shell := r.Shell
+		if shell.ID == "" {
+			shell = f.Shell
+		}
+		st, err := wr.state(rctx, d, f, shell, r.Projection)
+		if err != nil {
+			return Result{}, err
+		}
+		out := mcptools.WaitOutput{Reason: mcptools.WaitReason(r.Reason), State: st}
+		setRun(&out, r)
+		return Result{Structured: &out, Text: reasonText(r) + ": " + stateText(st)}, nil
+	}
+}
+
+// setRun names the run a wait ended on and its own status in T3 (a run
+// cancelled through an approval's cancel has reason interrupted and
+// run_status cancelled).
+func setRun(out *mcptools.WaitOutput, r wait.Result) {
+	if r.RunID != "" {
+		out.RunID.SetTo(r.RunID)
+	}
+	if r.RunStatus != "" {
+		out.RunStatus.SetTo(r.RunStatus)
+	}
+}
+
+// reasonText is the reason, with the run's own status when it says more
+// ("interrupted (run cancelled)").
+func reasonText(r wait.Result) string {
+	if r.RunStatus != "" && r.RunStatus != string(r.Reason) {
+		return fmt.Sprintf("%s (run %s)", r.Reason, r.RunStatus)
+	}
+	return string(r.Reason)
+}
+
+func progressToken(req *mcp.CallToolRequest) any {
+	if req == nil || req.Params == nil || req.Session == nil {
+		return nil
+	}
+	return req.Params.GetProgressToken()
+}
+
+// beginWait checks a wait's timeout, takes a wait slot for the call's session
+// and ties the wait to its client: a cancelled call, a dropped connection (the
+// SDK cancels ctx) or an ended session (EndSession) cancel the returned ctx.
+// Call end when the wait is over.
+func (d *Deps) beginWait(ctx context.Context, c *Call, in mcptools.WaitInput) (_ context.Context, timeout time.Duration, end func(), _ error) {
+	timeout = d.Limits.DefaultWait
+	if s, ok := in.Timeout.Get(); ok {
+		timeout = time.Duration(s) * time.Second
+	}
+	if timeout <= 0 || timeout > d.Limits.MaxWait {
+		return nil, 0, nil, fmt.Errorf("%s: timeout must be between 1 and %d seconds", mcptools.ToolWait, int(d.Limits.MaxWait/time.Second))
+	}
+	session := ""
+	if c.Req != nil && c.Req.Session != nil {
+		session = c.Req.Session.ID()
+	}
+	release, err := d.waits.acquire(session, d.Limits)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	ctx, cancelWait := context.WithCancelCause(ctx)
+	untrack := d.waits.track(session, cancelWait)
+	return ctx, timeout, func() {
+		untrack()
+		cancelWait(nil)
+		release()
+	}, nil
+}
+
+// waitTarget is what t3_wait waits for on a found thread — the run
+// t3_dispatch saw T3 make, else the message it sent (the run is then found
+// with one read) — and how it reads the thread: bounded, decoding only the
+// runs the result shows and the ones the wait looks for (t3.Keep).
+func waitTarget(f fleet.Found, answered map[string]bool) (wait.Target, *waitRead) {
+	target := wait.Target{ThreadID: f.Shell.ID, Answered: answered}
+	if f.IsTracked {
+		target.RunID = f.Tracked.LastRunID
+		if target.RunID == "" {
+			target.MessageID = f.Tracked.LastMessageID
+		}
+	}
+	keep := t3.Keep{Runs: 3} // the runs a wait result shows; the newest is the row's latest run
+	if target.RunID != "" {
+		keep.RunIDs = []string{target.RunID}
+	}
+	if target.MessageID != "" {
+		keep.MessageIDs = []string{target.MessageID}
+	}
+	return target, &waitRead{m: f.Machine, id: f.Shell.ID, keep: keep, runCount: -1}
+}
+
+// waitRead is a wait's read of its thread; runCount is the thread's number
+// of runs as of the last read (-1 before one), for the result's run_count.
+type waitRead struct {
+	m        *fleet.Machine
+	id       string
+	keep     t3.Keep
+	runCount int
+}
+
+func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
+	rec, err := w.m.RecentKeep(ctx, w.id, w.keep)
+	if err == nil {
+		w.runCount = rec.RunCount
+	}
+	return rec.Projection, err
+}
+
+// state renders the wait's result; p is the wait's last read (nil: none).
+func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
+	st, err := d.state(ctx, f, shell, 3, p)
+	if err == nil && p != nil && w.runCount >= 0 {
+		st.RunCount.SetTo(w.runCount) // the thread's runs, not only those decoded
+	}
+	return st, err
+}
+
+// waitCounter bounds concurrent waits overall and per MCP session, and ends
+// a session's waits when the session ends (EndSession).
+type waitCounter struct {
+	mu        sync.Mutex
+	total     int
+	bySession map[string]int
+	// cancels holds each running wait's cancel, by session.
+	cancels map[string]map[*context.CancelCauseFunc]struct{}
+}
+
+// ErrSessionEnded is the cause of a wait ended because its MCP session ended.
+var ErrSessionEnded = errors.New("the MCP session ended")
+
+// track registers a running wait's cancel under its session until the
+// returned func is called.
+func (w *waitCounter) track(session string, cancel context.CancelCauseFunc) func() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cancels == nil {
+		w.cancels = map[string]map[*context.CancelCauseFunc]struct{}{}
+	}
+	if w.cancels[session] == nil {
+		w.cancels[session] = map[*context.CancelCauseFunc]struct{}{}
+	}
+	key := &cancel
+	w.cancels[session][key] = struct{}{}
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.cancels[session], key)
+		if len(w.cancels[session]) == 0 {
+			delete(w.cancels, session)
+		}
+	}
+}
+
+// EndSession ends every wait of an MCP session at once (its client closed
+// it): the SDK closes a session only after its calls return, so without this
+// a closing client's waits would hold their slots until their own timeouts.
+func (d *Deps) EndSession(session string) {
+	d.waits.mu.Lock()
+	var cancels []context.CancelCauseFunc
+	for key := range d.waits.cancels[session] {
+		cancels = append(cancels, *key)
+	}
+	d.waits.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(ErrSessionEnded)
+	}
+}
+
+func (w *waitCounter) acquire(session string, l Limits) (func(), error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.bySession == nil {
+		w.bySession = map[string]int{}
+	}
+	if w.total >= l.MaxWaits {
+		return nil, fmt.Errorf("t3_wait: %d waits are already running on this connector (T3CODE_MCP_MAX_WAITS); retry later or use t3_thread", w.total)
+	}
+	if w.bySession[session] >= l.MaxWaitsPerSession {
+		return nil, fmt.Errorf("t3_wait: this session already has %d waits running (T3CODE_MCP_MAX_WAITS_PER_SESSION); end one first or use t3_thread", w.bySession[session])
+	}
+	w.total++
+	w.bySession[session]++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.total--
+		if w.bySession[session]--; w.bySession[session] <= 0 {
+			delete(w.bySession, session)
+		}
+	}, nil
+}
+
+// Active reports the number of running waits.
+func (d *Deps) ActiveWaits() int {
+	d.waits.mu.Lock()
+	defer d.waits.mu.Unlock()
+	return d.waits.total
+}
