@@ -177,11 +177,6 @@ func (o *Outbox) Run(ctx context.Context) {
 		<-l.recDone
 	}()
 
-	// A requeue before this point is in the index already; dropping the list avoids nothing but
-	// work (putting an event in twice is harmless).
-	o.requeuedMu.Lock()
-	o.requeued = nil
-	o.requeuedMu.Unlock()
 	l.rebuild()
 
 	var lastPrune time.Time
@@ -199,7 +194,6 @@ func (o *Outbox) Run(ctx context.Context) {
 				o.log.Debug("outbox: pruned delivered events", "count", n)
 			}
 		}
-		l.takeRequeued()
 		l.scan()
 		l.due(now)
 		l.dispatch(now)
@@ -310,31 +304,6 @@ func (l *loop) scan() {
 	}
 }
 
-// takeRequeued puts dead letters RetryDead moved back into their streams' queues, at their
-// place by sequence number.
-func (l *loop) takeRequeued() {
-	l.o.requeuedMu.Lock()
-	evs := l.o.requeued
-	l.o.requeued = nil
-	l.o.requeuedMu.Unlock()
-	for _, e := range evs {
-		s := l.stream(e.Stream)
-		i, found := slices.BinarySearch(s.queue, e.Seq)
-		if found {
-			continue
-		}
-		if i == 0 && s.busy {
-			i = 1 // the head in flight stays the head; the requeued event goes next
-		}
-		s.queue = slices.Insert(s.queue, i, e.Seq)
-		s.known = min(s.known, i) // whether the requeued event is complete is looked at again
-		if i == 0 {
-			s.newHead() // a new head: whatever was scheduled for the old one is stale
-			l.makeReady(s)
-		}
-	}
-}
-
 func (l *loop) makeReady(s *stream) {
 	if s.ready || s.busy || len(s.queue) == 0 {
 		return
@@ -432,7 +401,7 @@ func (l *loop) dispatch(now time.Time) {
 			if _, ok := s.done[s.queue[s.known]]; !ok {
 				break
 			}
-			s.known++ // completed before a requeue moved it back
+			s.known++ // completed already (the queue changed under it)
 		}
 		if l.canEnrichAhead(s) {
 			l.startEnrich(s, s.known)
@@ -613,7 +582,7 @@ func (l *loop) finish(r outcome) {
 		}
 	default: // retry
 		if len(s.queue) == 0 || s.queue[0] != r.job.seq {
-			l.makeReady(s) // the head changed meanwhile (a requeue put an older event first)
+			l.makeReady(s) // the head changed meanwhile
 			return
 		}
 		h := r.event
@@ -640,7 +609,7 @@ func (l *loop) finishEnrich(s *stream, r outcome) {
 		s.newHead()
 		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)
 	case len(s.queue) == 0 || s.queue[0] != r.job.seq:
-		l.makeReady(s) // a requeue put an older event first; this one is completed again later
+		l.makeReady(s) // the head changed meanwhile; this one is completed again later
 	case r.body != nil:
 		s.body, s.enriched = r.body, true
 		s.known = max(s.known, 1)

@@ -96,8 +96,6 @@ type Queue interface {
 	// Record applies delivery outcomes durably, all in one transaction; errs reports ops that
 	// could not apply, err a failure of the whole batch.
 	Record(ops []store.Op) (errs []error, err error)
-	// RequeueEvents moves dead letters back to pending and returns them.
-	RequeueEvents(at time.Time, ids ...string) ([]store.Event, error)
 	// Prune deletes delivered events delivered before the cutoff.
 	Prune(deliveredBefore time.Time) (int, error)
 	// Counts returns the number of events per state, cheaply (it backs /healthz and the gauges).
@@ -153,10 +151,6 @@ type Outbox struct {
 	running sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
 	// claimer is q when replicas share it: an event is claimed before each attempt (claim.go).
 	claimer store.Claimer
-
-	// requeued are dead letters RetryDead moved back, for the loop to put into its queues.
-	requeuedMu sync.Mutex
-	requeued   []store.Event
 }
 
 // New checks cfg and returns an outbox over st. The errors name the environment variable to fix
@@ -250,19 +244,4 @@ func (o *Outbox) Notify() {
 	case o.wake <- struct{}{}:
 	default: // a wake-up is already pending; one is enough
 	}
-}
-
-// RetryDead moves dead letters back to the queue with a fresh MaxAge window and wakes the loop.
-// With no ids it retries every dead letter. It returns how many were requeued.
-func (o *Outbox) RetryDead(ids ...string) (int, error) {
-	evs, err := o.q.RequeueEvents(o.cfg.Clock(), ids...)
-	if err != nil {
-		return 0, err
-	}
-	o.requeuedMu.Lock()
-	o.requeued = append(o.requeued, evs...)
-	o.requeuedMu.Unlock()
-	o.log.Info("outbox: dead letters requeued", "count", len(evs))
-	o.Notify()
-	return len(evs), nil
 }

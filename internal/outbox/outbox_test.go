@@ -721,7 +721,9 @@ func TestMaxAgeDead(t *testing.T) {
 	}
 }
 
-func TestRetryDead(t *testing.T) {
+// Dead letters requeued in the store — what `t3code-mcp dead-letters retry` does while the
+// connector is stopped — are delivered when the outbox starts again; the others stay dead.
+func TestRequeuedDeadLettersDeliveredAfterRestart(t *testing.T) {
 	rc := newReceiver(t)
 	var mu sync.Mutex
 	reject := true
@@ -733,29 +735,38 @@ func TestRetryDead(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	h := start(t, Config{URL: rc.srv.URL})
+	dir := t.TempDir()
+	clock := &fakeClock{t: t0}
+	cfg := Config{URL: rc.srv.URL, Clock: clock.Now}
+	h := startOn(t, dir, cfg, nil)
 	a, b := mkEvent("m/a", 1), mkEvent("m/b", 1)
 	h.commit(t, a, b)
 	eventually(t, "dead letters", func() bool { _, d, _ := h.counts(); return d == 2 })
+	h.stop()
 
 	mu.Lock()
 	reject = false
 	mu.Unlock()
-	h.clock.Add(48 * time.Hour) // long after MaxAge: a requeue gets a fresh window
-	n, err := h.ob.RetryDead(a.ID)
-	if err != nil || n != 1 {
-		t.Fatalf("RetryDead = %d %v", n, err)
+	clock.Add(48 * time.Hour) // long after MaxAge: a requeue gets a fresh window
+	if n, err := h.st.Requeue(clock.Now(), a.ID); err != nil || n != 1 {
+		t.Fatalf("Requeue = %d %v", n, err)
 	}
+	if _, err := h.st.Requeue(clock.Now(), "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown id: %v", err)
+	}
+	h.st.Close()
+	h = startOn(t, dir, cfg, nil)
 	eventually(t, "a delivered", func() bool { return h.event(t, a.ID).State == store.StateDelivered })
 	if got := h.event(t, b.ID); got.State != store.StateDead {
 		t.Fatalf("b = %+v", got)
 	}
-	if _, err := h.ob.RetryDead("nope"); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("unknown id: %v", err)
+	h.stop()
+
+	if n, err := h.st.Requeue(clock.Now()); err != nil || n != 1 {
+		t.Fatalf("Requeue(all) = %d %v", n, err)
 	}
-	if n, err := h.ob.RetryDead(); err != nil || n != 1 {
-		t.Fatalf("RetryDead(all) = %d %v", n, err)
-	}
+	h.st.Close()
+	h = startOn(t, dir, cfg, nil)
 	eventually(t, "b delivered", func() bool { return h.event(t, b.ID).State == store.StateDelivered })
 }
 

@@ -206,9 +206,13 @@ func TestCountsAfterRestartAndRequeue(t *testing.T) {
 		t.Fatalf("after restart: %d %d %d", p, d, dl)
 	}
 	eventually(t, "gauges after restart", func() bool { return value(h.m.dead) == 3 })
-	if n, err := h.ob.RetryDead(); n != 3 || err != nil {
-		t.Fatalf("RetryDead = %d %v", n, err)
+	// Requeued as `t3code-mcp dead-letters retry` does: in the store, while no outbox runs.
+	h.stop()
+	if n, err := h.st.Requeue(t0); n != 3 || err != nil {
+		t.Fatalf("Requeue = %d %v", n, err)
 	}
+	h.st.Close()
+	h = startOn(t, dir, Config{URL: rc.srv.URL}, nil)
 	eventually(t, "requeued delivered", func() bool { p, d, dl := h.counts(); return p == 0 && d == 0 && dl == 6 })
 	eventually(t, "gauges after requeue", func() bool { return value(h.m.dead) == 0 && value(h.m.pending) == 0 })
 }
