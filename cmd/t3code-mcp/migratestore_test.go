@@ -37,7 +37,7 @@ func TestMigrateStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	threads := []store.Thread{
-		{ID: "t1", Machine: "mac", ProjectTitle: "api", Watch: true, LastStatus: "running", CreatedAt: at, UpdatedAt: at},
+		{ID: "t1", Machine: "mac", ProjectTitle: "api", Watch: true, LastRunID: "r1", CreatedAt: at, UpdatedAt: at},
 		{ID: "t2", Machine: "box", CreatedAt: at.Add(time.Minute), UpdatedAt: at.Add(time.Minute)},
 	}
 	ev := func(id, stream string) store.Event {

@@ -86,7 +86,6 @@ type Thread struct {
 	Watch         bool      `json:"watch,omitempty"`
 	LastMessageID string    `json:"lastMessageId,omitempty"` // our last dispatched message id (set once T3 accepted it)
 	LastRunID     string    `json:"lastRunId,omitempty"`     // the run T3 made of it, when the row showed it
-	LastStatus    string    `json:"lastStatus,omitempty"`
 	CreatedAt     time.Time `json:"createdAt"`
 	UpdatedAt     time.Time `json:"updatedAt"`
 }

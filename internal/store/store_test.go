@@ -122,7 +122,7 @@ func TestNewerSchemaRefused(t *testing.T) {
 func TestThreads(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
-	a := Thread{ID: "th-b", Machine: "mac", ProjectID: "p1", ProjectTitle: "api", Title: "fix it", Origin: "mcp", Watch: true, LastMessageID: "m1", LastStatus: "running", CreatedAt: t0, UpdatedAt: t0.Add(time.Minute)}
+	a := Thread{ID: "th-b", Machine: "mac", ProjectID: "p1", ProjectTitle: "api", Title: "fix it", Origin: "mcp", Watch: true, LastMessageID: "m1", LastRunID: "r1", CreatedAt: t0, UpdatedAt: t0.Add(time.Minute)}
 	b := Thread{ID: "th-a", Machine: "box", CreatedAt: t0.Add(time.Hour), UpdatedAt: t0.Add(time.Hour)}
 	for _, th := range []Thread{a, b} {
 		if err := s.PutThread(th); err != nil {
@@ -139,7 +139,7 @@ func TestThreads(t *testing.T) {
 	if _, ok, err := s.GetThread("nope"); ok || err != nil {
 		t.Fatalf("GetThread(nope) = %v %v", ok, err)
 	}
-	a.LastStatus = "completed"
+	a.LastRunID = "r2"
 	if err := s.PutThread(a); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestThreads(t *testing.T) {
 func TestCommitDetectorAndEventsTogether(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
-	th := Thread{ID: "t1", Machine: "mac", LastStatus: "completed", CreatedAt: t0, UpdatedAt: t0}
+	th := Thread{ID: "t1", Machine: "mac", LastRunID: "r1", CreatedAt: t0, UpdatedAt: t0}
 	err := s.Commit(Batch{
 		Detector: map[string][]byte{"mac\x00t1": []byte(`{"run":"r1"}`), "mac\x00t2": []byte("x")},
 		Events:   []Event{ev("e1", "mac/t1"), ev("e2", "mac/t1")},
@@ -200,7 +200,7 @@ func TestCommitDetectorAndEventsTogether(t *testing.T) {
 	if _, ok, _ := s.Detector("none"); ok {
 		t.Fatal("unknown key found")
 	}
-	if got, _, _ := s.GetThread("t1"); got.LastStatus != "completed" {
+	if got, _, _ := s.GetThread("t1"); got.LastRunID != "r1" {
 		t.Fatalf("thread in batch: %#v", got)
 	}
 	p, err := s.Pending(0)

@@ -110,7 +110,7 @@ func sameTime(t *testing.T, what string, got, want time.Time) {
 func testThreads(t *testing.T, open Opener) {
 	s, _ := open(t)
 	a := store.Thread{ID: "th-b", Machine: "mac", ProjectID: "p1", ProjectTitle: "api", Title: "fix it", Origin: "mcp", Watch: true,
-		LastMessageID: "m1", LastRunID: "r1", LastStatus: "running", CreatedAt: T0, UpdatedAt: T0.Add(time.Minute)}
+		LastMessageID: "m1", LastRunID: "r1", CreatedAt: T0, UpdatedAt: T0.Add(time.Minute)}
 	b := store.Thread{ID: "th-a", Machine: "box", CreatedAt: T0.Add(time.Hour), UpdatedAt: T0.Add(time.Hour)}
 	c := store.Thread{ID: "th-0", Machine: "box", CreatedAt: T0.Add(time.Hour), UpdatedAt: T0.Add(time.Hour)}
 	for _, th := range []store.Thread{a, b, c} {
@@ -133,7 +133,7 @@ func testThreads(t *testing.T, open Opener) {
 	if none, err := s.GetThreads(nil); err != nil || len(none) != 0 {
 		t.Fatalf("GetThreads(nil) = %+v %v", none, err)
 	}
-	a.LastStatus, a.UpdatedAt = "idle", T0.Add(2*time.Minute)
+	a.LastRunID, a.UpdatedAt = "r2", T0.Add(2*time.Minute)
 	must(t, s.PutThread(a)) // replaces
 	list, err := s.ListThreads()
 	must(t, err)
@@ -144,7 +144,7 @@ func testThreads(t *testing.T, open Opener) {
 	if !slices.Equal(gotIDs, []string{"th-b", "th-0", "th-a"}) { // CreatedAt, then ID
 		t.Fatalf("ListThreads order = %v", gotIDs)
 	}
-	if list[0].LastStatus != "idle" {
+	if list[0].LastRunID != "r2" {
 		t.Fatalf("PutThread did not replace: %+v", list[0])
 	}
 	must(t, s.DeleteThread("th-a"))
