@@ -329,15 +329,10 @@ func (c *Client) Thread(ctx context.Context, threadID string) (*t3api.ThreadSnap
 	return answer[t3api.ThreadSnapshot](c, op, threadID, res)
 }
 
-// ThreadBounded reads a thread with every control-plane array but only a
-// recent window of timeline rows; older rows come from ThreadHistory.
-func (c *Client) ThreadBounded(ctx context.Context, threadID string) (*t3api.BoundedThreadSnapshot, error) {
-	b, _, err := c.threadBounded(ctx, threadID, nil)
-	return b, err
-}
-
-// threadBounded is ThreadBounded, trimmed to keep when not nil (runs is then
-// the thread's number of runs in all; -1 when not trimmed).
+// threadBounded reads a thread with every control-plane array but only a
+// recent window of timeline rows (older rows come from ThreadHistory), trimmed
+// to keep when not nil (runs is then the thread's number of runs in all; -1
+// when not trimmed). ThreadRecent and ThreadRecentKeep are its callers.
 func (c *Client) threadBounded(ctx context.Context, threadID string, keep *Keep) (*t3api.BoundedThreadSnapshot, int, error) {
 	const op = "thread (bounded)"
 	rctx, x, cancel := c.begin(ctx)
@@ -425,8 +420,11 @@ func RouteMissing(err error) bool {
 	return e.Status == http.StatusNotFound || e.Status == http.StatusServiceUnavailable
 }
 
-// ThreadHistory reads the timeline rows before cursor (from ThreadBounded or a
-// previous page).
+// ThreadHistory reads the timeline rows before cursor (a bounded read's
+// historyCursor or a previous page's). No tool pages older rows yet; it stays
+// as the client of T3's /history route, the only test of that recorded route
+// and of its invalid_history_cursor error through the client
+// (TestReads, TestHTTPErrors in client_test.go).
 func (c *Client) ThreadHistory(ctx context.Context, threadID, cursor string) (*t3api.ThreadHistoryPage, error) {
 	const op = "thread history"
 	rctx, x, cancel := c.begin(ctx)

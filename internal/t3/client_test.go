@@ -104,7 +104,7 @@ func TestReads(t *testing.T) {
 	if th.SnapshotSequence != 154 || th.Projection.Thread.ID != "thread-6dcf45e8-edb5-4e41-bef9-584ba76aa7d3" {
 		t.Fatalf("thread %+v", th.Projection.Thread)
 	}
-	b, err := c.ThreadBounded(ctx, "thread-edec8901-ce32-45b4-82ca-65ecac9ec39b")
+	b, _, err := c.threadBounded(ctx, "thread-edec8901-ce32-45b4-82ca-65ecac9ec39b", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestHTTPErrors(t *testing.T) {
 
 	// The recorded pre-gate build answers /bounded with a text/plain 503.
 	f.preGate = true
-	_, err = c.ThreadBounded(ctx, "thread-edec8901-ce32-45b4-82ca-65ecac9ec39b")
+	_, _, err = c.threadBounded(ctx, "thread-edec8901-ce32-45b4-82ca-65ecac9ec39b", nil)
 	wantErr(t, err, 503, "", "HTTP 503", "No static directory configured")
 	f.preGate = false
 
