@@ -279,7 +279,7 @@ func New(s Settings, o Options) (*App, error) {
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
 	a.Push = tools.NewPush()
-	a.Deps = &tools.Deps{Fleet: fl, Store: st, Detector: a.Detector, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
+	a.Deps = &tools.Deps{Fleet: fl, Store: st, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		IdempotencyRetention: s.IdempotencyRetention,
 		OnCall: func(tool string, _ time.Duration, isError bool) {
 			outcome := "ok"
@@ -288,6 +288,9 @@ func New(s Settings, o Options) (*App, error) {
 			}
 			toolCalls.WithLabelValues(tool, outcome).Inc()
 		}}
+	if a.Detector != nil { // a nil *Detector in the interface would not be a nil Tracker
+		a.Deps.Tracker = detectorTracker{a.Detector}
+	}
 	a.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_active_waits", Help: "t3_wait calls now blocking."}, func() float64 { return float64(a.Deps.ActiveWaits()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_machines_online", Help: "Configured machines whose socket is up."}, func() float64 {
@@ -402,6 +405,21 @@ func (a *App) Close() {
 			_ = a.Audit.Close()
 		}
 	})
+}
+
+// detectorTracker is the event detector as internal/tools uses it
+// (tools.Tracker): it records tracked threads with their baselines and counts
+// the watched threads whose events wait for a look-up.
+type detectorTracker struct{ *events.Detector }
+
+var _ tools.Tracker = detectorTracker{}
+
+func (t detectorTracker) PendingLookups() map[string]int {
+	out := map[string]int{}
+	for m, l := range t.Lookups() {
+		out[m] = l.Pending
+	}
+	return out
 }
 
 // lookupCollector exports the detector's pending look-ups per machine:

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
-	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 )
 
@@ -18,9 +17,9 @@ func machinesTool(d *Deps) Handler {
 		}
 		out := mcptools.MachinesOutput{Machines: []mcptools.Machine{}}
 		var b strings.Builder
-		var lookups map[string]events.LookupStatus
-		if d.Detector != nil {
-			lookups = d.Detector.Lookups()
+		var lookups map[string]int
+		if d.Tracker != nil {
+			lookups = d.Tracker.PendingLookups()
 		}
 		for _, m := range d.Fleet.Machines() {
 			in := m.Info()
@@ -40,7 +39,7 @@ func machinesTool(d *Deps) Handler {
 			if in.Label != "" {
 				mm.Environment.SetTo(in.Label)
 			}
-			n := lookups[in.Name].Pending
+			n := lookups[in.Name]
 			if n > 0 {
 				mm.ThreadsAwaitingLookup.SetTo(n)
 			}

@@ -32,7 +32,6 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
-	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
@@ -80,13 +79,25 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// track records a tracked thread. With events on, the detector writes it
-// together with the thread's baseline (when it starts being watched) in one
-// transaction, serialised with the chunks being applied; without events there
-// is no baseline to keep.
+// Tracker owns the writes of tracked threads while events are on: the event
+// detector (internal/events, wired in internal/app) records a thread together
+// with its baseline, in one transaction serialised with the chunks being
+// applied, so only transitions from then on are reported.
+type Tracker interface {
+	// Track records t on machine; shell, when not nil, is the thread's row
+	// now, the baseline of a thread that starts being watched.
+	Track(machine string, t store.Thread, shell *t3rpc.ThreadShell) error
+	// PendingLookups counts, per machine, the watched threads that wait for
+	// a read of the thread before their next events (machines without any
+	// are left out).
+	PendingLookups() map[string]int
+}
+
+// track records a tracked thread: through the Tracker with events on;
+// without events there is no baseline to keep.
 func (d *Deps) track(machine string, tr store.Thread, shell *t3rpc.ThreadShell) error {
-	if d.Detector != nil {
-		return d.Detector.Track(machine, tr, shell)
+	if d.Tracker != nil {
+		return d.Tracker.Track(machine, tr, shell)
 	}
 	return d.Store.PutThread(tr)
 }
@@ -95,11 +106,11 @@ func (d *Deps) track(machine string, tr store.Thread, shell *t3rpc.ThreadShell) 
 type Deps struct {
 	Fleet *fleet.Fleet
 	Store store.Store
-	// Detector records tracked threads with their baselines (Deps.track);
+	// Tracker records tracked threads with their baselines (Deps.track);
 	// nil when events are off.
-	Detector *events.Detector
-	Logger   *slog.Logger
-	Limits   Limits
+	Tracker Tracker
+	Logger  *slog.Logger
+	Limits  Limits
 	// ReadOnly registers only the read tools: the mutating ones
 	// (t3_dispatch, t3_answer, t3_interrupt) are not listed and cannot be
 	// called (T3CODE_MCP_READ_ONLY).

@@ -49,7 +49,7 @@ func watchTool(d *Deps) Handler {
 		word := "off"
 		if enabled {
 			word = "on"
-			if d.Detector == nil {
+			if d.Tracker == nil {
 				word = "on (but no events are sent: T3CODE_MCP_HOOK_URL is not set)"
 			}
 		}
