@@ -346,6 +346,7 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 	}
 	token, held := d.lease(machine)
 	if !held {
+		d.passOver(machine)
 		return nil, false, nil
 	}
 	fence := &store.Fence{Machine: machine, Token: token}
@@ -378,6 +379,15 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 	d.mu.Unlock()
 	d.log.Info("caught up with the machine's stored detector state", "machine", machine, "token", token)
 	return fence, true, nil
+}
+
+// passOver notes that this replica is not detecting the machine now (a chunk passed over, a
+// look-up given up): the next time it holds the lease it catches up first, even under the token
+// it held before (the tenure check alone would trust a lease that merely lapsed and came back).
+func (d *Detector) passOver(machine string) {
+	d.mu.Lock()
+	delete(d.tenure, machine)
+	d.mu.Unlock()
 }
 
 // applyLocked judges a change and commits what it found, under fence (nil: no lease).

@@ -257,7 +257,8 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	}
 	if d.lease != nil {
 		if _, held := d.lease(machine); !held {
-			return lookupDone, nil // another replica's now; Adopt queues it again if it comes back
+			d.passOver(machine) // the note stays: whoever holds the lease next takes it up (Adopt)
+			return lookupDone, nil
 		}
 	}
 	s, known, err := d.load(k)

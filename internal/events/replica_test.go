@@ -148,3 +148,52 @@ func TestAFencedCommitIsDroppedNotRetried(t *testing.T) {
 	l.lookups()
 	l.want("completed r1")
 }
+
+// TestALeaseBackUnderTheSameTokenCatchesUp: the lease lapsed locally (the replica stopped
+// detecting) while a run ended, then came back under the token it had. The chunk passed over
+// meanwhile was acknowledged to T3 and will not come again: the detector catches up before it
+// detects again, instead of trusting the tenure it had under that token.
+func TestALeaseBackUnderTheSameTokenCatchesUp(t *testing.T) {
+	l := newLeaseEnv(t)
+	l.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	l.setLease(1, 1)
+	if err := l.d.Adopt("m"); err != nil {
+		t.Fatal(err)
+	}
+	l.see(row("t1", "running", "r1", "r1", ""))
+	l.setLease(0, 1) // lapsed: Held says no
+	l.see(row("t1", "completed", "", "r1", ""))
+	l.want()
+	l.setLease(1, 1) // back under the same token
+	if err := l.d.Adopt("m"); err != nil {
+		t.Fatal(err)
+	}
+	l.setRuns("t1", fakeRun{id: "r1", status: "completed"})
+	l.lookups()
+	l.want("completed r1")
+}
+
+// TestALookUpGivenUpWhileTheLeaseLapsedIsTakenUpAgain: a look-up found the lease not held and
+// was dropped (its note stays in the store for the holder); the lease came back under the same
+// token: the note is taken up again, and the run it was for is reported.
+func TestALookUpGivenUpWhileTheLeaseLapsedIsTakenUpAgain(t *testing.T) {
+	l := newLeaseEnv(t)
+	l.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	l.setLease(1, 1)
+	if err := l.d.Adopt("m"); err != nil {
+		t.Fatal(err)
+	}
+	l.see(row("t1", "running", "r1", "r1", ""))
+	// r1 is passed over by a queued r2 (no longer active): only a look-up can say how it ended.
+	l.see(row("t1", "running", "r2", "r2", ""))
+	l.setLease(0, 1)
+	l.setRuns("t1", fakeRun{id: "r1", status: "completed"}, fakeRun{id: "r2", status: "running"})
+	l.lookups() // not held: given up
+	l.want()
+	l.setLease(1, 1)
+	if err := l.d.Adopt("m"); err != nil {
+		t.Fatal(err)
+	}
+	l.lookups()
+	l.want("completed r1")
+}

@@ -116,7 +116,9 @@ func (m *Manager) Replica() string { return m.o.Replica }
 
 // Held reports whether this replica holds the machine's lease now, and its fencing token. It
 // turns false by itself when renewals have failed for a TTL, before any other replica can have
-// taken the lease.
+// taken the lease. Once it has reported a token gone it never reports that token again: a
+// renewal that gets through after the local deadline gives the lease up, and it comes back (if
+// at all) under a new token with OnAcquire, so that what was passed over meanwhile is caught up.
 func (m *Manager) Held(machine string) (token int64, ok bool) {
 	m.mu.Lock()
 	h, ok := m.held[machine]
@@ -214,14 +216,44 @@ func (m *Manager) renew(ctx context.Context, start time.Time) error {
 	for _, g := range got {
 		renewed[g.Machine] = g.Token
 	}
-	m.dropWhere("machine lease lost to another replica", func(name string, h *held) bool {
-		if tok, ok := renewed[name]; ok && tok == h.token {
-			h.deadline = start.Add(m.o.TTL)
-			return false
+	var lost, lapsed []string
+	var lapsedTokens []int64
+	m.mu.Lock()
+	// Read under mu: no Held call falls between this reading and the decision below.
+	now := time.Now()
+	for _, name := range names {
+		h, ok := m.held[name]
+		if !ok {
+			continue
 		}
-		return slices.Contains(names, name)
-	})
-	return nil
+		switch tok, ok := renewed[name]; {
+		case !ok || tok != h.token:
+			lost = append(lost, name)
+			delete(m.held, name)
+		case !now.Before(h.deadline):
+			// The renewal came after the local deadline: Held has been saying the lease was
+			// gone, and the detector passed the machine's chunks over meanwhile. Resuming under
+			// the same token would tell it its tenure never ended, and those chunks would never
+			// be judged. The lease is given up and taken again (in this tick's acquire, or by
+			// another replica) under a new token, so its holder catches up (OnAcquire).
+			lapsed = append(lapsed, name)
+			lapsedTokens = append(lapsedTokens, h.token)
+			delete(m.held, name)
+		default:
+			h.deadline = start.Add(m.o.TTL)
+			m.held[name] = h
+		}
+	}
+	m.mu.Unlock()
+	for _, name := range lost {
+		m.o.Logger.Warn("machine lease lost to another replica", "machine", name, "replica", m.o.Replica)
+		m.o.OnRelease(name)
+	}
+	for _, name := range lapsed {
+		m.o.Logger.Warn("machine lease renewed after it had lapsed locally; taking it again under a new token", "machine", name, "replica", m.o.Replica)
+		m.o.OnRelease(name)
+	}
+	return m.expire(ctx, lapsed, lapsedTokens)
 }
 
 // grant is a lease row a query returned.
@@ -276,6 +308,12 @@ func (m *Manager) release(ctx context.Context, names []string) error {
 	for _, name := range names {
 		m.o.OnRelease(name)
 	}
+	return m.expire(ctx, names, tokens)
+}
+
+// expire ends leases in the database at once (each only while it still carries this replica's
+// token), so that a replica takes them at its next acquire.
+func (m *Manager) expire(ctx context.Context, names []string, tokens []int64) error {
 	var errs []error
 	for i, name := range names {
 		if _, err := m.o.Pool.Exec(ctx, `UPDATE t3_machine_leases SET expires_at = '-infinity'

@@ -271,3 +271,54 @@ func TestAFenceCheckHoldsOffATakeover(t *testing.T) {
 		t.Fatalf("after the takeover the old token passed: %v", err)
 	}
 }
+
+// TestALapsedLeaseComesBackUnderANewToken: renewals failed until the local deadline passed
+// (Held said the lease was gone, and the detector passed the machine's chunks over), then one got
+// through while the database still listed this replica as the holder. Resuming under the old
+// token would tell the detector its tenure never ended, so those chunks would never be judged:
+// the lease comes back under a new token, through OnAcquire (where the detector catches up), and
+// the old token is fenced.
+func TestALapsedLeaseComesBackUnderANewToken(t *testing.T) {
+	url := newDB(t)
+	pool := newPool(t, url)
+	var acquired []int64 // OnAcquire runs on tick's goroutine: this test's
+	m := New(Options{Pool: pool, Replica: "a", Machines: []string{"m0"}, TTL: time.Minute, Logger: slog.New(slog.DiscardHandler),
+		OnAcquire: func(_ string, token int64) { acquired = append(acquired, token) }})
+	ctx := context.Background()
+	if err := m.tick(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	old, ok := m.Held("m0")
+	if !ok || len(acquired) != 1 || acquired[0] != old {
+		t.Fatalf("first tick: held=%v token=%d, OnAcquire %v; want the lease with OnAcquire", ok, old, acquired)
+	}
+	// The renewals failed for a TTL: the local deadline passed (the database's expiry, set by
+	// the last renewal that got through, is later: nobody else could take the lease yet).
+	m.mu.Lock()
+	h := m.held["m0"]
+	h.deadline = time.Now().Add(-time.Millisecond)
+	m.held["m0"] = h
+	m.mu.Unlock()
+	if _, ok := m.Held("m0"); ok {
+		t.Fatal("Held still reports a lease whose local deadline passed")
+	}
+	// The next renewal gets through.
+	if err := m.tick(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	tok, ok := m.Held("m0")
+	if ok && tok == old {
+		t.Fatalf("the lease resumed under its old token %d after Held had reported it gone", old)
+	}
+	if !ok || tok <= old || len(acquired) != 2 || acquired[1] != tok {
+		t.Fatalf("after the late renewal: held=%v token=%d (old %d), OnAcquire %v; want it taken again under a greater token, with OnAcquire", ok, tok, old, acquired)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := CheckFence(ctx, tx, "m0", old); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a commit with the lapsed token passed the fence: %v", err)
+	}
+}
