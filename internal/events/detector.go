@@ -129,9 +129,24 @@ type Detector struct {
 	rows   func(machine string) []t3rpc.ThreadShell
 	tenure map[string]int64 // guarded by mu
 
+	// tracking: Track holds it shared, Prune exclusively, so a prune decides on
+	// tracked threads no Track can change meanwhile, whatever machine it names
+	// (a machine's lock may not exist yet when the prune starts). Taken before
+	// any machine lock.
+	tracking sync.RWMutex
+
 	mu    sync.Mutex
 	cache map[string]seen
 	locks map[string]*sync.Mutex // per machine: Apply, Track and look-up commits
+
+	hooks testHooks
+}
+
+// testHooks are seams for tests to interleave calls; nil outside tests.
+type testHooks struct {
+	pruneListed func() // Prune: candidates found, no lock taken yet
+	pruneLocked func() // Prune: candidates decided under the locks, before the commit
+	trackWaits  func() // Track: the tracking lock is held elsewhere; Track waits for it
 }
 
 // Options for a Detector.
@@ -208,8 +223,10 @@ func splitKey(k string) (machine, thread string, ok bool) {
 // thread whose watch is turned off loses its detector state in the same
 // transaction. Track is serialised with the chunks the machine's watcher
 // applies, so a chunk in flight can neither miss the new watch nor overwrite
-// the fresh baseline with state derived before it. shell is the thread's row
-// as the caller saw it (nil for a thread T3 has not created yet).
+// the fresh baseline with state derived before it, and with Prune, so a
+// thread tracked while a prune runs is neither forgotten nor stripped of its
+// baseline. shell is the thread's row as the caller saw it (nil for a thread
+// T3 has not created yet).
 func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShell) error {
 	if t.Machine == "" {
 		t.Machine = machine
@@ -217,6 +234,13 @@ func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShel
 	if t.Machine != machine {
 		return fmt.Errorf("track thread %q: it is on machine %q, not %q", t.ID, t.Machine, machine)
 	}
+	if !d.tracking.TryRLock() {
+		if d.hooks.trackWaits != nil {
+			d.hooks.trackWaits()
+		}
+		d.tracking.RLock()
+	}
+	defer d.tracking.RUnlock()
 	mu := d.machineLock(machine)
 	mu.Lock()
 	defer mu.Unlock()

@@ -1,7 +1,9 @@
 package events
 
 import (
+	"fmt"
 	"sort"
+	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
@@ -12,6 +14,12 @@ import (
 // thread watched on another machine since) is dropped. Watched threads keep
 // their record and their seen state, which holds only ids and flags. It
 // returns how many thread records were deleted.
+//
+// The candidates are found without locks, then decided again on a fresh read
+// under the tracking lock (no Track on any machine meanwhile, even one whose
+// machine lock does not exist yet) and the locks of the machines involved (no
+// chunk or look-up of theirs meanwhile). When that read fails nothing is
+// deleted: the next prune tries again.
 func (d *Detector) Prune() (int, error) {
 	threads, err := d.tracked.ListThreads()
 	if err != nil {
@@ -20,17 +28,15 @@ func (d *Detector) Prune() (int, error) {
 	cutoff := d.now().Add(-d.retention)
 	watched := map[string]bool{}
 	var gone []string
+	machines := map[string]bool{}
 	for _, t := range threads {
 		if t.Watch {
 			watched[key(t.Machine, t.ID)] = true
 			continue
 		}
-		last := t.UpdatedAt
-		if last.IsZero() {
-			last = t.CreatedAt
-		}
-		if last.Before(cutoff) {
+		if expired(t, cutoff) {
 			gone = append(gone, t.ID)
+			machines[t.Machine] = true
 		}
 	}
 	orphans := map[string][]byte{}
@@ -45,33 +51,53 @@ func (d *Detector) Prune() (int, error) {
 	if len(gone) == 0 && len(orphans) == 0 {
 		return 0, nil
 	}
-	// Serialise with the machines: a thread watched again meanwhile keeps its
-	// state (checked again under the locks).
-	d.mu.Lock()
-	machines := make([]string, 0, len(d.locks))
-	for m := range d.locks {
-		machines = append(machines, m)
+	if d.hooks.pruneListed != nil {
+		d.hooks.pruneListed()
 	}
-	d.mu.Unlock()
-	sort.Strings(machines)
-	for _, m := range machines {
+	// Lock order: the tracking lock, then machine locks in name order (Track
+	// takes the tracking lock before its machine's).
+	d.tracking.Lock()
+	defer d.tracking.Unlock()
+	ids := append([]string(nil), gone...)
+	for k := range orphans {
+		m, id, _ := splitKey(k)
+		machines[m] = true
+		ids = append(ids, id)
+	}
+	names := make([]string, 0, len(machines))
+	for m := range machines {
+		names = append(names, m)
+	}
+	sort.Strings(names)
+	for _, m := range names {
 		mu := d.machineLock(m)
 		mu.Lock()
 		defer mu.Unlock()
 	}
+	fresh, err := d.tracked.GetThreads(ids)
+	if err != nil {
+		return 0, fmt.Errorf("prune: re-read the tracked threads (nothing pruned): %w", err)
+	}
 	for k := range orphans {
 		m, id, _ := splitKey(k)
-		if t, ok, err := d.tracked.GetThread(id); err == nil && ok && t.Watch && t.Machine == m {
+		if t, ok := fresh[id]; ok && t.Watch && t.Machine == m {
 			delete(orphans, k)
 		}
 	}
 	kept := gone[:0]
 	for _, id := range gone {
-		if t, ok, err := d.tracked.GetThread(id); err == nil && ok && !t.Watch && !t.UpdatedAt.After(cutoff) {
+		// A thread moved to a machine not locked here is left for the next prune.
+		if t, ok := fresh[id]; ok && !t.Watch && machines[t.Machine] && expired(t, cutoff) {
 			kept = append(kept, id)
 		}
 	}
 	gone = kept
+	if d.hooks.pruneLocked != nil {
+		d.hooks.pruneLocked()
+	}
+	if len(gone) == 0 && len(orphans) == 0 {
+		return 0, nil
+	}
 	if err := d.store.Commit(store.Batch{Detector: orphans, DeleteThreads: gone}); err != nil {
 		return 0, err
 	}
@@ -83,8 +109,17 @@ func (d *Detector) Prune() (int, error) {
 	for k := range orphans {
 		d.lookups.drop(k)
 	}
-	if len(gone) > 0 || len(orphans) > 0 {
-		d.log.Info("pruned tracked threads", "threads", len(gone), "detector_states", len(orphans))
-	}
+	d.log.Info("pruned tracked threads", "threads", len(gone), "detector_states", len(orphans))
 	return len(gone), nil
+}
+
+// expired says whether an unwatched thread's record is past the retention:
+// its last update (its creation when it was never updated) is before cutoff.
+// Both of Prune's passes decide with it.
+func expired(t store.Thread, cutoff time.Time) bool {
+	last := t.UpdatedAt
+	if last.IsZero() {
+		last = t.CreatedAt
+	}
+	return last.Before(cutoff)
 }

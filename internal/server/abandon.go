@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 )
@@ -22,14 +24,26 @@ func abandonedCalls(next http.Handler, maxBody int64) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+		// Read at most maxBody (T3CODE_MCP_MAX_BODY_BYTES), answering a body
+		// over it, or one that cannot be read, as the SDK's handler would.
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		_ = r.Body.Close()
+		if err != nil {
+			if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				http.Error(w, fmt.Sprintf("request body exceeds %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "failed to read body", http.StatusBadRequest)
+			return
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		ids := toolCallIDs(body)
-		if err != nil || len(ids) == 0 {
+		if len(ids) == 0 {
 			next.ServeHTTP(w, r)
 			return
 		}
+		// What the cancels carry, taken before the SDK has the request.
+		header, host := r.Header.Clone(), r.Host
 		answered := make(chan struct{})
 		gone := make(chan struct{})
 		go func() {
@@ -41,7 +55,7 @@ func abandonedCalls(next http.Handler, maxBody int64) http.Handler {
 				// cancels a request's context only then, before the
 				// handler returns).
 				for _, id := range ids {
-					cancelCall(next, r.Header, id)
+					cancelCall(next, header, host, id)
 				}
 			}
 		}()
@@ -81,8 +95,9 @@ func toolCallIDs(body []byte) []json.RawMessage {
 }
 
 // cancelCall posts notifications/cancelled for call id into the session the
-// headers name, through the SDK handler.
-func cancelCall(h http.Handler, header http.Header, id json.RawMessage) {
+// call's headers name, through the SDK handler, with the call's Host (Go keeps
+// it in Request.Host, never in the header map; an empty one stays empty).
+func cancelCall(h http.Handler, header http.Header, host string, id json.RawMessage) {
 	body, _ := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "method": "notifications/cancelled",
 		"params": map[string]any{"requestId": id, "reason": "the client's connection closed"},
@@ -91,12 +106,12 @@ func cancelCall(h http.Handler, header http.Header, id json.RawMessage) {
 	if err != nil {
 		return
 	}
-	for _, k := range []string{"Mcp-Session-Id", "Mcp-Protocol-Version", "Authorization", "Host"} {
+	for _, k := range []string{"Mcp-Session-Id", "Mcp-Protocol-Version", "Authorization"} {
 		if v := header.Get(k); v != "" {
 			req.Header.Set(k, v)
 		}
 	}
-	req.Host = header.Get("Host")
+	req.Host = host
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	h.ServeHTTP(discard{header: http.Header{}}, req)
