@@ -184,7 +184,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 	case !r.retryable:
 		o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
 		o.m.deadLetters.WithLabelValues(reasonRejected).Inc()
-		log.Error("outbox: rejected by the receiver; dead letter", "error", r.msg)
+		log.Error("outbox: rejected by the receiver; dead letter", "err", r.msg)
 		out.final = true
 		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: r.msg}
 	}
@@ -194,7 +194,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 	if !now.Before(deadline) {
 		o.m.deadLetters.WithLabelValues(reasonExpired).Inc()
 		reason := fmt.Sprintf("expired: not delivered within %s (%d attempts); last error: %s", o.cfg.MaxAge, attempt, r.msg)
-		log.Error("outbox: giving up; dead letter", "error", reason)
+		log.Error("outbox: giving up; dead letter", "err", reason)
 		out.final = true
 		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: reason}
 	}
@@ -217,7 +217,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 		cause = causeNetwork
 	}
 	o.m.retries.WithLabelValues(cause).Inc()
-	log.Warn("outbox: delivery failed; will retry", "error", r.msg, "retry_in", next.Sub(now).String())
+	log.Warn("outbox: delivery failed; will retry", "err", r.msg, "retry_in", next.Sub(now).String())
 	out.event = e
 	out.event.Body = nil
 	out.event.Attempts, out.event.NextAttempt, out.event.LastError = attempt, next, r.msg
