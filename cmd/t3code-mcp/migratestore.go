@@ -65,6 +65,10 @@ func (c *cli) migrateStore(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
+	keys, err := src.Idempotencies()
+	if err != nil {
+		return fail(err)
+	}
 	// In the file's sequence order, dead letters among the pending events: a requeue puts a
 	// dead letter back at its place in its stream.
 	evs := slices.SortedFunc(slices.Values(append(pending, dead...)), func(a, b store.Event) int { return cmp.Compare(a.Seq, b.Seq) })
@@ -80,8 +84,16 @@ func (c *cli) migrateStore(ctx context.Context) error {
 		}
 		return fail(err)
 	}
+	// Idempotency keys after the rest: the database is ours alone until this command ends
+	// (Import refused one holding state), so a claim here always stores the file's entry.
+	for _, k := range keys {
+		if _, _, err := dst.ClaimIdempotency(k); err != nil {
+			return fail(fmt.Errorf("idempotency key %q: %w", k.Key, err))
+		}
+	}
 	fmt.Fprintf(c.stdout, "copied %s, %s, %s and %s from %s to %s\n",
 		plural.Count(len(threads), "tracked thread"), plural.Count(len(detector), "detector record"),
 		plural.Count(len(pending), "pending event"), plural.Count(len(dead), "dead letter"), src.Path(), dst.Location())
+	fmt.Fprintf(c.stdout, "copied %s\n", plural.Count(len(keys), "idempotency key"))
 	return nil
 }

@@ -55,6 +55,10 @@ func TestMigrateStore(t *testing.T) {
 		t.Fatal(err, errs)
 	}
 
+	if _, _, err := src.ClaimIdempotency(store.Idempotency{Key: "job-7", Record: []byte(`{"thread":"t1"}`), CreatedAt: at}); err != nil {
+		t.Fatal(err)
+	}
+
 	var out, errb bytes.Buffer
 	if code := run([]string{"migrate-store"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "T3CODE_MCP_DATABASE_URL") {
 		t.Fatalf("without a database URL: exit %d, stderr %q", code, errb.String())
@@ -80,6 +84,12 @@ func TestMigrateStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dst.Close()
+	if !strings.Contains(out.String(), "copied 1 idempotency key\n") {
+		t.Fatalf("stdout %q does not count the idempotency key", out.String())
+	}
+	if k, ok, err := dst.GetIdempotency("job-7"); err != nil || !ok || string(k.Record) != `{"thread":"t1"}` || !k.CreatedAt.Equal(at) {
+		t.Fatalf("idempotency key after the move = %+v %v %v", k, ok, err)
+	}
 	got, err := dst.ListThreads()
 	if err != nil || len(got) != 2 || got[0].ID != "t1" || got[0].ProjectTitle != "api" || !got[0].Watch || got[1].ID != "t2" {
 		t.Fatalf("threads = %+v %v", got, err)

@@ -118,3 +118,20 @@ func (s *Bolt) PruneIdempotency(before time.Time) (int, error) {
 	})
 	return n, err
 }
+
+// Idempotencies lists every stored idempotency key (migrate-store copies them, so a retry made
+// after the move still finds its first call).
+func (s *Bolt) Idempotencies() ([]Idempotency, error) {
+	var out []Idempotency
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bIdempotency).ForEach(func(_, v []byte) error {
+			var e Idempotency
+			if err := json.Unmarshal(v, &e); err != nil {
+				return err
+			}
+			out = append(out, e)
+			return nil
+		})
+	})
+	return out, err
+}
