@@ -339,51 +339,9 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 // snapshot skipped), in the projection's order, with the questions each run
 // asked that were not reported yet; then the latest run and its questions.
 func (d *Detector) resolve(s seen, p *t3api.ThreadProjection, machine string, tr store.Thread) (seen, []Transition) {
-	v := threadview.New(p)
-	runs := v.Runs()
-	index := make(map[string]int, len(runs))
-	for i, r := range runs {
-		index[r.ID] = i
-	}
-	want := map[string]bool{}
-	for _, o := range s.Open {
-		want[o] = true
-	}
-	if s.Latest != "" && !s.Settled {
-		want[s.Latest] = true
-	}
-	if s.Gap {
-		start := 0
-		if s.GapAfter != "" {
-			if i, ok := index[s.GapAfter]; ok {
-				start = i + 1
-			} else {
-				d.log.Warn("the run seen last is unknown to T3 now: runs between it and the latest cannot be placed; reporting the runs known",
-					"machine", machine, "thread", tr.ID, "run", s.GapAfter)
-				start = len(runs)
-			}
-		}
-		end := len(runs)
-		if i, ok := index[s.Latest]; ok {
-			end = i + 1
-		}
-		for _, r := range runs[start:max(start, end)] {
-			want[r.ID] = true
-		}
-	}
-	// Requests per run, in item order.
-	requests := map[string][]*t3api.TurnItem{}
-	for i := range p.TurnItems {
-		it := &p.TurnItems[i]
-		run, ok := it.RunId.Get()
-		if !ok || !want[run] || (it.Type != "user_input_request" && it.Type != "approval_request") {
-			continue
-		}
-		requests[run] = append(requests[run], it)
-	}
-	for _, list := range requests {
-		sort.SliceStable(list, func(i, j int) bool { return list[i].Ordinal < list[j].Ordinal })
-	}
+	runs := threadview.New(p).Runs()
+	want := d.followedRuns(s, runs, machine, tr.ID)
+	requests := requestsOf(p, want)
 
 	next := s
 	next.Open, next.Asked = nil, slices.Clone(s.Asked)
@@ -397,20 +355,7 @@ func (d *Detector) resolve(s seen, p *t3api.ThreadProjection, machine string, tr
 			continue
 		}
 		delete(want, r.ID)
-		for _, it := range requests[r.ID] {
-			req, _ := it.RequestId.Get()
-			if req == "" || slices.Contains(next.Asked, req) || req == s.Question {
-				continue
-			}
-			t := base
-			t.Outcome, t.RunID, t.RequestID, t.Kind = threadstate.Question, r.ID, req, "user_input"
-			if it.Type == "approval_request" {
-				t.Kind = it.RequestKind.Or("approval")
-			}
-			t.ID, t.At = eventID(machine, tr.ID, threadstate.Question, req), timeOr(it.StartedAt.Or(""), d.now())
-			out = append(out, t)
-			next.Asked = append(next.Asked, req)
-		}
+		out = d.questions(out, &next, base, r.ID, requests[r.ID], s.Question)
 		if o, ok := threadstate.Settled(r.Status); ok {
 			t := base
 			t.Outcome, t.RunID, t.RunStatus = o, r.ID, r.Status
@@ -447,6 +392,81 @@ func (d *Detector) resolve(s seen, p *t3api.ThreadProjection, machine string, tr
 		next.Asked = nil
 	}
 	return next, out
+}
+
+// followedRuns is the set of runs a note follows: its open runs, its latest unless settled, and
+// after a gap the runs between the one seen last and the latest.
+func (d *Detector) followedRuns(s seen, runs []t3api.Run, machine, threadID string) map[string]bool {
+	want := map[string]bool{}
+	for _, o := range s.Open {
+		want[o] = true
+	}
+	if s.Latest != "" && !s.Settled {
+		want[s.Latest] = true
+	}
+	if !s.Gap {
+		return want
+	}
+	index := make(map[string]int, len(runs))
+	for i, r := range runs {
+		index[r.ID] = i
+	}
+	start := 0
+	if s.GapAfter != "" {
+		if i, ok := index[s.GapAfter]; ok {
+			start = i + 1
+		} else {
+			d.log.Warn("the run seen last is unknown to T3 now: runs between it and the latest cannot be placed; reporting the runs known",
+				"machine", machine, "thread", threadID, "run", s.GapAfter)
+			start = len(runs)
+		}
+	}
+	end := len(runs)
+	if i, ok := index[s.Latest]; ok {
+		end = i + 1
+	}
+	for _, r := range runs[start:max(start, end)] {
+		want[r.ID] = true
+	}
+	return want
+}
+
+// requestsOf lists the questions (input and approval requests) of the wanted runs, per run, in
+// item order.
+func requestsOf(p *t3api.ThreadProjection, want map[string]bool) map[string][]*t3api.TurnItem {
+	requests := map[string][]*t3api.TurnItem{}
+	for i := range p.TurnItems {
+		it := &p.TurnItems[i]
+		run, ok := it.RunId.Get()
+		if !ok || !want[run] || (it.Type != "user_input_request" && it.Type != "approval_request") {
+			continue
+		}
+		requests[run] = append(requests[run], it)
+	}
+	for _, list := range requests {
+		sort.SliceStable(list, func(i, j int) bool { return list[i].Ordinal < list[j].Ordinal })
+	}
+	return requests
+}
+
+// questions appends a question event for each of a run's requests not reported yet (not in
+// next.Asked, not the one the rows already reported) and notes it as asked.
+func (d *Detector) questions(out []Transition, next *seen, base Transition, runID string, requests []*t3api.TurnItem, reported string) []Transition {
+	for _, it := range requests {
+		req, _ := it.RequestId.Get()
+		if req == "" || slices.Contains(next.Asked, req) || req == reported {
+			continue
+		}
+		t := base
+		t.Outcome, t.RunID, t.RequestID, t.Kind = threadstate.Question, runID, req, "user_input"
+		if it.Type == "approval_request" {
+			t.Kind = it.RequestKind.Or("approval")
+		}
+		t.ID, t.At = eventID(base.Machine, base.ThreadID, threadstate.Question, req), timeOr(it.StartedAt.Or(""), d.now())
+		out = append(out, t)
+		next.Asked = append(next.Asked, req)
+	}
+	return out
 }
 
 func timeOr(s string, def time.Time) time.Time {

@@ -160,21 +160,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec) }()
 	defer func() {
 		cancel()
-		for l.unsettled > 0 { // the workers return at once now; their outcomes are still recorded
-			select {
-			case r := <-l.fromRec:
-				l.finish(r)
-			case r := <-l.fromEnrich:
-				l.finish(r)
-			case <-l.freed:
-				l.inflight--
-			case <-l.enrichFreed:
-				l.enriching--
-			}
-		}
-		l.jobs.Wait()
-		close(l.toRec)
-		<-l.recDone
+		l.settle()
 	}()
 
 	l.rebuild()
@@ -188,11 +174,7 @@ func (o *Outbox) Run(ctx context.Context) {
 			// On an error too, the next try is PruneEvery later: pruning is housekeeping and
 			// must not spin.
 			lastPrune = now
-			if n, err := o.q.Prune(now.Add(-o.cfg.Retention)); err != nil {
-				o.log.Error("outbox: pruning delivered events", "err", err)
-			} else if n > 0 {
-				o.log.Debug("outbox: pruned delivered events", "count", n)
-			}
+			o.prune(now)
 		}
 		l.scan()
 		l.due(now)
@@ -202,48 +184,90 @@ func (o *Outbox) Run(ctx context.Context) {
 			o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
 		}
 
-		// Sleep until woken (Notify, an outcome, shutdown) or the next due time: the next
-		// prune at the latest, or the earliest scheduled wake-up.
-		wait := max(0, lastPrune.Add(o.cfg.PruneEvery).Sub(now))
-		if l.more {
-			wait = 0
-		}
-		if o.claimer != nil {
-			// Other replicas commit and deliver too: look for their events, and retry the heads
-			// they held, at least every pollEvery.
-			wait = min(wait, pollEvery)
-		}
-		if len(l.wall) > 0 {
-			wait = min(wait, max(0, l.wall[0].at.Sub(now)))
-		}
-		if len(l.mono) > 0 {
-			wait = min(wait, max(0, time.Until(l.mono[0].at)))
-		}
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
+		timer.Reset(l.sleepFor(now, lastPrune))
+		if !l.await(timer.C) {
 			return
+		}
+	}
+}
+
+// settle runs at shutdown, after the loop's context is cancelled: the workers return at once
+// now, and their outcomes are still recorded. It waits for every worker and the recorder.
+func (l *loop) settle() {
+	for l.unsettled > 0 {
+		select {
 		case r := <-l.fromRec:
 			l.finish(r)
-			// Take every outcome already recorded before the next turn.
-			for drained := false; !drained; {
-				select {
-				case r := <-l.fromRec:
-					l.finish(r)
-				default:
-					drained = true
-				}
-			}
 		case r := <-l.fromEnrich:
 			l.finish(r)
 		case <-l.freed:
 			l.inflight--
 		case <-l.enrichFreed:
 			l.enriching--
-		case <-o.wake:
-		case <-timer.C:
 		}
 	}
+	l.jobs.Wait()
+	close(l.toRec)
+	<-l.recDone
+}
+
+// prune removes the delivered events older than the retention.
+func (o *Outbox) prune(now time.Time) {
+	if n, err := o.q.Prune(now.Add(-o.cfg.Retention)); err != nil {
+		o.log.Error("outbox: pruning delivered events", "err", err)
+	} else if n > 0 {
+		o.log.Debug("outbox: pruned delivered events", "count", n)
+	}
+}
+
+// sleepFor is how long the loop may sleep unless woken (Notify, an outcome, shutdown): until the
+// next due time, the next prune at the latest, or the earliest scheduled wake-up.
+func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
+	wait := max(0, lastPrune.Add(l.o.cfg.PruneEvery).Sub(now))
+	if l.more {
+		wait = 0
+	}
+	if l.o.claimer != nil {
+		// Other replicas commit and deliver too: look for their events, and retry the heads
+		// they held, at least every pollEvery.
+		wait = min(wait, pollEvery)
+	}
+	if len(l.wall) > 0 {
+		wait = min(wait, max(0, l.wall[0].at.Sub(now)))
+	}
+	if len(l.mono) > 0 {
+		wait = min(wait, max(0, time.Until(l.mono[0].at)))
+	}
+	return wait
+}
+
+// await sleeps until something happens: an outcome (taken), a freed slot, Notify or the timer.
+// It reports false when the loop's context is done.
+func (l *loop) await(timer <-chan time.Time) bool {
+	select {
+	case <-l.ctx.Done():
+		return false
+	case r := <-l.fromRec:
+		l.finish(r)
+		// Take every outcome already recorded before the next turn.
+		for drained := false; !drained; {
+			select {
+			case r := <-l.fromRec:
+				l.finish(r)
+			default:
+				drained = true
+			}
+		}
+	case r := <-l.fromEnrich:
+		l.finish(r)
+	case <-l.freed:
+		l.inflight--
+	case <-l.enrichFreed:
+		l.enriching--
+	case <-l.o.wake:
+	case <-timer:
+	}
+	return true
 }
 
 // rebuild fills the queues from the store's stream index: keys only, no record is decoded. A
