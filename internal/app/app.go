@@ -279,7 +279,7 @@ func New(s Settings, o Options) (*App, error) {
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
 	a.Push = tools.NewPush()
-	a.Deps = &tools.Deps{Fleet: fl, Store: st, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
+	a.Deps = &tools.Deps{Fleet: fl, Threads: st, Keys: store.DispatchKeys{Store: st}, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		IdempotencyRetention: s.IdempotencyRetention,
 		OnCall: func(tool string, _ time.Duration, isError bool) {
 			outcome := "ok"

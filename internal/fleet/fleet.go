@@ -18,9 +18,9 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -55,7 +55,7 @@ type Options struct {
 type Fleet struct {
 	machines []*Machine
 	byName   map[string]*Machine
-	store    store.Store
+	threads  TrackedThreads
 	log      *slog.Logger
 	sink     watch.Sink // given by Start; every watcher's chunks go to it
 }
@@ -89,13 +89,19 @@ type Machine struct {
 	providers *t3rpc.ServerConfig
 }
 
+// TrackedThreads is where the fleet looks a thread up first: the state file's
+// tracked threads (the store satisfies it) name the machine a thread is on.
+type TrackedThreads interface {
+	GetThread(id string) (tracked.Thread, bool, error)
+}
+
 // New builds the fleet; machines whose token variable is unset are kept and
 // reported as misconfigured.
-func New(cfg *config.Config, st store.Store, o Options) *Fleet {
+func New(cfg *config.Config, threads TrackedThreads, o Options) *Fleet {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	f := &Fleet{byName: map[string]*Machine{}, store: st, log: o.Logger}
+	f := &Fleet{byName: map[string]*Machine{}, threads: threads, log: o.Logger}
 	ws := fleetSink{f}
 	for _, mc := range cfg.Machines {
 		m := &Machine{Name: mc.Name, Config: mc, Demo: o.DemoMachines[mc.Name], log: o.Logger.With("machine", mc.Name), status: Offline}
@@ -357,7 +363,7 @@ type Found struct {
 	Machine *Machine
 	Shell   t3rpc.ThreadShell
 	Project t3rpc.Project
-	Tracked store.Thread
+	Tracked tracked.Thread
 	// IsTracked is true when the state file knows the thread.
 	IsTracked bool
 	// Gone is "archive" or "removed" for a thread that left its machine's
@@ -385,12 +391,12 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
 	}
 	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", text.Quoted(id), ErrThreadNotFound)
-	tr, tracked, err := f.store.GetThread(id)
+	tr, known, err := f.threads.GetThread(id)
 	if err != nil {
 		return Found{}, err
 	}
 	candidates := f.machines
-	if tracked {
+	if known {
 		if m, ok := f.byName[tr.Machine]; ok {
 			candidates = []*Machine{m}
 		}
@@ -402,7 +408,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 			continue
 		}
 		shell, ok := m.watcher.Thread(id)
-		if !ok && tracked {
+		if !ok && known {
 			// Dispatched a moment ago: T3 has the thread, but its row may not
 			// have reached the watcher yet.
 			shell, ok = m.awaitRow(id, trackedRowGrace)
@@ -417,7 +423,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 		if !ok || !m.Allowed(p) {
 			return Found{}, notFound
 		}
-		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked}, nil
+		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: known}, nil
 	}
 	for _, m := range candidates {
 		if m.watcher == nil {
@@ -439,10 +445,10 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 			return Found{}, fmt.Errorf("thread %s was %s in T3 on machine %q (%w): unarchive it in T3 to use it, or dispatch a new thread", text.Quoted(id), what, m.Name, ErrThreadArchived)
 		}
 		shell := t3rpc.ThreadShell{ID: id, ProjectId: g.ProjectID, Title: g.Title}
-		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: tracked, Gone: g.Where}, nil
+		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: known, Gone: g.Where}, nil
 	}
 	if len(unchecked) > 0 {
-		if m, ok := f.byName[tr.Machine]; tracked && ok {
+		if m, ok := f.byName[tr.Machine]; known && ok {
 			// The problem names the machine and says what to do.
 			return Found{}, fmt.Errorf("thread %q cannot be read now: %v", id, m.Ready())
 		}

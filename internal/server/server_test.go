@@ -35,7 +35,7 @@ func start(t *testing.T, o server.Options) *httptest.Server {
 	}
 	log := slog.New(slog.DiscardHandler)
 	f := fleet.New(&config.Config{}, st, fleet.Options{Logger: log})
-	d := &tools.Deps{Fleet: f, Store: st, Logger: log}
+	d := &tools.Deps{Fleet: f, Threads: st, Keys: store.DispatchKeys{Store: st}, Logger: log}
 	srv := server.NewMCPServer(d, "test")
 	o.Logger = log
 	if o.Registry == nil {

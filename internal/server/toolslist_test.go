@@ -29,7 +29,7 @@ func listTools(t *testing.T, readOnly bool) ([]byte, []*mcp.Tool) {
 	defer st.Close()
 	log := slog.New(slog.DiscardHandler)
 	f := fleet.New(&config.Config{}, st, fleet.Options{Logger: log})
-	srv := server.NewMCPServer(&tools.Deps{Fleet: f, Store: st, Logger: log, ReadOnly: readOnly}, "test")
+	srv := server.NewMCPServer(&tools.Deps{Fleet: f, Threads: st, Keys: store.DispatchKeys{Store: st}, Logger: log, ReadOnly: readOnly}, "test")
 	ct, stt := mcp.NewInMemoryTransports()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

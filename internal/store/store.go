@@ -23,6 +23,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
 // FileName is the store's file inside the state directory.
@@ -75,20 +77,10 @@ type Bolt struct {
 	counts   countDelta
 }
 
-// Thread is a thread the connector tracks (started or adopted through it).
-type Thread struct {
-	ID            string    `json:"id"`
-	Machine       string    `json:"machine"`
-	ProjectID     string    `json:"projectId,omitempty"`
-	ProjectTitle  string    `json:"projectTitle,omitempty"`
-	Title         string    `json:"title,omitempty"`
-	Origin        string    `json:"origin,omitempty"`
-	Watch         bool      `json:"watch,omitempty"`
-	LastMessageID string    `json:"lastMessageId,omitempty"` // our last dispatched message id (set once T3 accepted it)
-	LastRunID     string    `json:"lastRunId,omitempty"`     // the run T3 made of it, when the row showed it
-	CreatedAt     time.Time `json:"createdAt"`
-	UpdatedAt     time.Time `json:"updatedAt"`
-}
+// Thread is a thread the connector tracks (started or adopted through it). The type is
+// tracked.Thread, so that its readers (internal/tools, internal/fleet) need not import the
+// store.
+type Thread = tracked.Thread
 
 // Batch is what Commit writes in one transaction.
 type Batch struct {

@@ -13,7 +13,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
@@ -289,7 +289,7 @@ const runGrace = 3 * time.Second
 // from prevLatest (the latest run before the prompt). With the run known,
 // t3_wait judges it from the row alone and reads nothing while waiting. A row
 // that does not show it in time leaves the run to be found by message id.
-func (d *Deps) sent(ctx context.Context, m *fleet.Machine, tr *store.Thread, msgID, prevLatest string) string {
+func (d *Deps) sent(ctx context.Context, m *fleet.Machine, tr *tracked.Thread, msgID, prevLatest string) string {
 	tr.LastMessageID, tr.LastRunID = msgID, ""
 	if w := m.Watcher(); w != nil {
 		timer := time.NewTimer(runGrace)

@@ -15,7 +15,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 )
 
@@ -176,22 +176,22 @@ func (d *Deps) pruneKeys(now time.Time) {
 	if now.UnixNano()-last < int64(pruneKeysEvery) || !d.idem.lastPrune.CompareAndSwap(last, now.UnixNano()) {
 		return
 	}
-	if _, err := d.Store.PruneIdempotency(now.Add(-d.keyRetention())); err != nil {
+	if _, err := d.Keys.Prune(now.Add(-d.keyRetention())); err != nil {
 		d.Logger.Warn("could not prune expired idempotency keys", "err", err)
 	}
 }
 
 // storedPlan returns the plan stored under key, if one is and it has not expired.
 func (d *Deps) storedPlan(key string) (*dispatchPlan, bool, error) {
-	e, ok, err := d.Store.GetIdempotency(key)
+	rec, createdAt, ok, err := d.Keys.Get(key)
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	if time.Since(e.CreatedAt) > d.keyRetention() {
-		return nil, false, d.Store.DeleteIdempotency(key)
+	if time.Since(createdAt) > d.keyRetention() {
+		return nil, false, d.Keys.Delete(key)
 	}
 	var p dispatchPlan
-	if err := json.Unmarshal(e.Record, &p); err != nil {
+	if err := json.Unmarshal(rec, &p); err != nil {
 		return nil, false, fmt.Errorf("the stored idempotency key %q is unreadable: %w", key, err)
 	}
 	return &p, true, nil
@@ -204,12 +204,12 @@ func (d *Deps) claimPlan(key string, p *dispatchPlan) (*dispatchPlan, bool, erro
 	if err != nil {
 		return nil, false, err
 	}
-	e, claimed, err := d.Store.ClaimIdempotency(store.Idempotency{Key: key, Record: rec, CreatedAt: time.Now().UTC()})
+	stored, claimed, err := d.Keys.Claim(key, rec, time.Now().UTC())
 	if err != nil || claimed {
 		return p, claimed, err
 	}
 	var other dispatchPlan
-	if err := json.Unmarshal(e.Record, &other); err != nil {
+	if err := json.Unmarshal(stored, &other); err != nil {
 		return nil, false, fmt.Errorf("the stored idempotency key %q is unreadable: %w", key, err)
 	}
 	return &other, false, nil
@@ -221,7 +221,7 @@ func (d *Deps) savePlan(key string, p *dispatchPlan) {
 	}
 	rec, err := json.Marshal(p)
 	if err == nil {
-		err = d.Store.UpdateIdempotency(key, rec)
+		err = d.Keys.Update(key, rec)
 	}
 	if err != nil {
 		d.Logger.Warn("could not record the outcome of an idempotent dispatch", "thread", p.ThreadID, "err", err)
@@ -247,7 +247,7 @@ func (d *Deps) replay(ctx context.Context, c *Call, key, fingerprint string, p *
 		}
 	} else if p.RunID == "" {
 		// The run may have shown after the first call returned.
-		if tr, ok, _ := d.Store.GetThread(p.ThreadID); ok && tr.LastMessageID == p.MessageID {
+		if tr, ok, _ := d.Threads.GetThread(p.ThreadID); ok && tr.LastMessageID == p.MessageID {
 			p.RunID = tr.LastRunID
 		}
 	}
@@ -269,13 +269,13 @@ func (d *Deps) runPlan(ctx context.Context, c *Call, m *fleet.Machine, p *dispat
 	if err := m.Ready(); err != nil {
 		return err
 	}
-	tr, tracked, err := d.Store.GetThread(p.ThreadID)
+	tr, known, err := d.Threads.GetThread(p.ThreadID)
 	if err != nil {
 		return fmt.Errorf("%s: reading the state file: %w", tool, err)
 	}
 	now := time.Now().UTC()
-	if !tracked {
-		tr = store.Thread{ID: p.ThreadID, Machine: m.Name, CreatedAt: now}
+	if !known {
+		tr = tracked.Thread{ID: p.ThreadID, Machine: m.Name, CreatedAt: now}
 	}
 	if shell == nil && !p.Created {
 		if row, ok := m.Watcher().Thread(p.ThreadID); ok {
@@ -301,9 +301,9 @@ func (d *Deps) runPlan(ctx context.Context, c *Call, m *fleet.Machine, p *dispat
 			// Nothing exists (T3 refused to create it) or, without a key,
 			// nothing a retry could find: stop tracking it; a refusal also
 			// frees the key for a fresh start.
-			_ = d.Store.DeleteThread(p.ThreadID)
+			_ = d.Threads.DeleteThread(p.ThreadID)
 			if key != "" {
-				_ = d.Store.DeleteIdempotency(key)
+				_ = d.Keys.Delete(key)
 			}
 		case key != "" && definite(err):
 			// T3 answers a refused commandId with "previously rejected"

@@ -213,7 +213,7 @@ token_env = "T3CODE_MCP_FUZZ_UNSET"
 	}
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d := &tools.Deps{Fleet: fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: time.Second}), Store: st, Logger: log,
+	d := &tools.Deps{Fleet: fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: time.Second}), Threads: st, Keys: store.DispatchKeys{Store: st}, Logger: log,
 		Limits: tools.Limits{CallTimeout: 2 * time.Second, MaxWait: time.Minute}}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "fuzz", Version: "1"}, nil)
 	tools.Register(srv, d)

@@ -12,7 +12,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
@@ -131,7 +131,7 @@ func threadsTool(d *Deps) Handler {
 			return rows[i].shell.ID < rows[j].shell.ID
 		})
 
-		tracked, err := trackedOn(d.Store, m.Name)
+		onMachine, err := trackedOn(d.Threads, m.Name)
 		if err != nil {
 			return Result{}, err
 		}
@@ -143,7 +143,7 @@ func threadsTool(d *Deps) Handler {
 		}
 		var b strings.Builder
 		for _, r := range page {
-			e := entryOf(m, r, tracked, answered)
+			e := entryOf(m, r, onMachine, answered)
 			out.Threads = append(out.Threads, e)
 			fmt.Fprintf(&b, "%s %q (%s): %s", e.ThreadID, e.Title, e.Project.Title, e.Status)
 			if q, ok := e.Question.Get(); ok {
@@ -210,12 +210,12 @@ func statusMatches(t *t3rpc.ThreadShell, want string, answered map[string]bool) 
 }
 
 // trackedOn maps the ids of the threads the state file tracks on a machine.
-func trackedOn(st store.Store, machine string) (map[string]store.Thread, error) {
+func trackedOn(st TrackedThreads, machine string) (map[string]tracked.Thread, error) {
 	all, err := st.ListThreads()
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]store.Thread, len(all))
+	out := make(map[string]tracked.Thread, len(all))
 	for _, t := range all {
 		if t.Machine == machine {
 			out[t.ID] = t
@@ -224,7 +224,7 @@ func trackedOn(st store.Store, machine string) (map[string]store.Thread, error) 
 	return out, nil
 }
 
-func entryOf(m *fleet.Machine, r listed, tracked map[string]store.Thread, answered map[string]bool) mcptools.ThreadEntry {
+func entryOf(m *fleet.Machine, r listed, trackedByID map[string]tracked.Thread, answered map[string]bool) mcptools.ThreadEntry {
 	t := r.shell
 	e := mcptools.ThreadEntry{ThreadID: t.ID, Title: t.Title, Status: t.Status, Project: mcptools.ProjectRef{ID: t.ProjectId}}
 	if p, ok := m.ProjectByID(t.ProjectId); ok {
@@ -255,7 +255,7 @@ func entryOf(m *fleet.Machine, r listed, tracked map[string]store.Thread, answer
 	if r.match != "" {
 		e.Match.SetTo(r.match)
 	}
-	if tr, ok := tracked[t.ID]; ok {
+	if tr, ok := trackedByID[t.ID]; ok {
 		e.Tracked, e.Watching = true, tr.Watch
 	}
 	return e

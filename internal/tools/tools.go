@@ -33,8 +33,8 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
 // ErrShuttingDown is the cause a connector that is stopping gives the calls
@@ -86,26 +86,53 @@ func (l Limits) withDefaults() Limits {
 type Tracker interface {
 	// Track records t on machine; shell, when not nil, is the thread's row
 	// now, the baseline of a thread that starts being watched.
-	Track(machine string, t store.Thread, shell *t3rpc.ThreadShell) error
+	Track(machine string, t tracked.Thread, shell *t3rpc.ThreadShell) error
 	// PendingLookups counts, per machine, the watched threads that wait for
 	// a read of the thread before their next events (machines without any
 	// are left out).
 	PendingLookups() map[string]int
 }
 
+// TrackedThreads is the state file's record of tracked threads as the tools
+// read it; the store satisfies it (internal/app wires it). With events on,
+// tracking a thread goes through the Tracker instead of PutThread.
+type TrackedThreads interface {
+	GetThread(id string) (tracked.Thread, bool, error)
+	ListThreads() ([]tracked.Thread, error)
+	PutThread(t tracked.Thread) error
+	DeleteThread(id string) error
+}
+
+// IdempotencyKeys keeps t3_dispatch's idempotency keys; the store owns them
+// (store.DispatchKeys, wired in internal/app).
+type IdempotencyKeys interface {
+	// Claim stores record under key unless the key is stored already: then
+	// it returns the stored record, claimed false, and writes nothing.
+	Claim(key string, record json.RawMessage, at time.Time) (stored json.RawMessage, claimed bool, err error)
+	Get(key string) (record json.RawMessage, createdAt time.Time, ok bool, err error)
+	// Update replaces a stored key's record, keeping its creation time.
+	Update(key string, record json.RawMessage) error
+	Delete(key string) error
+	// Prune forgets the keys created before before.
+	Prune(before time.Time) (int, error)
+}
+
 // track records a tracked thread: through the Tracker with events on;
 // without events there is no baseline to keep.
-func (d *Deps) track(machine string, tr store.Thread, shell *t3rpc.ThreadShell) error {
+func (d *Deps) track(machine string, tr tracked.Thread, shell *t3rpc.ThreadShell) error {
 	if d.Tracker != nil {
 		return d.Tracker.Track(machine, tr, shell)
 	}
-	return d.Store.PutThread(tr)
+	return d.Threads.PutThread(tr)
 }
 
 // Deps is what the handlers use.
 type Deps struct {
 	Fleet *fleet.Fleet
-	Store store.Store
+	// Threads reads (and, without events, writes) the tracked threads.
+	Threads TrackedThreads
+	// Keys keeps t3_dispatch's idempotency keys.
+	Keys IdempotencyKeys
 	// Tracker records tracked threads with their baselines (Deps.track);
 	// nil when events are off.
 	Tracker Tracker

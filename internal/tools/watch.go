@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
-	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
 func watchTool(d *Deps) Handler {
@@ -32,7 +32,7 @@ func watchTool(d *Deps) Handler {
 		tr := f.Tracked
 		now := time.Now().UTC()
 		if !f.IsTracked {
-			tr = store.Thread{ID: f.Shell.ID, Machine: f.Machine.Name, Origin: c.Origin, CreatedAt: now}
+			tr = tracked.Thread{ID: f.Shell.ID, Machine: f.Machine.Name, Origin: c.Origin, CreatedAt: now}
 		}
 		if enabled && c.Origin != "" {
 			tr.Origin = c.Origin
@@ -43,7 +43,7 @@ func watchTool(d *Deps) Handler {
 		if err := d.track(f.Machine.Name, tr, &f.Shell); err != nil {
 			return Result{}, fmt.Errorf("%s: could not record the thread in the state file: %w", tool, err)
 		}
-		entry := tracked(tr, f.Shell.Status)
+		entry := trackedEntry(tr, f.Shell.Status)
 		out := mcptools.WatchOutput{Threads: []mcptools.TrackedThread{}}
 		out.Thread.SetTo(entry)
 		word := "off"
@@ -57,7 +57,8 @@ func watchTool(d *Deps) Handler {
 	}
 }
 
-func tracked(t store.Thread, status string) mcptools.TrackedThread {
+// trackedEntry is a tracked thread as t3_watch lists it.
+func trackedEntry(t tracked.Thread, status string) mcptools.TrackedThread {
 	e := mcptools.TrackedThread{
 		ThreadID: t.ID, Machine: t.Machine, Project: mcptools.ProjectRef{ID: t.ProjectID, Title: t.ProjectTitle},
 		Title: t.Title, Status: status, Watching: t.Watch,
@@ -70,7 +71,7 @@ func tracked(t store.Thread, status string) mcptools.TrackedThread {
 
 // listTracked lists tracked threads whose projects the allowlists still admit.
 func listTracked(d *Deps) (Result, error) {
-	all, err := d.Store.ListThreads()
+	all, err := d.Threads.ListThreads()
 	if err != nil {
 		return Result{}, err
 	}
@@ -90,7 +91,7 @@ func listTracked(d *Deps) (Result, error) {
 				continue
 			}
 		}
-		e := tracked(t, status)
+		e := trackedEntry(t, status)
 		out.Threads = append(out.Threads, e)
 		w := "unwatched"
 		if t.Watch {
