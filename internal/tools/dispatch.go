@@ -13,10 +13,10 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
 func dispatchTool(d *Deps) Handler {

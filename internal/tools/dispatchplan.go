@@ -15,8 +15,8 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
 // DefaultIdempotencyRetention is how long a t3_dispatch idempotency key is

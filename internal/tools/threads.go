@@ -12,9 +12,9 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
-	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
+	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
 // Paging and search bounds of t3_threads.
