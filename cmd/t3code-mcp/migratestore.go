@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/store/pgstore"
@@ -20,8 +21,9 @@ func (c *cli) migrateStoreCommand() *cobra.Command {
 		Short: "copy the bbolt state file into PostgreSQL (T3CODE_MCP_DATABASE_URL)",
 		Long: `Copy the state of the bbolt file in the state directory (--state-dir, T3CODE_MCP_STATE_DIR)
 into the PostgreSQL database (--database-url, T3CODE_MCP_DATABASE_URL): the tracked threads, the
-event detector's state, the pending events and the dead letters, in one transaction. Delivered
-events are not copied. The database must hold no connector state yet; the file is not changed.
+event detector's state, the pending events and the dead letters, in one transaction; then the
+t3_dispatch idempotency keys and the audit log's records (audit.log, rotated files included).
+Delivered events are not copied. The database must hold no connector state yet; the file is not changed.
 Stop the connector first (the file is locked while it runs); then start it with the database URL.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.migrateStore(cmd.Context()) },
@@ -95,5 +97,39 @@ func (c *cli) migrateStore(ctx context.Context) error {
 		plural.Count(len(threads), "tracked thread"), plural.Count(len(detector), "detector record"),
 		plural.Count(len(pending), "pending event"), plural.Count(len(dead), "dead letter"), src.Path(), dst.Location())
 	fmt.Fprintf(c.stdout, "copied %s\n", plural.Count(len(keys), "idempotency key"))
+	n, err := copyAudit(ctx, s.StateDir, dst)
+	if err != nil {
+		return fail(fmt.Errorf("audit log %s: %w (everything else was copied; the file is unchanged)", s.StateDir, err))
+	}
+	fmt.Fprintf(c.stdout, "copied %s from %s\n", plural.Count(n, "audit record"), s.StateDir)
 	return nil
+}
+
+// copyAudit copies the state directory's audit log into the database's audit table, in batches;
+// a record already there is skipped (its line's digest), so a second copy adds nothing.
+func copyAudit(ctx context.Context, dir string, dst audit.Table) (int, error) {
+	var batch []audit.Record
+	n := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		if err := dst.AppendAudit(ctx, batch); err != nil {
+			return err
+		}
+		n += len(batch)
+		batch = batch[:0]
+		return nil
+	}
+	_, err := audit.Scan(dir, audit.Filter{}, func(_ []byte, r audit.Record) error {
+		batch = append(batch, r)
+		if len(batch) == audit.DefaultBatch {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	return n, err
 }

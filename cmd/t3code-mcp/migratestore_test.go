@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/pgtest"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/store/pgstore"
@@ -125,5 +126,70 @@ func TestMigrateStore(t *testing.T) {
 	errb.Reset()
 	if code := run([]string{"migrate-store", "--database-url", dbURL}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "empty database only") {
 		t.Fatalf("into a database with state: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestMigrateStoreCopiesTheAuditLog: migrate-store copies the state directory's audit log into
+// the database's table, and `audit` with the database URL then prints the table's records (every
+// replica's) followed by the file's records that are not in the table (those the database could
+// not take), each once.
+func TestMigrateStoreCopiesTheAuditLog(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	dbURL := pgtest.New(t)
+	t.Setenv("T3CODE_MCP_STATE_DIR", state)
+	t.Setenv("T3CODE_MCP_DATABASE_URL", "")
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	l, err := audit.Open(state, audit.Options{MaxBytes: 300, Keep: 5}) // rotated files too
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(r audit.Record) {
+		t.Helper()
+		if err := l.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, th := range []string{"th-1", "th-2", "th-3"} {
+		write(audit.Record{Time: at.Add(time.Duration(i) * time.Minute), Tool: "t3_dispatch", Machine: "mac", Thread: th, Approval: audit.NotRequired, Result: audit.ResultOK})
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"migrate-store", "--database-url", dbURL}, &out, &errb); code != 0 {
+		t.Fatalf("migrate-store: exit %d, stderr %q", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "copied 3 audit records from "+state) {
+		t.Fatalf("stdout %q", out.String())
+	}
+	// Later: another replica's call in the table, and one this replica spilled to its file.
+	db, err := pgstore.Open(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.AppendAudit(context.Background(), []audit.Record{{Time: at.Add(time.Hour), Tool: "t3_interrupt", Machine: "mac", Thread: "th-4", Replica: "other"}}); err != nil {
+		t.Fatal(err)
+	}
+	write(audit.Record{Time: at.Add(2 * time.Hour), Tool: "t3_answer", Machine: "mac", Thread: "th-5", Replica: "this"})
+	l.Close()
+
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"audit", "--json", "--database-url", dbURL}, &out, &errb); code != 0 || errb.String() != "" {
+		t.Fatalf("audit: exit %d, stderr %q", code, errb.String())
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		r, ok := audit.Decode([]byte(line))
+		if !ok {
+			t.Fatalf("not a record: %q", line)
+		}
+		got = append(got, r.Thread)
+	}
+	if want := []string{"th-1", "th-2", "th-3", "th-4", "th-5"}; !slices.Equal(got, want) {
+		t.Fatalf("audit printed %v, want %v", got, want)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"audit", "--thread", "th-4", "--database-url", dbURL}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "1 audit record from ") {
+		t.Fatalf("audit --thread: exit %d, stderr %q, stdout %q", code, errb.String(), out.String())
 	}
 }

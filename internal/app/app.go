@@ -195,8 +195,10 @@ type App struct {
 	MCP      *mcp.Server
 	Handler  http.Handler
 	Registry *prometheus.Registry
-	Audit    *audit.Log // <state dir>/audit.log
-	Log      *slog.Logger
+	// Audit is <state dir>/audit.log, or with PostgreSQL the shared table (audit.Shared, that
+	// file its overflow).
+	Audit audit.Writer
+	Log   *slog.Logger
 
 	// replication: the machine leases when replicas share PostgreSQL; nil with bbolt.
 	replication *replication
@@ -243,6 +245,12 @@ func New(s Settings, o Options) (*App, error) {
 		return nil, err
 	}
 	a.Store = st
+	// With PostgreSQL this process is one replica among several: its id names it in the leases
+	// and on its audit records.
+	var replicaID string
+	if s.DatabaseURL != "" {
+		replicaID = lease.DefaultReplicaID()
+	}
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -269,7 +277,7 @@ func New(s Settings, o Options) (*App, error) {
 		}
 		if p, ok := any(st).(pooled); ok {
 			// Replicas share the store: each machine's events are detected by its lease holder.
-			a.replication = newReplication(p, fl, s, a)
+			a.replication = newReplication(p, fl, s, a, replicaID)
 			do.Lease, do.Rows = a.replication.leases.Held, a.replication.rows
 		}
 		a.Detector = events.New(do)
@@ -309,7 +317,17 @@ func New(s Settings, o Options) (*App, error) {
 		a.Close()
 		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
 	}
-	a.Audit, a.Deps.Audit = al, al
+	a.Audit = al
+	if t, ok := st.(audit.Table); ok {
+		// Replicas share PostgreSQL: every replica's records go to its table, off the call's path;
+		// the file takes what the buffer cannot hold (docs/guardrails.md).
+		sh := audit.NewShared(t, al, audit.SharedOptions{Replica: replicaID, Logger: log})
+		a.Audit = sh
+		a.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_audit_spilled_total",
+			Help: "Audit records written to this replica's audit file because the database's buffer was full or the database did not take them before shutdown."},
+			func() float64 { return float64(sh.Spilled()) }))
+	}
+	a.Deps.Audit = a.Audit
 	a.MCP = server.NewMCPServer(a.Deps, o.Version)
 	a.Handler = server.Handler(a.MCP, fl, server.Options{Version: o.Version,
 		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
@@ -398,11 +416,12 @@ func (a *App) Close() {
 				_ = ss.Close()
 			}
 		}
-		if a.Store != nil {
-			_ = a.Store.Close()
-		}
+		// The audit log first: the shared one stores its buffer through the store's pool.
 		if a.Audit != nil {
 			_ = a.Audit.Close()
+		}
+		if a.Store != nil {
+			_ = a.Store.Close()
 		}
 	})
 }

@@ -28,13 +28,13 @@ type replication struct {
 	wg  sync.WaitGroup  // the catch-ups in flight
 }
 
-func newReplication(p pooled, fl *fleet.Fleet, s Settings, a *App) *replication {
+func newReplication(p pooled, fl *fleet.Fleet, s Settings, a *App, replicaID string) *replication {
 	r := &replication{fleet: fl}
 	names := make([]string, 0, len(fl.Machines()))
 	for _, m := range fl.Machines() {
 		names = append(names, m.Name)
 	}
-	r.leases = lease.New(lease.Options{Pool: p.Pool(), Machines: names, TTL: s.LeaseTTL, Logger: a.Log,
+	r.leases = lease.New(lease.Options{Pool: p.Pool(), Replica: replicaID, Machines: names, TTL: s.LeaseTTL, Logger: a.Log,
 		OnAcquire: func(machine string, _ int64) { r.adopt(a, machine) }})
 	return r
 }

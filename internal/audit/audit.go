@@ -1,6 +1,7 @@
 // Package audit keeps the audit log: one JSON line per call of a tool that
 // changes something on a T3 machine (t3_dispatch, t3_answer, t3_interrupt),
-// appended to <state dir>/audit.log and rotated by size.
+// appended to <state dir>/audit.log and rotated by size (Log), or, when replicas share
+// PostgreSQL, to the database's t3_audit table through a bounded buffer (Shared).
 //
 // A line says who asked (origin, MCP client), what for (tool, machine,
 // project, thread, run or request), whether a person approved it, and how it
@@ -76,6 +77,8 @@ type Record struct {
 	Model   string    `json:"model,omitempty"`   // t3_dispatch: instanceId/model when chosen
 	Origin  string    `json:"origin,omitempty"`
 	Client  Client    `json:"client"`
+	// Replica is the connector replica that served the call (replicas sharing PostgreSQL).
+	Replica string `json:"replica,omitempty"`
 
 	Approval string `json:"approval"`
 	Result   string `json:"result"`
@@ -102,6 +105,37 @@ func (r *Record) SetError(msg string) {
 	r.Result = ResultError
 	r.Error = text.Cut(msg, maxErrorChars)
 }
+
+// Line is the record as the log stores it: one JSON object, no newline, its Time in UTC (a
+// zero Time is set to now). The file and the database table hold the same bytes.
+func (r Record) Line() ([]byte, error) {
+	r = r.normalized()
+	line, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	return line, nil
+}
+
+func (r Record) normalized() Record {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.Time = r.Time.UTC()
+	return r
+}
+
+// Writer is the audit log as the connector writes it: the file (Log) or the shared database
+// table (Shared).
+type Writer interface {
+	Write(Record) error
+	Close() error
+}
+
+var (
+	_ Writer = (*Log)(nil)
+	_ Writer = (*Shared)(nil)
+)
 
 // Options bound the log's size on disk.
 type Options struct {
@@ -158,13 +192,9 @@ func (l *Log) open() error {
 // Write appends r as one line, rotating first when the line would take the
 // file past MaxBytes. A zero Time is set to now.
 func (l *Log) Write(r Record) error {
-	if r.Time.IsZero() {
-		r.Time = time.Now()
-	}
-	r.Time = r.Time.UTC()
-	line, err := json.Marshal(r)
+	line, err := r.Line()
 	if err != nil {
-		return fmt.Errorf("audit log: %w", err)
+		return err
 	}
 	line = append(line, '\n')
 	l.mu.Lock()

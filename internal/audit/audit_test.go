@@ -227,7 +227,7 @@ func TestPrint(t *testing.T) {
 	write(t, l, Record{Time: t0.Add(time.Minute), Tool: "t3_interrupt", Machine: "pc", Thread: "th-2", Approval: Declined, Result: ResultError, Error: "t3_interrupt: the person declined"})
 
 	var b bytes.Buffer
-	n, bad, err := Print(&b, dir, Filter{}, false)
+	n, bad, err := Print(&b, Filter{}, false, FileSource(dir))
 	if err != nil || n != 2 || bad != 0 {
 		t.Fatalf("print: %d %d %v", n, bad, err)
 	}
@@ -245,7 +245,7 @@ func TestPrint(t *testing.T) {
 	}
 
 	b.Reset()
-	n, _, err = Print(&b, dir, Filter{Machine: "pc"}, true)
+	n, _, err = Print(&b, Filter{Machine: "pc"}, true, FileSource(dir))
 	if err != nil || n != 1 {
 		t.Fatalf("json: %d %v", n, err)
 	}

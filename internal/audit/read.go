@@ -106,6 +106,24 @@ func Scan(dir string, f Filter, fn func(line []byte, r Record) error) (bad int, 
 	return bad, nil
 }
 
+// Decode reads one stored line; false when it is not a record.
+func Decode(line []byte) (Record, bool) {
+	var r Record
+	if err := json.Unmarshal(line, &r); err != nil || r.Tool == "" {
+		return Record{}, false
+	}
+	return r, true
+}
+
+// Source is a place audit records are read from, oldest first: the files of a state
+// directory (FileSource) or the database's table (pgstore.Store.ScanAudit).
+type Source func(f Filter, fn func(line []byte, r Record) error) (bad int, err error)
+
+// FileSource reads the log files in dir (Scan).
+func FileSource(dir string) Source {
+	return func(f Filter, fn func([]byte, Record) error) (int, error) { return Scan(dir, f, fn) }
+}
+
 func scanFile(path string, f Filter, fn func([]byte, Record) error) (bad int, err error) {
 	file, err := os.Open(path)
 	if err != nil {
@@ -120,8 +138,7 @@ func scanFile(path string, f Filter, fn func([]byte, Record) error) (bad int, er
 		line, rerr := br.ReadBytes('\n')
 		line = bytes.TrimRight(line, "\r\n")
 		if len(bytes.TrimSpace(line)) > 0 {
-			var r Record
-			if err := json.Unmarshal(line, &r); err != nil || r.Tool == "" {
+			if r, ok := Decode(line); !ok {
 				bad++
 			} else if f.Match(r) {
 				if err := fn(line, r); err != nil {
@@ -138,13 +155,23 @@ func scanFile(path string, f Filter, fn func([]byte, Record) error) (bad int, er
 	}
 }
 
-// Print writes the matching records of the log in dir to w: the JSON lines as
-// stored when asJSON, else a table. It returns how many records it printed
-// and how many lines it could not read.
-func Print(w io.Writer, dir string, f Filter, asJSON bool) (n, bad int, err error) {
+// Print writes the matching records of the sources, one source after the other, to w: the JSON
+// lines as stored when asJSON, else a table. It returns how many records it printed and how
+// many lines it could not read.
+func Print(w io.Writer, f Filter, asJSON bool, sources ...Source) (n, bad int, err error) {
+	scan := func(fn func([]byte, Record) error) error {
+		for _, src := range sources {
+			b, err := src(f, fn)
+			bad += b
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if asJSON {
 		bw := bufio.NewWriter(w)
-		bad, err = Scan(dir, f, func(line []byte, _ Record) error {
+		err = scan(func(line []byte, _ Record) error {
 			n++
 			if _, err := bw.Write(line); err != nil {
 				return err
@@ -158,7 +185,7 @@ func Print(w io.Writer, dir string, f Filter, asJSON bool) (n, bad int, err erro
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tTOOL\tMACHINE\tPROJECT\tTHREAD\tAPPROVAL\tRESULT\tCLIENT\tORIGIN\tPROMPT")
-	bad, err = Scan(dir, f, func(_ []byte, r Record) error {
+	err = scan(func(_ []byte, r Record) error {
 		n++
 		_, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.Time.UTC().Format(time.RFC3339), r.Tool, dash(r.Machine), dash(r.Project), dash(r.Thread),

@@ -45,6 +45,20 @@ var _ store.Store = (*Store)(nil)
 // Open connects to the database the URL names (postgres://…), applies the migrations it lacks
 // and returns the store.
 func Open(ctx context.Context, databaseURL string) (*Store, error) {
+	s, err := connect(ctx, databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if err := Migrate(ctx, s.pool); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("store: %s: %w", s.location, s.redact(err))
+	}
+	return s, nil
+}
+
+// connect makes the pool; it connects lazily (Open's migration, or Connect's ping, is the
+// first use).
+func connect(ctx context.Context, databaseURL string) (*Store, error) {
 	loc, secret := describe(databaseURL)
 	s := &Store{location: loc, secret: secret}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
@@ -56,10 +70,6 @@ func Open(ctx context.Context, databaseURL string) (*Store, error) {
 		return nil, fmt.Errorf("store: %s: %w", loc, s.redact(err))
 	}
 	s.pool = pool
-	if err := Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("store: %s: %w", loc, s.redact(err))
-	}
 	return s, nil
 }
 
