@@ -21,16 +21,9 @@ import (
 // approvalDecisions are what T3 accepts for an approval request.
 var approvalDecisions = threadview.ApprovalDecisions
 
-func answerTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
+func answerTool(d *Deps) func(context.Context, *Call, *mcptools.AnswerInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.AnswerInput) (Result, error) {
 		const tool = mcptools.ToolAnswer
-		if len(c.Args) > d.Limits.MaxAnswerBytes {
-			return Result{}, fmt.Errorf("%s: the answers are %d bytes, more than the limit of %d (T3CODE_MCP_MAX_ANSWER_BYTES)", tool, len(c.Args), d.Limits.MaxAnswerBytes)
-		}
-		var in mcptools.AnswerInput
-		if err := decodeArgs(tool, c.Args, &in); err != nil {
-			return Result{}, err
-		}
 		f, err := d.actOn(tool, c, in.ThreadID, "answer questions")
 		if err != nil {
 			return Result{}, err
@@ -61,7 +54,7 @@ func answerTool(d *Deps) Handler {
 			// T3 would accept an answer and deliver it nowhere.
 			return Result{}, fmt.Errorf("%s: thread %q: request %s cannot be answered any more (T3: not_resumable, %s); stop the run with t3_interrupt, or dispatch the prompt again", tool, f.Shell.ID, pending.ID, reason)
 		}
-		cmd, err := buildResponse(f.Shell.ID, pending, item, in)
+		cmd, err := buildResponse(f.Shell.ID, pending, item, *in)
 		if err != nil {
 			return Result{}, fmt.Errorf("%s: thread %q: %w", tool, f.Shell.ID, err)
 		}
@@ -73,11 +66,7 @@ func answerTool(d *Deps) Handler {
 			return Result{}, fmt.Errorf("%s: sending the answer to thread %q on machine %q failed: %w", tool, f.Shell.ID, m.Name, err)
 		}
 		d.answered.add(pending.ID)
-		shell, _ := m.Watcher().Thread(f.Shell.ID)
-		if shell.ID == "" {
-			shell = f.Shell
-		}
-		st, err := d.state(ctx, f, shell, 3, nil)
+		_, st, err := d.stateAfter(ctx, f)
 		if err != nil {
 			return Result{}, err
 		}

@@ -9,7 +9,9 @@ import (
 )
 
 // A wrong argument is named with what it must be and what was sent, never
-// with the decoder's byte offsets.
+// with the decoder's byte offsets. The calls go through each tool's adapter
+// (typed) with an empty Deps: the arguments are refused before the handler
+// runs, so no handler decodes them itself.
 func TestArgumentErrorsNameTheFieldTheTypeAndTheValue(t *testing.T) {
 	cases := []struct {
 		tool, raw, want string
@@ -39,12 +41,38 @@ func TestArgumentErrorsNameTheFieldTheTypeAndTheValue(t *testing.T) {
 		if err == nil || len(err.Error()) < len(tc.want) || err.Error()[:len(tc.want)] != tc.want {
 			t.Errorf("%s %s:\n got %v\nwant %s…", tc.tool, tc.raw, err, tc.want)
 		}
+		_, err = call(t, tc.tool, tc.raw)
+		if err == nil || len(err.Error()) < len(tc.want) || err.Error()[:len(tc.want)] != tc.want {
+			t.Errorf("%s %s through the tool's adapter:\n got %v\nwant %s…", tc.tool, tc.raw, err, tc.want)
+		}
+	}
+}
+
+// call runs a tool's handler as All builds it, with an empty Deps (default
+// limits): what it can answer without a fleet.
+func call(t *testing.T, tool, raw string) (Result, error) {
+	t.Helper()
+	for _, tl := range All() {
+		if tl.Spec.Name == tool {
+			return tl.Handler(&Deps{Limits: Limits{}.withDefaults()})(t.Context(), &Call{Args: json.RawMessage(raw)})
+		}
+	}
+	t.Fatalf("no tool %s", tool)
+	return Result{}, nil
+}
+
+// t3_answer's arguments are bounded before they are decoded.
+func TestAnswerArgumentsOverTheLimitAreRefusedBeforeDecoding(t *testing.T) {
+	raw := `{"thread_id":"t","answers":{"q":"` + strings.Repeat("x", 64<<10) + `"},"bogus":1}`
+	_, err := call(t, mcptools.ToolAnswer, raw)
+	if err == nil || !strings.Contains(err.Error(), "more than the limit of 65536 (T3CODE_MCP_MAX_ANSWER_BYTES)") {
+		t.Fatalf("err = %v", err)
 	}
 }
 
 // run_id only picks the run of a diff: alone it would be ignored without a word.
 func TestThreadRunIDWithoutDiffIsRefused(t *testing.T) {
-	_, err := threadTool(&Deps{})(t.Context(), &Call{Args: json.RawMessage(`{"thread_id":"t","run_id":"r"}`)})
+	_, err := call(t, mcptools.ToolThread, `{"thread_id":"t","run_id":"r"}`)
 	if err == nil || !strings.Contains(err.Error(), "pass diff: true") {
 		t.Fatalf("err = %v", err)
 	}

@@ -19,13 +19,9 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
-func dispatchTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
+func dispatchTool(d *Deps) func(context.Context, *Call, *mcptools.DispatchInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.DispatchInput) (Result, error) {
 		const tool = mcptools.ToolDispatch
-		var in mcptools.DispatchInput
-		if err := decodeArgs(tool, c.Args, &in); err != nil {
-			return Result{}, err
-		}
 		machine, project := strings.TrimSpace(in.Machine.Or("")), strings.TrimSpace(in.Project.Or(""))
 		threadID := strings.TrimSpace(in.ThreadID.Or(""))
 		// Recorded as asked until resolved below.
@@ -45,7 +41,7 @@ func dispatchTool(d *Deps) Handler {
 				return Result{}, err
 			}
 		}
-		fingerprint := callFingerprint(in)
+		fingerprint := callFingerprint(*in)
 		if key != "" {
 			unlock := d.idem.locks.lock(key)
 			defer unlock()
@@ -66,9 +62,9 @@ func dispatchTool(d *Deps) Handler {
 		)
 		if threadID != "" {
 			// A follow-up: the thread knows its machine and project.
-			plan, m, shell, ctx, err = continuePlan(ctx, d, c, threadID, in)
+			plan, m, shell, ctx, err = continuePlan(ctx, d, c, threadID, *in)
 		} else {
-			plan, m, ctx, err = newThreadPlan(ctx, d, c, machine, project, in)
+			plan, m, ctx, err = newThreadPlan(ctx, d, c, machine, project, *in)
 		}
 		if err != nil {
 			return Result{}, err

@@ -22,6 +22,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
@@ -407,4 +408,15 @@ func (d *Deps) actOn(tool string, c *Call, threadID, verb string) (fleet.Found, 
 		return fleet.Found{}, err
 	}
 	return f, nil
+}
+
+// stateAfter is the state of the thread a mutating tool acted on, from its
+// row now (the row it was found by, if the watcher has none).
+func (d *Deps) stateAfter(ctx context.Context, f fleet.Found) (t3rpc.ThreadShell, mcptools.ThreadState, error) {
+	shell, _ := f.Machine.Watcher().Thread(f.Shell.ID)
+	if shell.ID == "" {
+		shell = f.Shell
+	}
+	st, err := d.state(ctx, f, shell, 3, nil)
+	return shell, st, err
 }

@@ -13,13 +13,9 @@ import (
 // interruptReason is the reason t3_interrupt gives T3.
 const interruptReason = "interrupted through t3code-mcp"
 
-func interruptTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
+func interruptTool(d *Deps) func(context.Context, *Call, *mcptools.InterruptInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.InterruptInput) (Result, error) {
 		const tool = mcptools.ToolInterrupt
-		var in mcptools.InterruptInput
-		if err := decodeArgs(tool, c.Args, &in); err != nil {
-			return Result{}, err
-		}
 		f, err := d.actOn(tool, c, in.ThreadID, "interrupt runs")
 		if err != nil {
 			return Result{}, err
@@ -54,11 +50,7 @@ func interruptTool(d *Deps) Handler {
 			// after must not report it from a row that has not caught up.
 			d.answered.add(p.ID)
 		}
-		shell, _ := m.Watcher().Thread(f.Shell.ID)
-		if shell.ID == "" {
-			shell = f.Shell
-		}
-		st, err := d.state(ctx, f, shell, 3, nil)
+		shell, st, err := d.stateAfter(ctx, f)
 		if err != nil {
 			return Result{}, err
 		}

@@ -9,12 +9,8 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 )
 
-func machinesTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
-		var in mcptools.MachinesInput
-		if err := decodeArgs(mcptools.ToolMachines, c.Args, &in); err != nil {
-			return Result{}, err
-		}
+func machinesTool(d *Deps) func(context.Context, *Call, *mcptools.MachinesInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.MachinesInput) (Result, error) {
 		out := mcptools.MachinesOutput{Machines: []mcptools.Machine{}}
 		var b strings.Builder
 		var lookups map[string]int

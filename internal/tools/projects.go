@@ -17,12 +17,8 @@ func modelString(p t3rpc.Project) string {
 	return ""
 }
 
-func projectsTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
-		var in mcptools.ProjectsInput
-		if err := decodeArgs(mcptools.ToolProjects, c.Args, &in); err != nil {
-			return Result{}, err
-		}
+func projectsTool(d *Deps) func(context.Context, *Call, *mcptools.ProjectsInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.ProjectsInput) (Result, error) {
 		m, err := d.readyMachine(mcptools.ToolProjects, in.Machine)
 		if err != nil {
 			return Result{}, err

@@ -104,12 +104,8 @@ func stateText(st mcptools.ThreadState) string {
 	return b.String()
 }
 
-func threadTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
-		var in mcptools.ThreadInput
-		if err := decodeArgs(mcptools.ToolThread, c.Args, &in); err != nil {
-			return Result{}, err
-		}
+func threadTool(d *Deps) func(context.Context, *Call, *mcptools.ThreadInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.ThreadInput) (Result, error) {
 		if in.RunID.Set && !in.Diff.Or(false) {
 			return Result{}, fmt.Errorf("%s: run_id picks the run whose diff to show; pass diff: true with it, or leave run_id out", mcptools.ToolThread)
 		}

@@ -32,13 +32,9 @@ type listed struct {
 	match    string
 }
 
-func threadsTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
+func threadsTool(d *Deps) func(context.Context, *Call, *mcptools.ThreadsInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.ThreadsInput) (Result, error) {
 		const tool = mcptools.ToolThreads
-		var in mcptools.ThreadsInput
-		if err := decodeArgs(tool, c.Args, &in); err != nil {
-			return Result{}, err
-		}
 		m, err := d.readyMachine(tool, in.Machine)
 		if err != nil {
 			return Result{}, err

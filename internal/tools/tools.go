@@ -12,8 +12,9 @@
 // Every tool error is a tool result with isError set and a message naming the
 // machine, thread or field at fault and what to do; protocol errors are left to
 // the SDK for protocol faults only. Nothing a caller sends can crash the server:
-// arguments are decoded by the generated decoders and every handler runs under
-// a recover.
+// one generic adapter (typed) decodes and validates every call's arguments into
+// the tool's generated input type before its handler runs, and every handler
+// runs under a recover (wrap).
 package tools
 
 import (
@@ -193,28 +194,83 @@ type Tool struct {
 	Handler func(d *Deps) Handler
 }
 
+// handlers pairs every declared tool with its typed handler (see typed).
+var handlers = map[string]adapter{
+	mcptools.ToolMachines:  typed(machinesTool),
+	mcptools.ToolProjects:  typed(projectsTool),
+	mcptools.ToolDispatch:  typed(dispatchTool),
+	mcptools.ToolThread:    typed(threadTool),
+	mcptools.ToolWait:      typed(waitTool),
+	mcptools.ToolAnswer:    argsAtMost(answerArgsLimit, typed(answerTool)),
+	mcptools.ToolInterrupt: typed(interruptTool),
+	mcptools.ToolWatch:     typed(watchTool),
+	mcptools.ToolThreads:   typed(threadsTool),
+}
+
 // All returns the tools in declaration order.
 func All() []Tool {
-	handlers := map[string]func(d *Deps) Handler{
-		mcptools.ToolMachines:  machinesTool,
-		mcptools.ToolProjects:  projectsTool,
-		mcptools.ToolDispatch:  dispatchTool,
-		mcptools.ToolThread:    threadTool,
-		mcptools.ToolWait:      waitTool,
-		mcptools.ToolAnswer:    answerTool,
-		mcptools.ToolInterrupt: interruptTool,
-		mcptools.ToolWatch:     watchTool,
-		mcptools.ToolThreads:   threadsTool,
-	}
 	out := make([]Tool, 0, len(mcptools.Tools))
 	for _, s := range mcptools.Tools {
-		h, ok := handlers[s.Name]
+		a, ok := handlers[s.Name]
 		if !ok {
 			panic("tools: no handler for declared tool " + s.Name)
 		}
-		out = append(out, Tool{Spec: s, Handler: h})
+		out = append(out, Tool{Spec: s, Handler: func(d *Deps) Handler { return a(d, s.Name) }})
 	}
 	return out
+}
+
+// adapter makes the Handler of the tool named tool.
+type adapter func(d *Deps, tool string) Handler
+
+// args is what the generated input types implement (through their pointer):
+// a decoder that names the field at fault, and Validate where the schema has
+// constraints (decodeArgs calls it when present).
+type args[In any] interface {
+	*In
+	decoder
+}
+
+// typed is the one adapter from a tool's typed handler to a Handler: the
+// call's arguments are decoded and validated into the tool's generated input
+// type (decodeArgs: errors in words an agent can act on) before the handler
+// runs, so no handler decodes arguments itself. Its errors, like the
+// handler's, become isError results in wrap.
+func typed[In any, P args[In]](h func(d *Deps) func(ctx context.Context, c *Call, in P) (Result, error)) adapter {
+	return func(d *Deps, tool string) Handler {
+		run := h(d)
+		return func(ctx context.Context, c *Call) (Result, error) {
+			in := P(new(In))
+			if err := decodeArgs(tool, c.Args, in); err != nil {
+				return Result{}, err
+			}
+			return run(ctx, c, in)
+		}
+	}
+}
+
+// argsLimit is a bound on a tool's arguments in bytes: what the limit is, the
+// arguments named in its error, and the setting that raises it.
+type argsLimit struct {
+	max     func(Limits) int
+	what    string
+	setting string
+}
+
+// answerArgsLimit bounds t3_answer's answers (T3CODE_MCP_MAX_ANSWER_BYTES).
+var answerArgsLimit = argsLimit{max: func(l Limits) int { return l.MaxAnswerBytes }, what: "the answers", setting: "T3CODE_MCP_MAX_ANSWER_BYTES"}
+
+// argsAtMost refuses arguments over the limit before they are decoded.
+func argsAtMost(l argsLimit, next adapter) adapter {
+	return func(d *Deps, tool string) Handler {
+		h := next(d, tool)
+		return func(ctx context.Context, c *Call) (Result, error) {
+			if max := l.max(d.Limits); len(c.Args) > max {
+				return Result{}, fmt.Errorf("%s: %s are %d bytes, more than the limit of %d (%s)", tool, l.what, len(c.Args), max, l.setting)
+			}
+			return h(ctx, c)
+		}
+	}
 }
 
 // Register adds every tool to s.

@@ -17,15 +17,11 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/wait"
 )
 
-func waitTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
+func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.WaitInput) (Result, error) {
 		const tool = mcptools.ToolWait
-		var in mcptools.WaitInput
-		if err := decodeArgs(tool, c.Args, &in); err != nil {
-			return Result{}, err
-		}
 		if len(in.ThreadIds) > 0 || !in.ThreadID.Set {
-			return d.waitAny(ctx, c, in) // waitany.go
+			return d.waitAny(ctx, c, *in) // waitany.go
 		}
 		// A thread archived before the call is found too: the wait then
 		// answers archived at once (wait.Wait asks the watcher's Gone).
@@ -36,7 +32,7 @@ func waitTool(d *Deps) Handler {
 		if err := f.Machine.Ready(); err != nil {
 			return Result{}, err
 		}
-		ctx, timeout, end, err := d.beginWait(ctx, c, in)
+		ctx, timeout, end, err := d.beginWait(ctx, c, *in)
 		if err != nil {
 			return Result{}, err
 		}

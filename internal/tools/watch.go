@@ -10,13 +10,9 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 )
 
-func watchTool(d *Deps) Handler {
-	return func(ctx context.Context, c *Call) (Result, error) {
+func watchTool(d *Deps) func(context.Context, *Call, *mcptools.WatchInput) (Result, error) {
+	return func(ctx context.Context, c *Call, in *mcptools.WatchInput) (Result, error) {
 		const tool = mcptools.ToolWatch
-		var in mcptools.WatchInput
-		if err := decodeArgs(tool, c.Args, &in); err != nil {
-			return Result{}, err
-		}
 		id, hasID := in.ThreadID.Get()
 		enabled, hasEnabled := in.Enabled.Get()
 		switch {
