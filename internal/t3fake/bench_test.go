@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/go-faster/jx"
@@ -113,4 +115,100 @@ func BenchmarkThreadGET5000(b *testing.B) {
 	for range b.N {
 		get()
 	}
+}
+
+// loadPrompt is the load harness's prompt (internal/loadtest.Prompt, which imports this package).
+const loadPrompt = "Fix the flaky test in the payment service: the retry loop asserts before the ledger has settled, " +
+	"so make it wait for the settlement event and run the whole suite afterwards."
+
+// countingSubscriber subscribes to the shell and acks every Chunk without decoding it (a frame
+// that starts with the Chunk tag), so that the benchmark measures the fake, not a decoder.
+func countingSubscriber(b *testing.B, s *Server) (done <-chan struct{}) {
+	b.Helper()
+	ctx := context.Background()
+	ws, _, err := websocket.Dial(ctx, s.WebSocketURL()+"?orchestrationProtocol=2", &websocket.DialOptions{
+		HTTPClient: httpClient, HTTPHeader: map[string][]string{"Authorization": {"Bearer " + s.Token()}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws.SetReadLimit(-1)
+	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"_tag":"Request","id":"0","tag":"orchestration.subscribeShell","payload":{"requestCompletionMarker":true},"headers":[]}`)); err != nil {
+		b.Fatal(err)
+	}
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		chunk := []byte(`{"_tag":"Chunk"`)
+		head := make([]byte, len(chunk))
+		buf := make([]byte, 64<<10)
+		for {
+			_, r, err := ws.Reader(ctx)
+			if err != nil {
+				return
+			}
+			n, _ := io.ReadFull(r, head)
+			if _, err := io.CopyBuffer(io.Discard, r, buf); err != nil {
+				return
+			}
+			if n == len(chunk) && string(head) == string(chunk) {
+				_ = ws.Write(ctx, websocket.MessageText, []byte(`{"_tag":"Ack","requestId":"0"}`))
+			}
+		}
+	}()
+	return ch
+}
+
+// processCPU is the process's user+system CPU time so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkLoadRuns is the fake's cost per settled run as the load harness drives it: 1,000
+// threads with uuid-length ids and one finished run each, the harness's prompt, KeepRuns 20, a
+// new default-script run on every thread per round and every queued run stepped once per round
+// until it settles (seven steps, eight shell rows, twelve events), one shell subscriber that
+// acks every Chunk. One op is one settled run.
+func BenchmarkLoadRuns(b *testing.B) {
+	s, err := New(Options{ManualSteps: true, KeepRuns: 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid := s.AddProject("load", "/srv/load")
+	threads := make([]string, 1000)
+	for i := range threads {
+		threads[i] = fmt.Sprintf("thread-%08x-1111-4222-8333-%012x", i, i)
+		if err := s.AddThreadWithID(pid, threads[i], fmt.Sprint("Load thread ", i, " on m-0")); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.StartRun(threads[i], loadPrompt); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s.StepAll()
+	done := countingSubscriber(b, s)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU(b)
+	runs := 0
+	for runs < b.N {
+		for _, tid := range threads {
+			if _, err := s.StartRun(tid, loadPrompt); err != nil {
+				b.Fatal(err)
+			}
+		}
+		s.StepAll()
+		runs += len(threads)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(runs)/b.Elapsed().Seconds(), "runs/s")
+	// CPU per run of the whole process (the fake and the subscriber's reads): on a shared
+	// machine wall time says more about the neighbours than about the fake.
+	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(runs), "cpu-ns/run")
+	s.Close()
+	<-done
 }

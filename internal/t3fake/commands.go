@@ -244,7 +244,7 @@ func (s *Server) threadCreate(c *t3rpc.ThreadCreateCommand) (int64, *t3rpc.Tagge
 	if th := s.threadByID[c.ThreadId]; th != nil {
 		// Recorded: thread.create on an existing id is accepted and only re-announces the thread.
 		s.touch(th)
-		s.emit(th, "", "thread.created", encode(&th.app))
+		s.emit(th, "", "thread.created", copyOf(th.app))
 		s.publishShell(th)
 		return s.head, nil
 	}
@@ -284,7 +284,7 @@ func (s *Server) messageDispatch(c *t3rpc.MessageDispatchCommand) (int64, *t3rpc
 		return s.head, nil
 	}
 	// On a busy thread the run is queued behind the active one (fixture 21).
-	s.startRun(th, c.MessageId, c.Text, c.ModelSelection, false)
+	s.startRun(th, c.MessageId, c.Text, c.ModelSelection, false, false)
 	return s.head, nil
 }
 
@@ -302,7 +302,7 @@ func (s *Server) archive(cmdID, threadID string) (int64, *t3rpc.TaggedError) {
 	th.archived = true
 	th.app.ArchivedAt = optNilStr(ts)
 	th.shell.ArchivedAt = optNilStr(ts)
-	s.emit(th, "", "thread.archived", encode(&th.app))
+	s.emit(th, "", "thread.archived", copyOf(th.app))
 	if r := th.active; r != nil {
 		it := s.newItem(r, "error:archived", "error", "failed", "Run failed", true)
 		it.Failure = t3rpc.NewOptFailure(t3rpc.Failure{
@@ -390,7 +390,7 @@ func (s *Server) modelSelectionSet(c *t3rpc.ThreadModelSelectionSetCommand) (int
 	s.touch(th)
 	th.app.ModelSelection = t3rpc.NewOptModelSelection(c.ModelSelection)
 	th.shell.ModelSelection = th.app.ModelSelection
-	s.emit(th, "", "thread.model-selection-updated", encode(&th.app))
+	s.emit(th, "", "thread.model-selection-updated", copyOf(th.app))
 	s.publishShell(th)
 	return s.head, nil
 }
@@ -444,7 +444,7 @@ func (s *Server) launchThread(payload jx.Raw, scopes []string) result {
 		if id == "" {
 			id = "message:launch:" + in.CommandId // T3 makes one when the client sends none
 		}
-		r := s.startRun(th, id, msg.Text, t3rpc.OptModelSelection{}, true)
+		r := s.startRun(th, id, msg.Text, t3rpc.OptModelSelection{}, true, false)
 		if pv != nil {
 			r.provision = pv
 			r.steps = append([]stepFunc{stepProvision}, r.steps...)

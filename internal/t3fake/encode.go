@@ -53,6 +53,42 @@ func withEncoder(f func(e *jx.Encoder)) jx.Raw {
 	return out
 }
 
+// slab gives encoded stream items their bytes out of shared blocks: one allocation per block
+// instead of one per item, and the item is encoded in place instead of copied out of a pooled
+// encoder's buffer (under load that copy and its allocation cost more than the encoding). An item
+// keeps its block alive while the log or a queue holds it; blocks are small next to the log.
+// Used under Server.mu.
+type slab struct {
+	enc jx.Encoder
+	buf []byte // the current block; its free part is buf[len(buf):cap(buf)]
+}
+
+const (
+	slabBlock   = 64 << 10 // a block's size
+	slabMinFree = 4 << 10  // a block with less free space left is retired
+)
+
+// encode writes one value with f and returns its bytes, capacity trimmed so that nothing can
+// append into the block.
+func (sl *slab) encode(f func(e *jx.Encoder)) jx.Raw {
+	if cap(sl.buf)-len(sl.buf) < slabMinFree {
+		sl.buf = make([]byte, 0, slabBlock)
+	}
+	start := len(sl.buf)
+	free := sl.buf[start:cap(sl.buf)]
+	sl.enc.Reset()
+	sl.enc.SetBytes(free[:0])
+	f(&sl.enc)
+	out := sl.enc.Bytes()
+	sl.enc.SetBytes(nil)
+	if len(out) > 0 && &out[0] == &free[0] { // written in place
+		sl.buf = sl.buf[:start+len(out)]
+		return jx.Raw(out[:len(out):len(out)])
+	}
+	// It outgrew the block (a snapshot, say) and the encoder moved it to an allocation of its own.
+	return jx.Raw(out[:len(out):len(out)])
+}
+
 // encode renders one generated value to its wire bytes. Stream items are encoded once here and the
 // bytes are shared by every subscriber, which keeps fan-out cheap under load.
 func encode(v encoder) jx.Raw {

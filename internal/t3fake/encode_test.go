@@ -118,3 +118,99 @@ func TestAddThreadWithID(t *testing.T) {
 		t.Error("an unknown project was accepted")
 	}
 }
+
+// TestShellRowsMatchGenerated pins that publishShell, which writes the thread.updated envelope
+// itself and encodes the row in place, sends exactly what encoding a t3rpc.ShellStreamItem gives,
+// for rows of every kind a run passes through (and an archived one).
+func TestShellRowsMatchGenerated(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("payments", "/srv/payments")
+	tid := s.AddThread(pid, "Fix \"the\" flaky test\n", "idle")
+	for _, prompt := range []string{"attempt one", "please ask a question", "Please fail: now"} {
+		if _, err := s.StartRun(tid, prompt); err != nil {
+			t.Fatal(err)
+		}
+		s.StepAll()
+		s.mu.Lock()
+		if r := s.threadByID[tid].active; r != nil {
+			s.interrupt(r, "")
+		}
+		s.mu.Unlock()
+		s.StepAll()
+	}
+	s.mu.Lock()
+	th := s.threadByID[tid]
+	th.archived = true
+	s.publishShell(th)
+	entries := append([]logEntry(nil), s.log...)
+	s.mu.Unlock()
+	rows := 0
+	for _, e := range entries {
+		if e.shellKind != "shell:thread.updated" {
+			continue
+		}
+		rows++
+		var item t3rpc.ShellStreamItem
+		if err := item.Decode(jx.DecodeBytes(e.shell)); err != nil {
+			t.Fatalf("seq %d: %v\n%s", e.seq, err, e.shell)
+		}
+		if want := encode(&item); !bytes.Equal(e.shell, want) {
+			t.Errorf("seq %d: row\n%s\nwant\n%s", e.seq, e.shell, want)
+		}
+		if item.Sequence.Value != e.seq {
+			t.Errorf("seq %d: row says sequence %d", e.seq, item.Sequence.Value)
+		}
+	}
+	if rows < 15 {
+		t.Fatalf("only %d rows checked", rows)
+	}
+}
+
+// TestEventPayloadsAreTakenAtEmit pins that an event encoded late (a thread subscription's
+// replay encodes the log's events on demand) carries the record as it was when the event
+// happened, not as it is now.
+func TestEventPayloadsAreTakenAtEmit(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("payments", "/srv/payments")
+	tid := s.AddThread(pid, "Fix the flaky test", "idle")
+	if _, err := s.StartRun(tid, "attempt one"); err != nil {
+		t.Fatal(err)
+	}
+	s.StepAll()
+	var runStatuses, commandStatuses []string
+	s.mu.Lock()
+	for i := range s.log {
+		e := &s.log[i]
+		if e.evType == "" {
+			continue
+		}
+		var item t3rpc.ThreadStreamItem
+		if err := item.Decode(jx.DecodeBytes(e.threadItem())); err != nil {
+			t.Fatal(err)
+		}
+		payload := item.Event.Value.Payload
+		switch e.evType {
+		case "run.created", "run.updated":
+			var r t3rpc.Run
+			if err := r.Decode(jx.DecodeBytes(payload)); err != nil {
+				t.Fatal(err)
+			}
+			runStatuses = append(runStatuses, r.Status)
+		case "turn-item.updated":
+			var it t3rpc.TurnItem
+			if err := it.Decode(jx.DecodeBytes(payload)); err != nil {
+				t.Fatal(err)
+			}
+			if it.Type == "command_execution" {
+				commandStatuses = append(commandStatuses, it.Status.Value)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if got, want := fmt.Sprint(runStatuses), "[starting running waiting completed]"; got != want {
+		t.Errorf("run statuses in the events: %s, want %s", got, want)
+	}
+	if got, want := fmt.Sprint(commandStatuses), "[running completed]"; got != want {
+		t.Errorf("command item statuses in the events: %s, want %s", got, want)
+	}
+}

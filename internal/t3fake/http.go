@@ -358,7 +358,7 @@ func (s *Server) handleHistory(w http.ResponseWriter, r *http.Request) {
 		end++ // items are in ordinal order: runs are sequential and number their items upwards
 	}
 	start := max(0, end-s.historyPage)
-	page := append([]t3rpc.TurnItem{}, th.items[start:end]...)
+	page := itemValues(th.items[start:end])
 	s.mu.Unlock()
 	out := t3api.ThreadHistoryPage{
 		SnapshotSequence: seq,

@@ -2,6 +2,7 @@ package t3fake
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -82,6 +83,33 @@ func chooseScript(prompt string) scriptKind {
 	return scriptDefault
 }
 
+// promptFacts is what the fake derives from a prompt: its script and the excerpt a reply quotes.
+type promptFacts struct {
+	kind    scriptKind
+	excerpt string
+}
+
+// maxPromptFacts bounds Server.prompts; the load harness uses three prompts, tests a few dozen.
+const maxPromptFacts = 256
+
+// facts returns prompt's facts, remembered: splitting a 200-character prompt into words for
+// every run was a visible part of the fake's cost under load. Callers hold Server.mu.
+func (s *Server) facts(prompt string) promptFacts {
+	if f, ok := s.prompts[prompt]; ok {
+		return f
+	}
+	f := promptFacts{kind: chooseScript(prompt), excerpt: excerpt(prompt, 60)}
+	if len(s.prompts) >= maxPromptFacts {
+		clear(s.prompts)
+	}
+	s.prompts[prompt] = f
+	return f
+}
+
+func (s *Server) scriptOf(prompt string) scriptKind { return s.facts(prompt).kind }
+
+func (s *Server) promptExcerpt(prompt string) string { return s.facts(prompt).excerpt }
+
 // ScriptFor names the script a prompt would run.
 func ScriptFor(prompt string) string { return scripts[chooseScript(prompt)].Name }
 
@@ -125,6 +153,8 @@ type run struct {
 	readyAt  time.Time
 	nextItem int64
 
+	esc          string              // escapedID's cache
+	itemIDs      []string            // ids of the items putNewItem added for this run
 	files        []t3rpc.ChangedFile // what the checkpoint lists
 	commandItem  string              // the command_execution item while it runs
 	requestID    string              // the runtime request while pending
@@ -134,6 +164,15 @@ type run struct {
 	interrupting bool
 	interruptReq string     // the run_interrupt_request item
 	provision    *provision // a worktree launch's run: what stepProvision does first
+}
+
+// escapedID is the run id as nested in item, message and request ids (pathEscapeColons),
+// made once per run.
+func (r *run) escapedID() string {
+	if r.esc == "" {
+		r.esc = pathEscapeColons(r.rec.ID)
+	}
+	return r.esc
 }
 
 // interruptible matches T3's refusal text "Run … is not interruptible." for the rest.
@@ -151,7 +190,10 @@ func (r *run) interruptible() bool {
 // startRun creates run n+1 of th for a user message, emits what T3 emits when message.dispatch
 // is accepted (run.created, the user message and its turn item, the shell row) and schedules the
 // script. launched runs (launchThread) start in preparing, as T3's do.
-func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptModelSelection, launched bool) *run {
+//
+// serverMessage says the message id was made by the fake (StartRun): it is new, so its message
+// and item are appended without a search.
+func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptModelSelection, launched, serverMessage bool) *run {
 	th.runCount++ // not len(th.runs): pruning shortens it, ordinals must not repeat
 	ordinal := th.runCount
 	id := fmt.Sprintf("run:thread:%s:ordinal:%d", th.id, ordinal)
@@ -168,7 +210,7 @@ func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptMod
 		status = "queued"
 	}
 	ts := s.touch(th)
-	r := &run{th: th, prompt: text, kind: chooseScript(text)}
+	r := &run{th: th, prompt: text, kind: s.scriptOf(text)}
 	r.rec = t3rpc.Run{
 		ID:             id,
 		ThreadId:       th.id,
@@ -192,20 +234,28 @@ func (s *Server) startRun(th *thread, messageID, text string, model t3rpc.OptMod
 	} else {
 		th.active = r
 	}
-	s.emit(th, id, "run.created", encode(&r.rec))
+	s.emit(th, id, "run.created", copyOf(r.rec))
 
 	msg := t3rpc.Message{
 		ID: messageID, ThreadId: optStr(th.id), RunId: optNilStr(id), Role: "user", Text: text,
 		Streaming: t3rpc.NewOptBool(false), CreatedAt: optStr(ts), UpdatedAt: optStr(ts),
 	}
-	th.upsertMessage(msg)
-	s.emit(th, id, "message.updated", encode(&msg))
+	if serverMessage {
+		th.messages = append(th.messages, msg)
+	} else {
+		th.upsertMessage(msg)
+	}
+	s.emit(th, id, "message.updated", &msg)
 
 	it := s.newItem(r, "", "user_message", "completed", "", true)
 	it.ID = "turn-item:message:" + messageID // T3's id for a user message item
 	it.MessageId = optStr(messageID)
 	it.Text = optStr(text)
-	s.putItem(r, it)
+	if serverMessage {
+		s.putNewItem(r, it)
+	} else {
+		s.putItem(r, it)
+	}
 
 	th.shell.Status = status
 	th.shell.LatestRunId = optNilStr(id)
@@ -258,7 +308,7 @@ func (s *Server) seedRun(th *thread, status string) {
 		th.shell.LatestRunCompletedAt = optNilStr(ts)
 	}
 	th.runs = append(th.runs, r)
-	s.emit(th, id, "run.created", encode(&r.rec))
+	s.emit(th, id, "run.created", copyOf(r.rec))
 	s.publishShell(th)
 }
 
@@ -373,7 +423,7 @@ func (s *Server) newItem(r *run, key, typ, status, title string, done bool) t3rp
 	r.nextItem++
 	ts := s.ts()
 	it := t3rpc.TurnItem{
-		ID:           fmt.Sprintf("turn-item:run:%s:%s", pathEscapeColons(r.rec.ID), key),
+		ID:           "turn-item:run:" + r.escapedID() + ":" + key,
 		Type:         typ,
 		ThreadId:     optStr(r.th.id),
 		RunId:        optNilStr(r.rec.ID),
@@ -392,11 +442,25 @@ func (s *Server) newItem(r *run, key, typ, status, title string, done bool) t3rp
 }
 
 func (s *Server) putItem(r *run, it t3rpc.TurnItem) {
-	r.th.upsertItem(it)
-	s.emit(r.th, r.rec.ID, "turn-item.updated", encode(&it))
+	r.th.upsertItem(&it) // it is this call's copy: the thread and the event share it
+	s.emit(r.th, r.rec.ID, "turn-item.updated", &it)
 }
 
-func (s *Server) putRun(r *run) { s.emit(r.th, r.rec.ID, "run.updated", encode(&r.rec)) }
+// putNewItem is putItem for an item newItem made for r: its id names r, so only r's own item ids
+// (a handful, kept in r.itemIDs) are searched, not every item of the thread, which under load was
+// a large part of a step. A key used twice in one run (a steered run can repeat a step) still
+// replaces the first item, as putItem would.
+func (s *Server) putNewItem(r *run, it t3rpc.TurnItem) {
+	if slices.Contains(r.itemIDs, it.ID) {
+		s.putItem(r, it)
+		return
+	}
+	r.itemIDs = append(r.itemIDs, it.ID)
+	r.th.addItem(&it)
+	s.emit(r.th, r.rec.ID, "turn-item.updated", &it)
+}
+
+func (s *Server) putRun(r *run) { s.emit(r.th, r.rec.ID, "run.updated", copyOf(r.rec)) }
 
 // finishItem marks an existing item done with status, keeping its start time.
 func (s *Server) finishItem(r *run, id, status string, edit func(*t3rpc.TurnItem)) {
@@ -439,7 +503,7 @@ func stepCommandStart(s *Server, r *run) stepResult {
 	it := s.newItem(r, "command:1", "command_execution", "running", "Run tests", false)
 	it.Input = optStr("go test ./...")
 	r.commandItem = it.ID
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	s.publishShell(r.th)
 	return stepNext
 }
@@ -463,14 +527,14 @@ func stepFileChange(s *Server, r *run) stepResult {
 	r.files = append(r.files, t3rpc.ChangedFile{
 		Path: "README.md", Kind: optStr("modified"), Additions: optI64(3), Deletions: optI64(1),
 	})
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	s.publishShell(r.th)
 	return stepNext
 }
 
 // replyText is the assistant's answer: readable, and derived only from the prompt and answers.
-func replyText(r *run) string {
-	text := "Done: " + excerpt(r.prompt, 60)
+func (s *Server) replyText(r *run) string {
+	text := "Done: " + s.promptExcerpt(r.prompt)
 	if r.answers != nil {
 		parts := make([]string, 0, len(r.answers))
 		for _, q := range sortedKeys(r.answers) {
@@ -483,19 +547,19 @@ func replyText(r *run) string {
 
 func stepReply(s *Server, r *run) stepResult {
 	ts := s.touch(r.th)
-	text := replyText(r)
-	msgID := fmt.Sprintf("message:run:%s:assistant", pathEscapeColons(r.rec.ID))
+	text := s.replyText(r)
+	msgID := "message:run:" + r.escapedID() + ":assistant"
 	msg := t3rpc.Message{
 		ID: msgID, ThreadId: optStr(r.th.id), RunId: optNilStr(r.rec.ID), Role: "assistant", Text: text,
 		Streaming: t3rpc.NewOptBool(false), CreatedAt: optStr(ts), UpdatedAt: optStr(ts),
 	}
 	r.th.upsertMessage(msg)
-	s.emit(r.th, r.rec.ID, "message.updated", encode(&msg))
+	s.emit(r.th, r.rec.ID, "message.updated", &msg)
 	it := s.newItem(r, "assistant:1", "assistant_message", "completed", "", true)
 	it.MessageId = optStr(msgID)
 	it.Text = optStr(text)
 	it.Streaming = t3rpc.NewOptBool(false)
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	r.th.shell.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(t3rpc.VisibleMessage{
 		ID: msgID, Role: "assistant", Text: text, UpdatedAt: optStr(ts),
 	})
@@ -526,10 +590,10 @@ func stepComplete(s *Server, r *run) stepResult {
 		CapturedAt: optNilStr(ts),
 	}
 	r.th.checkpoints = append(r.th.checkpoints, cp)
-	s.emit(r.th, r.rec.ID, "checkpoint.captured", encode(&cp))
+	s.emit(r.th, r.rec.ID, "checkpoint.captured", &cp)
 	it := s.newItem(r, "checkpoint:1", "checkpoint", "completed", "", true)
 	it.Files = files
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	r.rec.Status = "completed"
 	r.rec.CompletedAt = optNilStr(ts)
 	r.rec.CheckpointId = optNilStr(cp.ID)
@@ -647,7 +711,7 @@ func stepApprove(s *Server, r *run) stepResult {
 	it := s.newItem(r, "command:1", "command_execution", "running", "Terminal", false)
 	it.Input = optStr(ApprovalCommand)
 	r.commandItem = it.ID
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	return s.ask(r, "command", nil, "live")
 }
 
@@ -656,7 +720,7 @@ func stepApprove(s *Server, r *run) stepResult {
 // names the command. capability is the request's responseCapability type.
 func (s *Server) ask(r *run, kind string, qs []t3rpc.Question, capability string) stepResult {
 	ts := s.touch(r.th)
-	esc := pathEscapeColons(r.rec.ID)
+	esc := r.escapedID()
 	rc := t3rpc.ResponseCapability{Type: capability}
 	if capability == "live" {
 		// The provider session waits for the answer, as in every recorded request (18, 19).
@@ -674,7 +738,7 @@ func (s *Server) ask(r *run, kind string, qs []t3rpc.Question, capability string
 		ResolvedAt:         null(),
 	}
 	r.th.upsertRequest(rr)
-	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	s.emit(r.th, r.rec.ID, "runtime-request.updated", &rr)
 	var it t3rpc.TurnItem
 	if kind == "user_input" {
 		it = s.newItem(r, "question:1", "user_input_request", "waiting", "", false)
@@ -685,7 +749,7 @@ func (s *Server) ask(r *run, kind string, qs []t3rpc.Question, capability string
 		it.Prompt = optStr(ApprovalCommand)
 	}
 	it.RequestId = optStr(rr.ID)
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	r.requestID, r.questionItem = rr.ID, it.ID
 	r.requests = append(r.requests, rr.ID)
 	r.th.shell.PendingRuntimeRequest = t3rpc.NewOptNilPendingRuntimeRequest(t3rpc.PendingRuntimeRequest{
@@ -702,7 +766,7 @@ func (s *Server) answer(r *run, answers map[string][]string) {
 	rr.Status = "resolved"
 	rr.ResolvedAt = optNilStr(ts)
 	r.th.upsertRequest(rr)
-	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	s.emit(r.th, r.rec.ID, "runtime-request.updated", &rr)
 	s.finishItem(r, r.questionItem, "completed", nil)
 	r.th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	s.publishShell(r.th)
@@ -723,7 +787,7 @@ func (s *Server) decide(r *run, c *t3rpc.RuntimeRequestRespondCommand) {
 	rr.Status = "resolved"
 	rr.ResolvedAt = optNilStr(ts)
 	r.th.upsertRequest(rr)
-	s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+	s.emit(r.th, r.rec.ID, "runtime-request.updated", &rr)
 	r.th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	answers := map[string][]string{}
 	decision, hasDecision := c.Decision.Get()
@@ -763,7 +827,7 @@ func stepHang(s *Server, r *run) stepResult {
 	it := s.newItem(r, "command:1", "command_execution", "running", "Wait forever", false)
 	it.Input = optStr("sleep infinity")
 	r.commandItem = it.ID
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	s.publishShell(r.th)
 	return stepPark
 }
@@ -771,7 +835,7 @@ func stepHang(s *Server, r *run) stepResult {
 func stepFail(s *Server, r *run) stepResult {
 	return s.failRun(r, "error:1", "Provider error", t3rpc.Failure{
 		Class:     optStr("provider_error"),
-		Message:   "Simulated provider failure: " + excerpt(r.prompt, 60),
+		Message:   "Simulated provider failure: " + s.promptExcerpt(r.prompt),
 		Code:      null(),
 		Retryable: t3rpc.OptNilBool{Set: true, Null: true},
 	})
@@ -782,7 +846,7 @@ func (s *Server) failRun(r *run, key, title string, f t3rpc.Failure) stepResult 
 	ts := s.touch(r.th)
 	it := s.newItem(r, key, "error", "failed", title, true)
 	it.Failure = t3rpc.NewOptFailure(f)
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	r.rec.Status = "failed"
 	r.rec.CompletedAt = optNilStr(ts)
 	s.putRun(r)
@@ -800,7 +864,7 @@ func (s *Server) cancelRequest(r *run, ts string) {
 		rr.Status = "cancelled"
 		rr.ResolvedAt = optNilStr(ts)
 		r.th.upsertRequest(rr)
-		s.emit(r.th, r.rec.ID, "runtime-request.updated", encode(&rr))
+		s.emit(r.th, r.rec.ID, "runtime-request.updated", &rr)
 	}
 	s.finishItem(r, r.questionItem, "cancelled", nil)
 	r.requestID = ""
@@ -815,7 +879,7 @@ func (s *Server) interrupt(r *run, reason string) {
 	}
 	it := s.newItem(r, "signal:interrupt-request", "run_interrupt_request", "completed", "Interrupt requested", true)
 	it.Message = optStr(reason)
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	s.publishShell(r.th)
 	r.interrupting = true
 	r.interruptReq = it.ID
@@ -835,7 +899,7 @@ func stepInterrupted(s *Server, r *run) stepResult {
 	it := s.newItem(r, "signal:interrupt-result", "run_interrupt_result", "interrupted", "Interrupted", true)
 	it.ParentItemId = optNilStr(r.interruptReq)
 	it.Message = optStr("Run interrupted by user")
-	s.putItem(r, it)
+	s.putNewItem(r, it)
 	r.rec.Status = "interrupted"
 	r.rec.CompletedAt = optNilStr(ts)
 	s.putRun(r)

@@ -104,6 +104,11 @@ type Server struct {
 	opts Options
 	hs   *httptest.Server
 	now  func() time.Time
+	// ts's cache: the Unix millisecond last formatted and its text. Guarded by mu.
+	tsMilli int64
+	tsText  string
+	prompts map[string]promptFacts // facts' cache. Guarded by mu.
+	slab    slab                   // bytes of shell items. Guarded by mu.
 	// stepDelay, replayLimit, historyPage and ticketTTL are opts with defaults applied.
 	stepDelay   time.Duration
 	replayLimit int
@@ -190,6 +195,7 @@ func New(opts Options) (*Server, error) {
 		threadByID:   map[string]*thread{},
 		receipts:     map[string]receipt{},
 		answers:      map[string]map[string][]string{},
+		prompts:      map[string]promptFacts{},
 		tickets:      map[string]ticket{},
 		tokens:       map[string][]string{},
 		conns:        map[*conn]struct{}{},

@@ -27,7 +27,7 @@ type thread struct {
 	runs        []*run
 	requests    []t3rpc.RuntimeRequest
 	messages    []t3rpc.Message
-	items       []t3rpc.TurnItem
+	items       []*t3rpc.TurnItem // replaced by upsertItem, never changed in place (events share them)
 	checkpoints []t3rpc.Checkpoint
 	updatedAt   string
 	active      *run   // the run that keeps the thread busy (until completed/interrupted/failed)
@@ -62,12 +62,14 @@ type logEntry struct {
 	// The thread event, if the entry has one. It is encoded into a ThreadStreamItem only when a
 	// thread subscriber needs it (threadItem): under load nobody subscribes to most threads, and
 	// building every event's envelope was much of the fake's cost per step.
+	// The payload is kept as a copy of the record and encoded with the envelope: encoding twelve
+	// payloads per run that nobody reads was a tenth of the fake's cost per run.
 	evType    string // "" when the entry has no thread event
 	evRunID   string
 	evAt      time.Time
-	evPayload jx.Raw
-	thread    jx.Raw // the encoded ThreadStreamItem, once made
-	shell     jx.Raw // encoded ShellStreamItem, or nil
+	evPayload encoder // a copy of the record, not changed after emit
+	thread    jx.Raw  // the encoded ThreadStreamItem, once made
+	shell     jx.Raw  // encoded ShellStreamItem, or nil
 	shellKind string
 }
 
@@ -80,13 +82,14 @@ func (e *logEntry) threadItem() jx.Raw {
 			ThreadId:   e.threadID,
 			OccurredAt: iso(e.evAt),
 			Type:       e.evType,
-			Payload:    e.evPayload,
+			Payload:    encode(e.evPayload),
 		}
 		if e.evRunID != "" {
 			ev.RunId = optStr(e.evRunID)
 		}
 		item := t3rpc.ThreadStreamItem{Kind: "event", Sequence: optI64(e.seq), Event: t3rpc.NewOptDomainEvent(ev)}
 		e.thread = encode(&item)
+		e.evPayload = nil // encoded now; the copy is garbage
 	}
 	return e.thread
 }
@@ -140,7 +143,7 @@ func (s *Server) pruneRuns(th *thread) {
 		return
 	}
 	ofGone := func(runID t3rpc.OptNilString) bool { return gone[runID.Value] }
-	th.items = slices.DeleteFunc(th.items, func(it t3rpc.TurnItem) bool { return ofGone(it.RunId) })
+	th.items = slices.DeleteFunc(th.items, func(it *t3rpc.TurnItem) bool { return ofGone(it.RunId) })
 	th.messages = slices.DeleteFunc(th.messages, func(m t3rpc.Message) bool { return ofGone(m.RunId) })
 	th.checkpoints = slices.DeleteFunc(th.checkpoints, func(c t3rpc.Checkpoint) bool { return ofGone(c.RunId) })
 	th.requests = slices.DeleteFunc(th.requests, func(rr t3rpc.RuntimeRequest) bool { return goneReqs[rr.ID] })
@@ -156,7 +159,15 @@ type receipt struct {
 // codexSelection is the usable provider of server.getConfig, for seeded threads and projects.
 var codexSelection = t3rpc.ModelSelection{InstanceId: ProviderInstance, Model: ProviderModel}
 
-func (s *Server) ts() string { return iso(s.now()) }
+// ts is now as T3 writes it. Steps come thousands per second under load and a timestamp has
+// millisecond resolution, so the last one formatted is reused within its millisecond.
+func (s *Server) ts() string {
+	now := s.now()
+	if ms := now.UnixMilli(); ms != s.tsMilli || s.tsText == "" {
+		s.tsMilli, s.tsText = ms, iso(now)
+	}
+	return s.tsText
+}
 
 // appendLog adds an entry and trims the log so it holds at least the last replayLimit sequences.
 // Trimming copies down in bulk once the log is twice that long, so appends stay O(1) amortized
@@ -191,8 +202,14 @@ func (s *Server) logFrom(after int64) int {
 	return sort.Search(len(s.log), func(i int) bool { return s.log[i].seq > after })
 }
 
-// emit appends one domain event of th to the log and queues it on th's subscriptions.
-func (s *Server) emit(th *thread, runID, typ string, payload jx.Raw) {
+// copyOf is a copy of a record for emit, which keeps it as the event's payload: the caller's
+// record goes on changing, the event must not.
+func copyOf[T any](v T) *T { return &v }
+
+// emit appends one domain event of th to the log and queues it on th's subscriptions. payload
+// is a record the caller does not change afterwards (copyOf); it is encoded only when a thread
+// subscriber or a replay needs the event.
+func (s *Server) emit(th *thread, runID, typ string, payload encoder) {
 	s.head++
 	s.appendLog(logEntry{seq: s.head, threadID: th.id, evType: typ, evRunID: runID, evAt: s.now(), evPayload: payload})
 	subs := s.threadSubs[th.id]
@@ -215,25 +232,40 @@ func (s *Server) publishShell(th *thread) {
 	if th.archived {
 		location = "archive" // recorded (23): archived rows keep coming, marked so
 	}
-	item := t3rpc.ShellStreamItem{
-		Kind:     "thread.updated",
-		Sequence: optI64(s.head),
-		Location: optStr(location),
-		Thread:   t3rpc.NewOptThreadShell(th.shell),
-	}
-	s.shellItem(item, th.id, true)
+	// Encoded from th.shell in place: a ShellStreamItem holding a copy of the row is a kilobyte,
+	// and one per step on the heap was a tenth of the fake's cost per run.
+	s.shellItemFunc(th.id, true, func(e *jx.Encoder, seq int64) {
+		e.ObjStart()
+		e.FieldStart("kind")
+		e.Str("thread.updated")
+		e.FieldStart("sequence")
+		e.Int64(seq)
+		e.FieldStart("location")
+		e.Str(location)
+		e.FieldStart("thread")
+		th.shell.Encode(e)
+		e.ObjEnd()
+	}, "thread.updated")
 }
 
 // shellItem logs and fans out one shell item. With sameSeq it rides on the newest log entry (the
 // event that caused it); otherwise it takes a new sequence.
 func (s *Server) shellItem(item t3rpc.ShellStreamItem, threadID string, sameSeq bool) {
+	s.shellItemFunc(threadID, sameSeq, func(e *jx.Encoder, seq int64) {
+		item.Sequence = optI64(seq)
+		item.Encode(e)
+	}, item.Kind)
+}
+
+// shellItemFunc is shellItem with the item written by enc at sequence seq.
+func (s *Server) shellItemFunc(threadID string, sameSeq bool, enc func(e *jx.Encoder, seq int64), itemKind string) {
 	if !sameSeq || len(s.log) == 0 || s.log[len(s.log)-1].seq != s.head {
 		s.head++
-		item.Sequence = optI64(s.head)
 		s.appendLog(logEntry{seq: s.head, threadID: threadID})
 	}
-	raw := encode(&item)
-	kind := shellKind(item.Kind)
+	seq := s.head
+	raw := s.slab.encode(func(e *jx.Encoder) { enc(e, seq) })
+	kind := shellKind(itemKind)
 	last := &s.log[len(s.log)-1]
 	last.shell, last.shellKind = raw, kind
 	for sb := range s.shellSubs {
@@ -297,7 +329,7 @@ func (s *Server) projectionTail(th *thread, lastItems int) t3rpc.ThreadProjectio
 		Runs:            make([]t3rpc.Run, len(th.runs)),
 		RuntimeRequests: append([]t3rpc.RuntimeRequest{}, th.requests...),
 		Messages:        append([]t3rpc.Message{}, th.messages...),
-		TurnItems:       append([]t3rpc.TurnItem{}, items...),
+		TurnItems:       itemValues(items),
 		Checkpoints:     append([]t3rpc.Checkpoint{}, th.checkpoints...),
 		UpdatedAt:       optStr(th.updatedAt),
 	}
@@ -309,7 +341,21 @@ func (s *Server) projectionTail(th *thread, lastItems int) t3rpc.ThreadProjectio
 
 // ---- record upserts: T3 payloads are whole records, replaced by id ----
 
-func (th *thread) upsertItem(it t3rpc.TurnItem) {
+// itemValues copies items into the wire slice.
+func itemValues(items []*t3rpc.TurnItem) []t3rpc.TurnItem {
+	out := make([]t3rpc.TurnItem, len(items))
+	for i, it := range items {
+		out[i] = *it
+	}
+	return out
+}
+
+// addItem appends an item that is new (newItem made its id): no search of the thread's items.
+func (th *thread) addItem(it *t3rpc.TurnItem) { th.items = append(th.items, it) }
+
+// upsertItem stores it, replacing the item with its id. The thread keeps it: the caller does
+// not change it afterwards.
+func (th *thread) upsertItem(it *t3rpc.TurnItem) {
 	for i := len(th.items) - 1; i >= 0; i-- {
 		if th.items[i].ID == it.ID {
 			th.items[i] = it
@@ -319,10 +365,11 @@ func (th *thread) upsertItem(it t3rpc.TurnItem) {
 	th.items = append(th.items, it)
 }
 
+// item returns a copy of the item with id.
 func (th *thread) item(id string) (t3rpc.TurnItem, bool) {
 	for i := len(th.items) - 1; i >= 0; i-- {
 		if th.items[i].ID == id {
-			return th.items[i], true
+			return *th.items[i], true
 		}
 	}
 	return t3rpc.TurnItem{}, false
@@ -440,7 +487,7 @@ func (s *Server) createThread(sp threadSpec) *thread {
 	}
 	s.threads = append(s.threads, th)
 	s.threadByID[th.id] = th
-	s.emit(th, "", "thread.created", encode(&th.app))
+	s.emit(th, "", "thread.created", copyOf(th.app))
 	s.publishShell(th)
 	return th
 }
@@ -555,6 +602,6 @@ func (s *Server) StartRun(threadID, prompt string) (string, error) {
 		return "", fmt.Errorf("t3fake: thread %s has an active run %s", threadID, th.active.rec.ID)
 	}
 	s.nextMessage++
-	r := s.startRun(th, fmt.Sprintf("message-server-%d", s.nextMessage), prompt, t3rpc.OptModelSelection{}, false)
+	r := s.startRun(th, fmt.Sprintf("message-server-%d", s.nextMessage), prompt, t3rpc.OptModelSelection{}, false, true)
 	return r.rec.ID, nil
 }

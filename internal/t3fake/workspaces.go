@@ -91,7 +91,7 @@ func (s *Server) applyWorkspace(th *thread, ws t3rpc.WorkspaceStrategy) (pv *pro
 		return nil
 	}
 	s.touch(th)
-	s.emit(th, "", "thread.metadata-updated", encode(&th.app))
+	s.emit(th, "", "thread.metadata-updated", copyOf(th.app))
 	s.publishShell(th)
 	return pv
 }
@@ -101,7 +101,7 @@ func (s *Server) announceWorktree(th *thread, worktree string) {
 	s.touch(th)
 	th.shell.WorktreePath = optNilStr(worktree)
 	th.app.WorktreePath = th.shell.WorktreePath
-	s.emit(th, "", "thread.metadata-updated", encode(&th.app))
+	s.emit(th, "", "thread.metadata-updated", copyOf(th.app))
 	s.publishShell(th)
 }
 
@@ -153,7 +153,7 @@ func (s *Server) steer(th *thread, c *t3rpc.MessageDispatchCommand) *t3rpc.Tagge
 		Streaming: t3rpc.NewOptBool(false), CreatedAt: optStr(ts), UpdatedAt: optStr(ts),
 	}
 	th.upsertMessage(msg)
-	s.emit(th, r.rec.ID, "message.updated", encode(&msg))
+	s.emit(th, r.rec.ID, "message.updated", &msg)
 	it := s.newItem(r, "", "user_message", "completed", "", true)
 	it.ID = "turn-item:message:" + c.MessageId
 	it.MessageId = optStr(c.MessageId)
@@ -165,7 +165,7 @@ func (s *Server) steer(th *thread, c *t3rpc.MessageDispatchCommand) *t3rpc.Tagge
 	}
 	s.cancelRequest(r, ts)
 	th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
-	r.prompt, r.kind = c.Text, chooseScript(c.Text)
+	r.prompt, r.kind = c.Text, s.scriptOf(c.Text)
 	r.steps, r.idx = scriptSteps[r.kind], 0
 	th.shell.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(t3rpc.VisibleMessage{
 		ID: c.MessageId, Role: "user", Text: c.Text, UpdatedAt: optStr(ts),

@@ -64,6 +64,8 @@ type conn struct {
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity 1: "something may be ready to write"
 
+	frames []byte // the writer's buffer for Chunk frames (collect), reused between writes
+
 	mu    sync.Mutex
 	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
 	subs  map[string]*sub
@@ -449,30 +451,48 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 		}
 	}
 	c.mu.Unlock()
+	// The frames are assembled in one buffer that the writer reuses: it is written (copied to
+	// the socket) before the next collect.
+	buf := c.frames[:0]
 	for _, ch := range chunks {
-		out = append(out, chunkFrame(ch.id, ch.items))
+		start := len(buf)
+		buf = appendChunkFrame(buf, ch.id, ch.items)
+		out = append(out, jx.Raw(buf[start:len(buf):len(buf)]))
+	}
+	if cap(buf) <= maxFrameBuffer {
+		c.frames = buf[:0]
+	} else {
+		c.frames = nil // a lagging subscriber's one big Chunk: not kept
 	}
 	return out, chunks
 }
 
+// maxFrameBuffer bounds the Chunk buffer a connection keeps between writes.
+const maxFrameBuffer = 4 << 20
+
 // chunkFrame is the Chunk message for items, byte for byte what encoding t3rpc.ServerMessage
-// gives ({"_tag":"Chunk","requestId":…,"values":[…]}), assembled in one buffer of the right
-// size: the items are already encoded, and a growing encoder copied each chunk several times.
+// gives ({"_tag":"Chunk","requestId":…,"values":[…]}), in a buffer of its own.
 func chunkFrame(id t3rpc.RequestId, items []queued) jx.Raw {
-	head := withEncoder(func(e *jx.Encoder) {
-		e.ObjStart()
-		e.FieldStart("_tag")
-		e.Str("Chunk")
-		e.FieldStart("requestId")
-		id.Encode(e)
-		e.FieldStart("values")
-		e.ArrStart()
-	})
-	n := len(head) + len(items) + 2
+	return appendChunkFrame(nil, id, items)
+}
+
+// appendChunkFrame appends the Chunk message for items to buf: the items are already encoded,
+// so the frame is assembled by copying, grown once to the right size.
+func appendChunkFrame(buf []byte, id t3rpc.RequestId, items []queued) []byte {
+	n := 64
 	for _, q := range items {
-		n += len(q.raw)
+		n += len(q.raw) + 1
 	}
-	buf := append(make([]byte, 0, n), head...)
+	var e jx.Encoder
+	e.SetBytes(slices.Grow(buf, n))
+	e.ObjStart()
+	e.FieldStart("_tag")
+	e.Str("Chunk")
+	e.FieldStart("requestId")
+	id.Encode(&e)
+	e.FieldStart("values")
+	e.ArrStart()
+	buf = e.Bytes()
 	first := true
 	for _, q := range items {
 		if len(q.raw) == 0 {
