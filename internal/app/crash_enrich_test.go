@@ -17,9 +17,11 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
-// TestKill9BetweenCommitAndEnrichment: the runs' events are committed in the
-// watcher's Ack path with the rows' facts only, and the thread reads that
-// would complete them hang. The real binary is killed with SIGKILL while the
+// TestKill9BetweenCommitAndEnrichment: the runs fail, so their events are
+// committed in the watcher's Ack path with the rows' facts only (a failure's
+// error is not on the row; a plain completion's reply is, and needs no read:
+// TestPlainCompletionNeedsNoThreadRead), and the thread reads that would
+// complete them hang. The real binary is killed with SIGKILL while the
 // enrichment reads are in flight; after a restart (reads answering again)
 // each event is delivered once, complete, under the webhook-id it was
 // committed with.
@@ -63,7 +65,7 @@ func TestKill9BetweenCommitAndEnrichment(t *testing.T) {
 	c := dial(t, base)
 	var threads []string
 	for i := range 4 {
-		res := callTool(t, c, "t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": fmt.Sprintf("finish the job #%d", i)})
+		res := callTool(t, c, "t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": fmt.Sprintf("fail the job #%d", i)})
 		threads = append(threads, str(res, "thread_id"))
 	}
 	c.Close()
@@ -122,7 +124,7 @@ func TestKill9BetweenCommitAndEnrichment(t *testing.T) {
 			id := d.header.Get("webhook-id")
 			got[id]++
 			byThread[str(d.event, "thread_id")]++
-			if d.event["type"] != "thread.completed" || !strings.HasPrefix(str(d.event, "summary"), "Done: finish the job") || d.event["partial"] != nil {
+			if d.event["type"] != "thread.failed" || !strings.Contains(str(d.event, "error"), "Simulated provider failure: fail the job") || d.event["partial"] != nil {
 				t.Errorf("event not completed from T3: %v", d.event)
 			}
 		case <-timeout:

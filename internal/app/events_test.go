@@ -6,6 +6,8 @@ import (
 	"encoding/base64"
 	"strings"
 	"testing"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
 // verify checks a Standard Webhooks signature, written from the spec:
@@ -98,5 +100,39 @@ func TestNoHookNoEvents(t *testing.T) {
 	}
 	if p, d, _, _ := h.app.Store.Counts(); p+d != 0 {
 		t.Fatalf("events recorded without a hook: %d pending, %d dead", p, d)
+	}
+}
+
+// TestPlainCompletionNeedsNoThreadRead: a run that completes with a reply is delivered complete
+// (its summary from the shell row's latest message) without a read of its thread: every read of
+// it hangs, and the fake counts none. Its failure twin still gets its error from T3.
+func TestPlainCompletionNeedsNoThreadRead(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", ManualSteps: true})
+	fk.AddProject("api", "/srv/api")
+	h := newHarness(t, harnessOpts{hook: true, fake: fk})
+	h.waitOnline("mac")
+	c := h.client("conversation-9")
+	tid := str(c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "please finish"}), "thread_id")
+	fk.HangThreadReads(tid, true)
+	defer fk.HangThreadReads(tid, false)
+	before := readsOf(fk)
+	fk.StepAll()
+	d := h.hook.next(t)
+	ev := d.event
+	if ev["type"] != "thread.completed" || ev["thread_id"] != tid || !strings.HasPrefix(str(ev, "summary"), "Done: please finish") || ev["partial"] != nil || ev["run_status"] != "completed" {
+		t.Fatalf("event = %v", ev)
+	}
+	if n := readsOf(fk).minus(before); n != (threadReads{}) {
+		t.Fatalf("reads of the thread for a plain completion: %+v", n)
+	}
+
+	failing := str(c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": "this should fail"}), "thread_id")
+	fk.StepAll()
+	d = h.hook.next(t)
+	if d.event["type"] != "thread.failed" || d.event["thread_id"] != failing || !strings.Contains(str(d.event, "error"), "Simulated provider failure") {
+		t.Fatalf("event = %v", d.event)
+	}
+	if readsOf(fk) == before {
+		t.Fatal("the failure was delivered without reading its thread: where did its error come from?")
 	}
 }

@@ -551,7 +551,8 @@ func twoMachines(t *testing.T, hl *hookLog, fo t3fake.Options, settings func(*ap
 // One machine answers every read with 500 while another works: tools on the
 // good one are unaffected, tools on the bad one say what T3 answered, and
 // both machines' events arrive (the bad one's once the enrichment window
-// passes, marked partial: which fields are missing and why).
+// passes, marked partial: which fields are missing and why; a plain completion
+// needs no read and arrives whole).
 func TestFaultMachineAnswering500(t *testing.T) {
 	leakCheck(t)
 	hl := newHookLog(t, nil)
@@ -595,7 +596,12 @@ func TestFaultMachineAnswering500(t *testing.T) {
 	hl.mu.Lock()
 	for _, d := range hl.all {
 		ev := d.event
-		partial := ev["machine"] == "mac"
+		// A plain completion is whole from its shell row: no read, so never partial.
+		completed := ev["type"] == "thread.completed"
+		partial := ev["machine"] == "mac" && !completed
+		if completed && !strings.HasPrefix(str(ev, "summary"), "Done: ") {
+			t.Errorf("completion without its summary: %v", ev)
+		}
 		if (ev["partial"] == true) != partial {
 			t.Errorf("event %v: partial %v, want %v", ev["id"], ev["partial"], partial)
 		}

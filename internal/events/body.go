@@ -7,6 +7,7 @@ import (
 
 	genevents "github.com/t3code-mcp/t3code-mcp/gen/events"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
@@ -242,14 +243,60 @@ func (en *Enricher) Partial(e store.Event, cause error) []byte {
 }
 
 // render is the complete body when the projection is at hand (a look-up
-// read the thread anyway), else the facts for the outbox to enrich.
+// read the thread anyway) or the row proved the run's reply (Transition.Reply:
+// a plain completion needs nothing else from T3), else the facts for the
+// outbox to enrich.
 func render(tr Transition, p *t3api.ThreadProjection) (body []byte, enrich bool, err error) {
 	ev := facts(tr)
-	if p != nil {
+	switch {
+	case p != nil:
 		complete(&ev, p)
+	case tr.Reply != "":
+		ev.Summary.SetTo(threadview.Cut(tr.Reply, SummaryLimit))
 	}
 	b, err := ev.MarshalJSON()
-	return b, p == nil, err
+	return b, p == nil && tr.Reply == "", err
+}
+
+// rowReply is the settled run's reply as the shell row shows it, when the row proves that its
+// latestVisibleMessage is that reply; ok is false when it cannot (the event is then enriched
+// from T3, as before). Only a plain completion is taken from the row: a failure's error, a
+// question's text and an interrupted run's partial reply are not on it. The proof:
+//
+//   - the run is the row's latest run, it completed (the caller judged the row RunSettled,
+//     Completed) and no run is active (an active run's messages would be newer);
+//   - the message is the assistant's, with text;
+//   - it was last updated at or after the run started and not after it completed, so it is not
+//     an earlier run's (an earlier run's messages are final before it completes, and the run
+//     after it starts only then) nor a later run's.
+//
+// Every recorded row carries the message's whole text, the same as the run's message in the
+// thread (TestRowReplyFixtures); no recorded reply is long enough to show whether T3 cuts a long
+// one in the row (if it did, such a summary would end at T3's cut instead of SummaryLimit).
+// Nothing of it is kept per thread: the row is the chunk's, decoded for this chunk only.
+func rowReply(row *t3rpc.ThreadShell, runID string) (string, bool) {
+	m, ok := row.LatestVisibleMessage.Get()
+	if !ok || m.Role != "assistant" || m.Text == "" {
+		return "", false
+	}
+	if runID == "" || runID != threadstate.LatestRun(row) || threadstate.ActiveRun(row) != "" {
+		return "", false
+	}
+	if out, v := threadstate.Judge(row, runID); v != threadstate.RunSettled || out != threadstate.Completed || row.Status != "completed" {
+		return "", false
+	}
+	updated, ok := parseTime(m.UpdatedAt.Or(""))
+	if !ok {
+		return "", false
+	}
+	started, ok := parseTime(row.LatestRunStartedAt.Or(""))
+	if !ok || updated.Before(started) {
+		return "", false
+	}
+	if c, ok := parseTime(row.LatestRunCompletedAt.Or("")); ok && updated.After(c) {
+		return "", false
+	}
+	return m.Text, true
 }
 
 // parseTime reads T3's ISO 8601 times.

@@ -7,7 +7,8 @@
 // fallback nor a crash can lose or repeat a transition.
 //
 // Nothing on that path reads T3. A chunk commits what the shell rows say: the
-// event's identity and facts (enriched from T3 before delivery, see Enricher),
+// event's identity and facts, complete when the row shows a completed run's
+// reply (rowReply), else enriched from T3 before delivery (see Enricher),
 // and, where the rows cannot say how a run ended (a run passed over by a
 // queued one, a reconnect's snapshot that skipped runs or questions, a server
 // that reports "idle"), a durable note that the thread needs a look-up. The
@@ -51,8 +52,11 @@ type Transition struct {
 	// Branch and Worktree are the thread's git workspace as T3 showed it
 	// (a worktree thread's own; empty for the project root).
 	Branch, Worktree string
-	Tracked          store.Thread
-	At               time.Time
+	// Reply is the run's final reply when the row proved it (rowReply): the
+	// body is then complete without a read of the thread. Empty otherwise.
+	Reply   string
+	Tracked store.Thread
+	At      time.Time
 }
 
 // Tracked tells which threads are watched.
@@ -335,7 +339,9 @@ func (d *Detector) load(k string) (seen, bool, error) {
 }
 
 // Apply implements watch.Sink. It reads nothing from T3: a chunk's events are
-// committed with the facts the rows give (Enrich set), and threads the rows
+// committed with what the rows give — a plain completion with its reply when
+// the row proves it (rowReply), anything else as facts with Enrich set, to be
+// completed from T3 before delivery — and threads the rows
 // cannot settle are noted for a look-up, so the chunk is acknowledged as soon
 // as its part of the group commit is on disk.
 func (d *Detector) Apply(_ context.Context, c watch.Change) error {
@@ -471,11 +477,11 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 			lookup = append(lookup, k)
 		}
 		for _, t := range out {
-			body, _, err := render(t, nil)
+			body, enrich, err := render(t, nil)
 			if err != nil {
 				return fmt.Errorf("event %s for thread %q: %w", eventType(t.Outcome), t.ThreadID, err)
 			}
-			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, Enrich: true, CreatedAt: t.At})
+			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, Enrich: enrich, CreatedAt: t.At})
 		}
 	}
 	if len(states) == 0 && len(evs) == 0 {
@@ -546,6 +552,9 @@ func (d *Detector) observe(s seen, row *t3rpc.ThreadShell, tr store.Thread, mach
 		case v == threadstate.RunSettled && !s.Lookup:
 			t := d.transition(machine, row, tr, s.Latest, outcome, "", "")
 			t.RunStatus = row.Status // RunSettled: the status is about this run
+			if outcome == threadstate.Completed {
+				t.Reply, _ = rowReply(row, s.Latest)
+			}
 			out = append(out, t)
 			s.Settled = true
 			// Otherwise a look-up is pending: it reports this run after the
