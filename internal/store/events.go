@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -328,6 +329,11 @@ func apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
 	}
 	d.pending--
 	d.add(e.State, 1)
+	if e.State == StateDelivered {
+		if err := tx.Bucket(bDeliveredAt).Put(deliveredAtKey(e.DeliveredAt, e.Seq), []byte(e.ID)); err != nil {
+			return nil, err
+		}
+	}
 	return nil, putHeader(tx.Bucket(bucketOf(e.State)), e)
 }
 
@@ -426,39 +432,38 @@ func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 
 // Prune deletes delivered events delivered before the cutoff, with their bodies and ids (a later
 // insert of a pruned id is then new again: keep the cutoff longer than any replay window). Dead
-// letters are never pruned: they wait for an operator. It returns how many were deleted.
+// letters are never pruned: they wait for an operator. It returns how many were deleted. It walks
+// the delivery-time index from the oldest entry to the cutoff, so its cost is that of the events
+// it deletes, however many delivered events are kept.
 func (s *Bolt) Prune(deliveredBefore time.Time) (int, error) {
 	n := 0
 	err := s.update(func(tx *bolt.Tx, d *countDelta) error {
 		n = 0
-		ids, delivered, bodies := tx.Bucket(bEventIDs), tx.Bucket(bDelivered), tx.Bucket(bBodies)
+		ids, delivered, bodies, at := tx.Bucket(bEventIDs), tx.Bucket(bDelivered), tx.Bucket(bBodies), tx.Bucket(bDeliveredAt)
 		// Collect first, delete after: deleting under a live bbolt cursor can skip keys.
-		var keys [][]byte
-		err := delivered.ForEach(func(k, v []byte) error {
-			e, err := decodeHeader(k, v)
-			if err != nil {
-				return err
-			}
-			if e.DeliveredAt.Before(deliveredBefore) {
-				if err := ids.Delete([]byte(e.ID)); err != nil {
-					return err
-				}
-				keys = append(keys, append([]byte{}, k...))
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+		type victim struct{ key, id []byte }
+		var victims []victim
+		cutoff := deliveredAtKey(deliveredBefore, 0)
+		c := at.Cursor()
+		for k, v := c.First(); k != nil && bytes.Compare(k, cutoff) < 0; k, v = c.Next() {
+			victims = append(victims, victim{append([]byte(nil), k...), append([]byte(nil), v...)})
 		}
-		for _, k := range keys {
-			if err := delivered.Delete(k); err != nil {
+		for _, v := range victims {
+			seq := v.key[8:]
+			if err := ids.Delete(v.id); err != nil {
 				return err
 			}
-			if err := bodies.Delete(k); err != nil {
+			if err := delivered.Delete(seq); err != nil {
+				return err
+			}
+			if err := bodies.Delete(seq); err != nil {
+				return err
+			}
+			if err := at.Delete(v.key); err != nil {
 				return err
 			}
 		}
-		n = len(keys)
+		n = len(victims)
 		d.delivered -= n
 		return nil
 	})
@@ -482,6 +487,17 @@ func headKey(stream string, seq uint64) []byte {
 	k := make([]byte, 0, len(stream)+9)
 	k = append(k, stream...)
 	k = append(k, 0)
+	return binary.BigEndian.AppendUint64(k, seq)
+}
+
+// deliveredAtKey orders the delivery-time index by time, then sequence. Times before 1970 (none
+// in practice) sort first.
+func deliveredAtKey(t time.Time, seq uint64) []byte {
+	ns := t.UnixNano()
+	if t.IsZero() || ns < 0 {
+		ns = 0
+	}
+	k := binary.BigEndian.AppendUint64(make([]byte, 0, 16), uint64(ns))
 	return binary.BigEndian.AppendUint64(k, seq)
 }
 

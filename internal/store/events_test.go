@@ -248,3 +248,40 @@ func TestCountsIncremental(t *testing.T) {
 	s = open(t, dir)
 	check("after reopen")
 }
+
+// TestMigrateFromSchema2 opens a schema 2 file (delivered events, no delivery-time index): the
+// index is built at Open, so a prune finds the events delivered before its cutoff.
+func TestMigrateFromSchema2(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	if err := s.Commit(Batch{Events: []Event{{ID: "old", Stream: "m/a", Body: []byte(`{}`)}, {ID: "new", Stream: "m/b", Body: []byte(`{}`)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkDelivered("new", t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkDelivered("old", t0); err != nil {
+		t.Fatal(err)
+	}
+	// Back to schema 2: no index.
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket(bDeliveredAt); err != nil {
+			return err
+		}
+		return tx.Bucket(bMeta).Put(kVersion, seqKey(2))
+	})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir)
+	if n, err := s.Prune(t0.Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("Prune after migration = %d %v, want 1", n, err)
+	}
+	if _, err := s.Get("old"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("old: %v", err)
+	}
+	if e, err := s.Get("new"); err != nil || e.State != StateDelivered {
+		t.Fatalf("new: %+v %v", e, err)
+	}
+}

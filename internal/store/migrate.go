@@ -22,7 +22,25 @@ func migrate(tx *bolt.Tx, from uint64) error {
 			}
 		}
 	}
+	if from < 3 {
+		if err := indexDelivered(tx); err != nil {
+			return fmt.Errorf("bucket %s: %w", bDeliveredAt, err)
+		}
+	}
 	return nil
+}
+
+// indexDelivered fills the delivery-time index from the delivered events' headers (the only
+// time they are all decoded: Prune reads the index after this).
+func indexDelivered(tx *bolt.Tx) error {
+	at := tx.Bucket(bDeliveredAt)
+	return tx.Bucket(bDelivered).ForEach(func(k, v []byte) error {
+		e, err := decodeHeader(k, v)
+		if err != nil {
+			return err
+		}
+		return at.Put(deliveredAtKey(e.DeliveredAt, e.Seq), []byte(e.ID))
+	})
 }
 
 // v1Record is a schema 1 event record: the event and its body (base64, as encoding/json writes a

@@ -33,8 +33,9 @@ const FileName = "t3code-mcp.db"
 // schemaVersion is bumped on any incompatible change to the buckets or record encodings, so that
 // an older binary refuses a newer file instead of misreading it. An older file is migrated at
 // Open (migrate.go). 2: event records are a JSON header, the body raw in ev_bodies (1: one JSON
-// record per event, the body base64 inside it).
-const schemaVersion = 2
+// record per event, the body base64 inside it). 3: delivered events are indexed by delivery time
+// (ev_delivered_at), so a prune reads only what it deletes.
+const schemaVersion = 3
 
 // lockTimeout bounds how long Open waits for another process to release the file.
 const lockTimeout = 2 * time.Second
@@ -53,10 +54,13 @@ var (
 	bBodies    = []byte("ev_bodies")  // seq → the raw JSON body
 	bEventIDs  = []byte("ev_ids")     // event id → seq (idempotency and lookup by id)
 	bHeads     = []byte("ev_streams") // stream 0x00 seq → nil, pending only: the per-stream FIFO index
-	kVersion   = []byte("version")
+	// delivery time (8 bytes big-endian Unix nanoseconds) seq → event id, delivered only: Prune
+	// walks it from the oldest and stops at the cutoff.
+	bDeliveredAt = []byte("ev_delivered_at")
+	kVersion     = []byte("version")
 )
 
-var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads, bIdempotency}
+var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads, bDeliveredAt, bIdempotency}
 
 // Errors callers may test with errors.Is.
 var (

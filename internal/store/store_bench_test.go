@@ -239,3 +239,36 @@ func BenchmarkRecord32(b *testing.B) { benchRecord(b, 32) }
 
 // BenchmarkRecord256: 256 deliveries per transaction (a drained backlog's batches).
 func BenchmarkRecord256(b *testing.B) { benchRecord(b, 256) }
+
+// BenchmarkPruneNothingDue100000Delivered is one prune turn (the detector's, every prune
+// interval) over 100,000 delivered events none of which is due yet: it reads the delivery-time
+// index up to the cutoff, so its cost is that of what it deletes (here nothing) whatever is kept.
+// Before the index it decoded every delivered header.
+func BenchmarkPruneNothingDue100000Delivered(b *testing.B) {
+	s := openBench(b)
+	const n = 100_000
+	at := time.Now()
+	ops := make([]store.Op, 0, 1024)
+	for i := 0; i < n; i += 1024 {
+		var evs []store.Event
+		ops = ops[:0]
+		for j := i; j < min(i+1024, n); j++ {
+			evs = append(evs, benchEvent(j))
+			ops = append(ops, store.Op{ID: "evt_" + strconv.Itoa(j), Kind: store.OpDelivered, At: at})
+		}
+		if err := s.Commit(store.Batch{Events: evs}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.Record(ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cutoff := at.Add(-time.Hour)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if got, err := s.Prune(cutoff); err != nil || got != 0 {
+			b.Fatalf("Prune = %d %v", got, err)
+		}
+	}
+}

@@ -55,6 +55,7 @@ func Run(t *testing.T, open Opener) {
 		{"HeadsFollowDelivery", testHeads},
 		{"DeadAndRequeue", testDeadAndRequeue},
 		{"Prune", testPrune},
+		{"PruneByDeliveryTime", testPruneByDeliveryTime},
 		{"ReopenKeepsEverything", testReopen},
 		{"IdempotencyClaimOnceAcrossReopen", testIdempotencyClaimOnceAcrossReopen},
 		{"IdempotencyConcurrentClaimsOneWinner", testIdempotencyConcurrentClaimsOneWinner},
@@ -557,6 +558,46 @@ func testPrune(t *testing.T, open Opener) {
 		t.Fatalf("re-inserted pruned id: %+v", e)
 	}
 	counts(t, s, 2, 1, 1)
+}
+
+// testPruneByDeliveryTime: a prune deletes by when an event was delivered, not by when it was
+// inserted (events delivered in another order than they were committed, one requeued from the
+// dead letters and delivered last); one delivered exactly at the cutoff is kept; a second prune
+// with the same cutoff finds nothing; the kept ones survive a reopen and a later cutoff takes them.
+func testPruneByDeliveryTime(t *testing.T, open Opener) {
+	s, reopen := open(t)
+	commit(t, s, Ev("e1", "a"), Ev("e2", "b"), Ev("e3", "c"), Ev("e4", "d"), Ev("e5", "e"))
+	cut := T0.Add(time.Hour)
+	recordOne(t, s, store.Op{ID: "e1", Kind: store.OpDelivered, At: cut.Add(time.Minute)}) // first in, delivered late
+	recordOne(t, s, store.Op{ID: "e2", Kind: store.OpDelivered, At: T0})
+	recordOne(t, s, store.Op{ID: "e3", Kind: store.OpDelivered, At: cut}) // at the cutoff: kept
+	recordOne(t, s, store.Op{ID: "e4", Kind: store.OpDead, At: T0})
+	if _, err := s.Requeue(T0, "e4"); err != nil {
+		t.Fatal(err)
+	}
+	recordOne(t, s, store.Op{ID: "e4", Kind: store.OpDelivered, At: T0.Add(time.Minute)})
+	recordOne(t, s, store.Op{ID: "e5", Kind: store.OpDelivered, At: cut.Add(-time.Nanosecond)})
+	counts(t, s, 0, 0, 5)
+	if n, err := s.Prune(cut); err != nil || n != 3 {
+		t.Fatalf("Prune = %d %v, want 3 (e2, e4, e5)", n, err)
+	}
+	for _, id := range []string{"e2", "e4", "e5"} {
+		if _, err := s.Get(id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s delivered before the cutoff: %v", id, err)
+		}
+	}
+	get(t, s, "e1")
+	get(t, s, "e3")
+	counts(t, s, 0, 0, 2)
+	if n, err := s.Prune(cut); err != nil || n != 0 {
+		t.Fatalf("second Prune = %d %v", n, err)
+	}
+	s = reopen(t)
+	t.Cleanup(func() { s.Close() })
+	if n, err := s.Prune(cut.Add(time.Hour)); err != nil || n != 2 {
+		t.Fatalf("Prune after reopen = %d %v, want 2", n, err)
+	}
+	counts(t, s, 0, 0, 0)
 }
 
 func testReopen(t *testing.T, open Opener) {
