@@ -140,10 +140,17 @@ type Detector struct {
 	tracking sync.RWMutex
 
 	mu    sync.Mutex
-	cache map[string]seen
+	cache map[string]cached
 	locks map[string]*sync.Mutex // per machine: Apply, Track and look-up commits
 
 	hooks testHooks
+}
+
+// cached is a thread's seen state as this process last committed or read it, with the UpdatedAt
+// of the tracked row it went with (replica mode: see load).
+type cached struct {
+	s     seen
+	rowAt time.Time
 }
 
 // testHooks are seams for tests to interleave calls; nil outside tests.
@@ -173,10 +180,10 @@ type Options struct {
 	Lookup LookupOptions
 	// Lease, when set, puts the detector in replica mode (several replicas sharing PostgreSQL,
 	// internal/lease): it says whether this replica holds a machine's lease now and its fencing
-	// token. Only the holder detects: its commits carry the token (store.Fence), a chunk of a
-	// machine held elsewhere is passed over, and the seen state is read from the store, never
-	// from a cache another replica's commits could have made stale. Nil: one process owns all
-	// (bbolt), exactly as without replicas.
+	// token. Only the holder detects and prunes: its commits carry the token (store.Fence), a
+	// chunk of a machine held elsewhere is passed over, and the seen state is cached for a tenure
+	// only (see load): another replica's commits may have advanced it before. Nil: one process
+	// owns all (bbolt), exactly as without replicas.
 	Lease func(machine string) (token int64, held bool)
 	// Rows gives a machine's threads as this replica's watcher holds them now: on gaining a
 	// lease the detector catches up by judging them as a snapshot against the stored state
@@ -209,7 +216,7 @@ func New(o Options) *Detector {
 		o.PruneEvery = DefaultPruneEvery
 	}
 	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, log: o.Logger, now: o.Now,
-		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]seen{}, locks: map[string]*sync.Mutex{},
+		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]cached{}, locks: map[string]*sync.Mutex{},
 		lease: o.Lease, rows: o.Rows, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
 	return d
@@ -270,7 +277,7 @@ func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShel
 	d.mu.Lock()
 	switch {
 	case t.Watch && !wasWatched:
-		d.cache[k] = s
+		d.cache[k] = cached{s, t.UpdatedAt}
 	case !t.Watch:
 		delete(d.cache, k)
 	}
@@ -318,24 +325,44 @@ func (d *Detector) machineLock(machine string) *sync.Mutex {
 	return mu
 }
 
-func (d *Detector) load(k string) (seen, bool, error) {
+// load returns thread k's seen state; rowAt is the UpdatedAt of its tracked row as the caller
+// read it. One process (no lease): the cache is the truth, this process writes every state.
+// Replica mode: the store is, and the cache holds what this replica committed or read during
+// its tenure of the machine — only the holder writes a machine's state (Apply, look-ups and
+// Prune are fenced), and a new tenure starts with the machine's entries dropped (another
+// replica may have advanced them meanwhile; fenceLocked). The one writer outside the lease is
+// Track, on any replica, which rewrites the tracked row (its UpdatedAt) in the same
+// transaction as a new baseline: an entry is used only while the row is the one it went with.
+func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
 	d.mu.Lock()
-	s, ok := d.cache[k]
+	c, ok := d.cache[k]
 	d.mu.Unlock()
-	if ok && d.lease == nil {
-		return s, true, nil
+	if ok && (d.lease == nil || c.rowAt.Equal(rowAt)) {
+		return c.s, true, nil
 	}
 	raw, ok, err := d.store.Detector(k)
 	if err != nil || !ok {
 		return seen{}, false, err
 	}
+	var s seen
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return seen{}, false, fmt.Errorf("detector state %q: %w", k, err)
 	}
 	d.mu.Lock()
-	d.cache[k] = s
+	d.cache[k] = cached{s, rowAt}
 	d.mu.Unlock()
 	return s, true, nil
+}
+
+// dropCacheLocked forgets the machine's cached states (replica mode: a tenure ends or begins).
+// Called with d.mu held.
+func (d *Detector) dropCacheLocked(machine string) {
+	prefix := key(machine, "")
+	for k := range d.cache {
+		if strings.HasPrefix(k, prefix) {
+			delete(d.cache, k)
+		}
+	}
 }
 
 // Apply implements watch.Sink. It reads nothing from T3: a chunk's events are
@@ -386,8 +413,12 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 	if current {
 		return fence, true, nil
 	}
-	// A new tenure: forget look-ups queued under an earlier one, judge the watcher's rows as a
-	// snapshot, then take over the look-ups the previous holder left noted in the store.
+	// A new tenure: forget the states cached and the look-ups queued under an earlier one (the
+	// previous holder may have advanced both), judge the watcher's rows as a snapshot against the
+	// stored state, then take over the look-ups the previous holder left noted in the store.
+	d.mu.Lock()
+	d.dropCacheLocked(machine)
+	d.mu.Unlock()
 	d.lookups.dropMachine(machine)
 	if rows := d.rows(machine); len(rows) > 0 {
 		if err := d.applyLocked(watch.Change{Machine: machine, Snapshot: true, Threads: rows}, fence); err != nil {
@@ -416,14 +447,17 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 // it held before (the tenure check alone would trust a lease that merely lapsed and came back).
 func (d *Detector) passOver(machine string) {
 	d.mu.Lock()
-	delete(d.tenure, machine)
+	if _, had := d.tenure[machine]; had {
+		delete(d.tenure, machine)
+		d.dropCacheLocked(machine) // stale from now on; the next tenure drops them anyway
+	}
 	d.mu.Unlock()
 }
 
 // applyLocked judges a change and commits what it found, under fence (nil: no lease).
 func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	states := map[string][]byte{}
-	next := map[string]seen{}
+	next := map[string]cached{}
 	var evs []store.Event
 	var lookup []string
 	rows := make([]*t3rpc.ThreadShell, 0, len(c.Passed)+len(c.Threads))
@@ -452,10 +486,11 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		}
 		tr := &t
 		k := key(c.Machine, row.ID)
-		prev, known := next[k]
+		hit, known := next[k]
+		prev := hit.s
 		if !known {
 			var err error
-			if prev, known, err = d.load(k); err != nil {
+			if prev, known, err = d.load(k, t.UpdatedAt); err != nil {
 				return err
 			}
 		}
@@ -469,7 +504,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 			cur = baselineOf(row)
 		}
 		if !known || !cur.equal(prev) {
-			next[k] = cur
+			next[k] = cached{cur, t.UpdatedAt}
 			b, _ := json.Marshal(cur)
 			states[k] = b
 		}
@@ -497,8 +532,8 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		return err
 	}
 	d.mu.Lock()
-	for k, s := range next {
-		d.cache[k] = s
+	for k, n := range next {
+		d.cache[k] = n
 	}
 	d.mu.Unlock()
 	for _, k := range lookup {

@@ -261,7 +261,14 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 			return lookupDone, nil
 		}
 	}
-	s, known, err := d.load(k)
+	tr, found, err := d.tracked.GetThread(threadID)
+	if err != nil {
+		return lookupDone, err
+	}
+	if !found || !tr.Watch || tr.Machine != machine {
+		return lookupDone, nil
+	}
+	s, known, err := d.load(k, tr.UpdatedAt)
 	if err != nil {
 		return lookupDone, err
 	}
@@ -286,7 +293,13 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	if err != nil || !mine {
 		return lookupDone, err
 	}
-	cur, known, err := d.load(k)
+	if tr, found, err = d.tracked.GetThread(threadID); err != nil {
+		return lookupDone, err
+	}
+	if !found || !tr.Watch || tr.Machine != machine {
+		return lookupDone, nil
+	}
+	cur, known, err := d.load(k, tr.UpdatedAt)
 	if err != nil {
 		return lookupDone, err
 	}
@@ -295,13 +308,6 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	}
 	if cur.Gen != s.Gen {
 		return lookupAgain, nil
-	}
-	tr, found, err := d.tracked.GetThread(threadID)
-	if err != nil {
-		return lookupDone, err
-	}
-	if !found || !tr.Watch || tr.Machine != machine {
-		return lookupDone, nil
 	}
 	next, trs := d.resolve(cur, p, machine, tr)
 	var evs []store.Event
@@ -320,7 +326,7 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 		return lookupDone, err
 	}
 	d.mu.Lock()
-	d.cache[k] = next
+	d.cache[k] = cached{next, tr.UpdatedAt}
 	d.mu.Unlock()
 	if len(evs) > 0 {
 		for _, e := range evs {

@@ -1,7 +1,9 @@
 package events
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -20,6 +22,12 @@ import (
 // machine lock does not exist yet) and the locks of the machines involved (no
 // chunk or look-up of theirs meanwhile). When that read fails nothing is
 // deleted: the next prune tries again.
+//
+// Replica mode (Options.Lease): a replica prunes only the machines whose lease it holds, each in
+// a batch fenced with the lease's token, so a replica that lost a machine's lease never deletes
+// the state its new holder detects with; the other machines are left to their holders. (The
+// outbox's delivered events are pruned by any replica: store.Prune deletes only events already
+// delivered, which no replica reads again.)
 func (d *Detector) Prune() (int, error) {
 	threads, err := d.tracked.ListThreads()
 	if err != nil {
@@ -98,7 +106,7 @@ func (d *Detector) Prune() (int, error) {
 	if len(gone) == 0 && len(orphans) == 0 {
 		return 0, nil
 	}
-	if err := d.store.Commit(store.Batch{Detector: orphans, DeleteThreads: gone}); err != nil {
+	if gone, orphans, err = d.commitPrune(names, gone, orphans, fresh); err != nil {
 		return 0, err
 	}
 	d.mu.Lock()
@@ -111,6 +119,49 @@ func (d *Detector) Prune() (int, error) {
 	}
 	d.log.Info("pruned tracked threads", "threads", len(gone), "detector_states", len(orphans))
 	return len(gone), nil
+}
+
+// commitPrune deletes what Prune decided and returns what it deleted: in one batch with one
+// process; in replica mode one batch per machine whose lease this replica holds, fenced with its
+// token (a lease lost meanwhile fails its batch alone, which is then left to the new holder).
+func (d *Detector) commitPrune(machines, gone []string, orphans map[string][]byte, fresh map[string]store.Thread) ([]string, map[string][]byte, error) {
+	if d.lease == nil {
+		if err := d.store.Commit(store.Batch{Detector: orphans, DeleteThreads: gone}); err != nil {
+			return nil, nil, err
+		}
+		return gone, orphans, nil
+	}
+	var doneGone []string
+	doneOrphans := map[string][]byte{}
+	for _, m := range machines {
+		token, held := d.lease(m)
+		if !held {
+			continue
+		}
+		b := store.Batch{Detector: map[string][]byte{}, Fence: &store.Fence{Machine: m, Token: token}}
+		for _, id := range gone {
+			if fresh[id].Machine == m {
+				b.DeleteThreads = append(b.DeleteThreads, id)
+			}
+		}
+		for k := range orphans {
+			if km, _, _ := splitKey(k); km == m {
+				b.Detector[k] = nil
+			}
+		}
+		if len(b.DeleteThreads) == 0 && len(b.Detector) == 0 {
+			continue
+		}
+		if err := d.store.Commit(b); err != nil {
+			if errors.Is(err, store.ErrFenced) {
+				continue // the new holder prunes it
+			}
+			return doneGone, doneOrphans, err
+		}
+		doneGone = append(doneGone, b.DeleteThreads...)
+		maps.Copy(doneOrphans, b.Detector)
+	}
+	return doneGone, doneOrphans, nil
 }
 
 // expired says whether an unwatched thread's record is past the retention:

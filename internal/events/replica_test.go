@@ -18,6 +18,7 @@ type leaseEnv struct {
 	current int64 // the machine's token in the shared store
 	rows    []t3rpc.ThreadShell
 	fences  []*store.Fence // every fenced detector commit
+	loads   int            // detector states read from the store
 }
 
 type fencedStore struct {
@@ -36,6 +37,13 @@ func (f fencedStore) Commit(b store.Batch) error {
 		}
 	}
 	return f.Group.Commit(b)
+}
+
+func (f fencedStore) Detector(k string) ([]byte, bool, error) {
+	f.l.mu.Lock()
+	f.l.loads++
+	f.l.mu.Unlock()
+	return f.Group.Detector(k)
 }
 
 func newLeaseEnv(t *testing.T) *leaseEnv {
