@@ -110,9 +110,20 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 	if item == nil {
 		return nil, fmt.Errorf("the questions of request %q are not readable yet; call t3_thread and try again", pending.ID)
 	}
+	out, err := questionAnswers(item.Questions, answers)
+	if err != nil {
+		return nil, err
+	}
+	return t3.RespondAnswers(threadID, pending.ID, out), nil
+}
+
+// questionAnswers checks the answers to a question request against its
+// questions (known ids, options, one answer or a list, every required one
+// answered) and puts them in T3's form.
+func questionAnswers(questions []t3api.Question, answers mcptools.AnswerInputAnswers) (map[string]t3rpc.AnswerValue, error) {
 	byID := map[string]t3api.Question{}
-	ids := make([]string, 0, len(item.Questions))
-	for _, q := range item.Questions {
+	ids := make([]string, 0, len(questions))
+	for _, q := range questions {
 		byID[q.ID] = q
 		ids = append(ids, fmt.Sprintf("%q", q.ID))
 	}
@@ -123,55 +134,18 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 	sort.Strings(keys)
 	out := map[string]t3rpc.AnswerValue{}
 	for _, k := range keys {
-		v := answers[k]
 		q, ok := byID[k]
 		if !ok {
 			return nil, fmt.Errorf("unknown question id %q; the questions are: %s", k, strings.Join(ids, ", "))
 		}
-		labels := make([]string, 0, len(q.Options))
-		for _, o := range q.Options {
-			labels = append(labels, o.Label)
+		v, err := answerTo(k, q, answers[k])
+		if err != nil {
+			return nil, err
 		}
-		custom := q.AllowCustomAnswer.Or(false) || len(q.Options) == 0
-		check := func(s string) error {
-			if strings.TrimSpace(s) == "" {
-				return fmt.Errorf("the answer to question %q is empty", k)
-			}
-			if custom || slices.Contains(labels, s) {
-				return nil
-			}
-			return fmt.Errorf("%q is not an option of question %q; choose one of: %s", s, k, optionList(labels))
-		}
-		multi := q.MultiSelect.Or(false)
-		switch v.Type {
-		case mcptools.StringAnswerValue:
-			if err := check(v.String); err != nil {
-				return nil, err
-			}
-			if multi {
-				out[k] = t3rpc.NewStringArrayAnswerValue([]string{v.String})
-			} else {
-				out[k] = t3rpc.NewStringAnswerValue(v.String)
-			}
-		case mcptools.StringArrayAnswerValue:
-			if !multi {
-				return nil, fmt.Errorf("question %q takes one answer, not a list; choose one of: %s", k, optionList(labels))
-			}
-			if len(v.StringArray) == 0 {
-				return nil, fmt.Errorf("the answer to question %q is an empty list; choose from: %s", k, optionList(labels))
-			}
-			for _, s := range v.StringArray {
-				if err := check(s); err != nil {
-					return nil, err
-				}
-			}
-			out[k] = t3rpc.NewStringArrayAnswerValue(v.StringArray)
-		default:
-			return nil, fmt.Errorf("the answer to question %q must be a string or a list of strings", k)
-		}
+		out[k] = v
 	}
 	var missing []string
-	for _, q := range item.Questions {
+	for _, q := range questions {
 		if _, ok := out[q.ID]; !ok && q.Required.Or(true) {
 			missing = append(missing, fmt.Sprintf("%q", q.ID))
 		}
@@ -179,7 +153,51 @@ func buildResponse(threadID string, pending threadstate.Pending, item *t3api.Tur
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("missing answers to required questions: %s", strings.Join(missing, ", "))
 	}
-	return t3.RespondAnswers(threadID, pending.ID, out), nil
+	return out, nil
+}
+
+// answerTo checks one answer to question k: an option of it (unless it takes
+// custom answers), a list only where it is multi-select.
+func answerTo(k string, q t3api.Question, v mcptools.AnswerValue) (t3rpc.AnswerValue, error) {
+	labels := make([]string, 0, len(q.Options))
+	for _, o := range q.Options {
+		labels = append(labels, o.Label)
+	}
+	custom := q.AllowCustomAnswer.Or(false) || len(q.Options) == 0
+	check := func(s string) error {
+		if strings.TrimSpace(s) == "" {
+			return fmt.Errorf("the answer to question %q is empty", k)
+		}
+		if custom || slices.Contains(labels, s) {
+			return nil
+		}
+		return fmt.Errorf("%q is not an option of question %q; choose one of: %s", s, k, optionList(labels))
+	}
+	multi := q.MultiSelect.Or(false)
+	switch v.Type {
+	case mcptools.StringAnswerValue:
+		if err := check(v.String); err != nil {
+			return t3rpc.AnswerValue{}, err
+		}
+		if multi {
+			return t3rpc.NewStringArrayAnswerValue([]string{v.String}), nil
+		}
+		return t3rpc.NewStringAnswerValue(v.String), nil
+	case mcptools.StringArrayAnswerValue:
+		if !multi {
+			return t3rpc.AnswerValue{}, fmt.Errorf("question %q takes one answer, not a list; choose one of: %s", k, optionList(labels))
+		}
+		if len(v.StringArray) == 0 {
+			return t3rpc.AnswerValue{}, fmt.Errorf("the answer to question %q is an empty list; choose from: %s", k, optionList(labels))
+		}
+		for _, s := range v.StringArray {
+			if err := check(s); err != nil {
+				return t3rpc.AnswerValue{}, err
+			}
+		}
+		return t3rpc.NewStringArrayAnswerValue(v.StringArray), nil
+	}
+	return t3rpc.AnswerValue{}, fmt.Errorf("the answer to question %q must be a string or a list of strings", k)
 }
 
 // answerApproval shows a person the request being answered and the

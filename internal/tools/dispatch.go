@@ -29,17 +29,9 @@ func dispatchTool(d *Deps) func(context.Context, *Call, *mcptools.DispatchInput)
 		if in.Prompt != "" {
 			c.Audit.SetPrompt(in.Prompt)
 		}
-		if err := requireText(tool, "prompt", in.Prompt); err != nil {
+		key, err := d.dispatchKey(tool, in)
+		if err != nil {
 			return Result{}, err
-		}
-		if n := utf8.RuneCountInString(in.Prompt); n > d.Limits.MaxPromptChars {
-			return Result{}, fmt.Errorf("%s: prompt is %d characters, more than the limit of %d (T3CODE_MCP_MAX_PROMPT_CHARS); shorten it or put the details in a file in the workspace", tool, n, d.Limits.MaxPromptChars)
-		}
-		key := strings.TrimSpace(in.IdempotencyKey.Or(""))
-		if in.IdempotencyKey.Set {
-			if err := requireText(tool, "idempotency_key", key); err != nil {
-				return Result{}, err
-			}
 		}
 		fingerprint := callFingerprint(*in)
 		if key != "" {
@@ -58,7 +50,6 @@ func dispatchTool(d *Deps) func(context.Context, *Call, *mcptools.DispatchInput)
 			plan  *dispatchPlan
 			m     *fleet.Machine
 			shell *t3rpc.ThreadShell
-			err   error
 		)
 		if threadID != "" {
 			// A follow-up: the thread knows its machine and project.
@@ -85,6 +76,24 @@ func dispatchTool(d *Deps) func(context.Context, *Call, *mcptools.DispatchInput)
 		}
 		return plan.result(), nil
 	}
+}
+
+// dispatchKey checks the prompt (not blank, within MaxPromptChars) and
+// returns the call's idempotency key ("" for none).
+func (d *Deps) dispatchKey(tool string, in *mcptools.DispatchInput) (string, error) {
+	if err := requireText(tool, "prompt", in.Prompt); err != nil {
+		return "", err
+	}
+	if n := utf8.RuneCountInString(in.Prompt); n > d.Limits.MaxPromptChars {
+		return "", fmt.Errorf("%s: prompt is %d characters, more than the limit of %d (T3CODE_MCP_MAX_PROMPT_CHARS); shorten it or put the details in a file in the workspace", tool, n, d.Limits.MaxPromptChars)
+	}
+	key := strings.TrimSpace(in.IdempotencyKey.Or(""))
+	if in.IdempotencyKey.Set {
+		if err := requireText(tool, "idempotency_key", key); err != nil {
+			return "", err
+		}
+	}
+	return key, nil
 }
 
 // newThreadPlan checks a call that starts a thread and builds its commands:
@@ -140,27 +149,11 @@ func newThreadPlan(ctx context.Context, d *Deps, c *Call, machine, project strin
 		{"thread", fmt.Sprintf("new, titled %q", title)},
 		{"model", modelText(sel)},
 	}
-	if ws.Type == "root" {
-		create := t3.ThreadCreate(threadID, p.ID, title, sel)
-		send := t3.MessageDispatch(threadID, msgID, in.Prompt, title)
-		details = append(details, [2]string{"runtime mode", runtimeModeText(commandField(create, "runtimeMode"))})
-		for _, cmd := range []t3.Command{create, send} {
-			st, err := commandStep(cmd)
-			if err != nil {
-				return nil, nil, ctx, fmt.Errorf("%s: encoding the %s command: %w", tool, cmd.CommandType(), err)
-			}
-			plan.Steps = append(plan.Steps, st)
-		}
-	} else {
-		launch := t3.LaunchThreadInput(threadID, p.ID, title, sel, msgID, in.Prompt)
-		launch.WorkspaceStrategy = ws
-		details = append(details, [2]string{"runtime mode", runtimeModeText(launch.RuntimeMode)}, [2]string{"workspace", worktreeText(ws)})
-		st, err := launchStep(launch)
-		if err != nil {
-			return nil, nil, ctx, fmt.Errorf("%s: encoding the launch: %w", tool, err)
-		}
-		plan.Steps = append(plan.Steps, st)
+	more, err := plan.newThreadSteps(tool, p, sel, ws, in.Prompt)
+	if err != nil {
+		return nil, nil, ctx, err
 	}
+	details = append(details, more...)
 	ctx, err = d.approve(ctx, c, tool, m, approval{
 		action:    config.ApproveDispatch,
 		summary:   "starting a new thread",
@@ -176,6 +169,32 @@ func newThreadPlan(ctx context.Context, d *Deps, c *Call, machine, project strin
 	return plan, m, ctx, nil
 }
 
+// newThreadSteps adds the steps that start plan's thread in project p:
+// thread.create and message.dispatch in the project's root, or one
+// launchThread with a worktree. It returns the approval's lines about them.
+func (plan *dispatchPlan) newThreadSteps(tool string, p t3rpc.Project, sel t3rpc.ModelSelection, ws t3rpc.WorkspaceStrategy, prompt string) ([][2]string, error) {
+	if ws.Type == "root" {
+		create := t3.ThreadCreate(plan.ThreadID, p.ID, plan.Title, sel)
+		send := t3.MessageDispatch(plan.ThreadID, plan.MessageID, prompt, plan.Title)
+		for _, cmd := range []t3.Command{create, send} {
+			st, err := commandStep(cmd)
+			if err != nil {
+				return nil, fmt.Errorf("%s: encoding the %s command: %w", tool, cmd.CommandType(), err)
+			}
+			plan.Steps = append(plan.Steps, st)
+		}
+		return [][2]string{{"runtime mode", runtimeModeText(commandField(create, "runtimeMode"))}}, nil
+	}
+	launch := t3.LaunchThreadInput(plan.ThreadID, p.ID, plan.Title, sel, plan.MessageID, prompt)
+	launch.WorkspaceStrategy = ws
+	st, err := launchStep(launch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: encoding the launch: %w", tool, err)
+	}
+	plan.Steps = append(plan.Steps, st)
+	return [][2]string{{"runtime mode", runtimeModeText(launch.RuntimeMode)}, {"workspace", worktreeText(ws)}}, nil
+}
+
 // continuePlan checks a call that sends the prompt to an existing thread and
 // builds its commands: the model change, if any, and message.dispatch in the
 // call's mode.
@@ -184,45 +203,14 @@ func continuePlan(ctx context.Context, d *Deps, c *Call, threadID string, in mcp
 	fail := func(err error) (*dispatchPlan, *fleet.Machine, *t3rpc.ThreadShell, context.Context, error) {
 		return nil, nil, nil, ctx, err
 	}
-	if strings.ContainsRune(threadID, 0) {
-		return fail(fmt.Errorf("%s: thread_id contains a NUL character", tool))
-	}
-	if in.Worktree.Set {
-		return fail(fmt.Errorf("%s: worktree applies to a new thread; thread %q keeps the workspace it was started in (leave worktree out, or leave thread_id out to start a new thread)", tool, threadID))
-	}
-	found, err := d.Fleet.Thread(threadID)
+	found, err := d.followUpThread(tool, c, threadID, in)
 	if err != nil {
 		return fail(err)
 	}
 	m := found.Machine
-	c.Audit.Machine = m.Name
-	if name := strings.TrimSpace(in.Machine.Or("")); name != "" && name != m.Name {
-		return fail(fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, text.Quoted(name)))
-	}
-	if ref := strings.TrimSpace(in.Project.Or("")); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
-		return fail(fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, text.Quoted(ref)))
-	}
-	if m.Config.ReadOnly() {
-		return fail(refuseReadOnly(tool, m, "start threads or send prompts"))
-	}
-	if err := m.Ready(); err != nil {
+	setModel, modelLine, err := followUpModel(ctx, c, found, threadID, in)
+	if err != nil {
 		return fail(err)
-	}
-	c.Audit.Project = found.Project.Title
-	current := "the thread's own"
-	if ms, ok := found.Shell.ModelSelection.Get(); ok {
-		current = modelText(ms)
-	}
-	modelLine := current + " (unchanged)"
-	var setModel t3.Command
-	if model := strings.TrimSpace(in.Model.Or("")); model != "" {
-		sel, err := modelSelection(ctx, m, model, found.Project)
-		if err != nil {
-			return fail(err)
-		}
-		c.Audit.Model = sel.InstanceId + "/" + sel.Model
-		setModel = t3.ModelSelectionSet(threadID, sel)
-		modelLine = fmt.Sprintf("%s (switching from %s)", modelText(sel), current)
 	}
 	// The row as it is now: the run T3 makes of the prompt is the next
 	// latest run (queued behind the active one when the thread is busy).
@@ -273,6 +261,57 @@ func continuePlan(ctx context.Context, d *Deps, c *Call, threadID string, in mcp
 		return fail(err)
 	}
 	return plan, m, &found.Shell, ctx, nil
+}
+
+// followUpThread finds the thread a follow-up prompt goes to and checks the
+// call against it: no worktree, the thread's own machine and project if
+// named, a machine that permits changes and is ready.
+func (d *Deps) followUpThread(tool string, c *Call, threadID string, in mcptools.DispatchInput) (fleet.Found, error) {
+	if strings.ContainsRune(threadID, 0) {
+		return fleet.Found{}, fmt.Errorf("%s: thread_id contains a NUL character", tool)
+	}
+	if in.Worktree.Set {
+		return fleet.Found{}, fmt.Errorf("%s: worktree applies to a new thread; thread %q keeps the workspace it was started in (leave worktree out, or leave thread_id out to start a new thread)", tool, threadID)
+	}
+	found, err := d.Fleet.Thread(threadID)
+	if err != nil {
+		return fleet.Found{}, err
+	}
+	m := found.Machine
+	c.Audit.Machine = m.Name
+	if name := strings.TrimSpace(in.Machine.Or("")); name != "" && name != m.Name {
+		return fleet.Found{}, fmt.Errorf("%s: thread %q is on machine %q, not %s; with thread_id, machine and project can be left out", tool, threadID, m.Name, text.Quoted(name))
+	}
+	if ref := strings.TrimSpace(in.Project.Or("")); ref != "" && ref != found.Project.ID && ref != found.Project.Title && strings.TrimRight(ref, "/") != strings.TrimRight(found.Project.WorkspaceRoot, "/") {
+		return fleet.Found{}, fmt.Errorf("%s: thread %q belongs to project %q (%s), not %s; with thread_id, machine and project can be left out", tool, threadID, found.Project.Title, found.Project.WorkspaceRoot, text.Quoted(ref))
+	}
+	if m.Config.ReadOnly() {
+		return fleet.Found{}, refuseReadOnly(tool, m, "start threads or send prompts")
+	}
+	if err := m.Ready(); err != nil {
+		return fleet.Found{}, err
+	}
+	c.Audit.Project = found.Project.Title
+	return found, nil
+}
+
+// followUpModel is the model change a follow-up asks for (nil when it keeps
+// the thread's model) and the approval's line about the model.
+func followUpModel(ctx context.Context, c *Call, found fleet.Found, threadID string, in mcptools.DispatchInput) (t3.Command, string, error) {
+	current := "the thread's own"
+	if ms, ok := found.Shell.ModelSelection.Get(); ok {
+		current = modelText(ms)
+	}
+	model := strings.TrimSpace(in.Model.Or(""))
+	if model == "" {
+		return nil, current + " (unchanged)", nil
+	}
+	sel, err := modelSelection(ctx, found.Machine, model, found.Project)
+	if err != nil {
+		return nil, "", err
+	}
+	c.Audit.Model = sel.InstanceId + "/" + sel.Model
+	return t3.ModelSelectionSet(threadID, sel), fmt.Sprintf("%s (switching from %s)", modelText(sel), current), nil
 }
 
 // runGrace bounds how long t3_dispatch waits for the row to show the run T3

@@ -23,31 +23,9 @@ const maxWaitThreads = 100
 // wait slot, not one per thread.
 func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Result, error) {
 	const tool = mcptools.ToolWait
-	ids := append([]string{}, in.ThreadIds...)
-	if id, ok := in.ThreadID.Get(); ok {
-		ids = append(ids, id)
-	}
-	switch {
-	case len(ids) == 0:
-		return Result{}, fmt.Errorf("%s: pass thread_id, or thread_ids to wait for whichever of several threads moves first", tool)
-	case len(ids) > maxWaitThreads:
-		return Result{}, fmt.Errorf("%s: thread_ids has %d threads; at most %d per call", tool, len(ids), maxWaitThreads)
-	}
-	seen := map[string]bool{}
-	var found []fleet.Found
-	for _, id := range ids {
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		f, err := d.Fleet.ThreadOrGone(id) // an archived one answers archived at once
-		if err != nil {
-			return Result{}, err
-		}
-		if err := f.Machine.Ready(); err != nil {
-			return Result{}, err
-		}
-		found = append(found, f)
+	ids, found, err := d.waitThreads(tool, in)
+	if err != nil {
+		return Result{}, err
 	}
 	ctx, timeout, end, err := d.beginWait(ctx, c, in)
 	if err != nil {
@@ -55,56 +33,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	}
 	defer end()
 
-	type outcome struct {
-		f   fleet.Found
-		wr  *waitRead
-		r   wait.Result
-		err error
-	}
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	results := make(chan outcome, len(found))
-	answered := d.answered.snapshot()
-	for _, f := range found {
-		target, wr := waitTarget(f, answered)
-		go func() {
-			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read})
-			results <- outcome{f, wr, r, err}
-		}()
-	}
-	// The first that settles or asks wins; a timeout counts only once every
-	// wait has timed out (they share one deadline), then the first reports.
-	var tick <-chan time.Time
-	tok := progressToken(c.Req)
-	if tok != nil {
-		tk := time.NewTicker(d.Limits.ProgressEvery)
-		defer tk.Stop()
-		tick = tk.C
-	}
-	start := time.Now()
-	var first *outcome
-	for n := 0; n < len(found); {
-		var o outcome
-		select {
-		case o = <-results:
-			n++
-		case <-tick:
-			elapsed := time.Since(start)
-			_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
-				ProgressToken: tok, Progress: elapsed.Seconds(), Total: timeout.Seconds(),
-				Message: fmt.Sprintf("%d threads still going after %s", len(found)-n, elapsed.Round(time.Second)),
-			})
-			continue
-		}
-		if o.err == nil && o.r.Reason != wait.Timeout {
-			first = &o
-			break
-		}
-		if first == nil || (first.err != nil && o.err == nil) {
-			first = &o
-		}
-	}
-	cancel()
+	first := d.firstToMove(ctx, c, found, timeout)
 	if first.err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrShuttingDown) {
 			return Result{}, fmt.Errorf("%s: %w", tool, ErrShuttingDown)
@@ -131,4 +60,91 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 		text = fmt.Sprintf("timeout: none of the %d threads settled or asked; showing %s", len(found), stateText(st))
 	}
 	return Result{Structured: &out, Text: text}, nil
+}
+
+// waitThreads finds the threads a t3_wait with thread_ids waits on, each once,
+// on a machine that is ready; ids is what the call named.
+func (d *Deps) waitThreads(tool string, in mcptools.WaitInput) (ids []string, found []fleet.Found, err error) {
+	ids = append([]string{}, in.ThreadIds...)
+	if id, ok := in.ThreadID.Get(); ok {
+		ids = append(ids, id)
+	}
+	switch {
+	case len(ids) == 0:
+		return nil, nil, fmt.Errorf("%s: pass thread_id, or thread_ids to wait for whichever of several threads moves first", tool)
+	case len(ids) > maxWaitThreads:
+		return nil, nil, fmt.Errorf("%s: thread_ids has %d threads; at most %d per call", tool, len(ids), maxWaitThreads)
+	}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		f, err := d.Fleet.ThreadOrGone(id) // an archived one answers archived at once
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := f.Machine.Ready(); err != nil {
+			return nil, nil, err
+		}
+		found = append(found, f)
+	}
+	return ids, found, nil
+}
+
+// waitOutcome is how one of waitAny's waits ended.
+type waitOutcome struct {
+	f   fleet.Found
+	wr  *waitRead
+	r   wait.Result
+	err error
+}
+
+// firstToMove waits on every thread at once, sending progress
+// notifications meanwhile when the client asked for them. The first that
+// settles or asks wins; a timeout counts only once every wait has timed out
+// (they share one deadline), then the first reports.
+func (d *Deps) firstToMove(ctx context.Context, c *Call, found []fleet.Found, timeout time.Duration) *waitOutcome {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	results := make(chan waitOutcome, len(found))
+	answered := d.answered.snapshot()
+	for _, f := range found {
+		target, wr := waitTarget(f, answered)
+		go func() {
+			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read})
+			results <- waitOutcome{f, wr, r, err}
+		}()
+	}
+	var tick <-chan time.Time
+	tok := progressToken(c.Req)
+	if tok != nil {
+		tk := time.NewTicker(d.Limits.ProgressEvery)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	start := time.Now()
+	var first *waitOutcome
+	for n := 0; n < len(found); {
+		var o waitOutcome
+		select {
+		case o = <-results:
+			n++
+		case <-tick:
+			elapsed := time.Since(start)
+			_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: tok, Progress: elapsed.Seconds(), Total: timeout.Seconds(),
+				Message: fmt.Sprintf("%d threads still going after %s", len(found)-n, elapsed.Round(time.Second)),
+			})
+			continue
+		}
+		if o.err == nil && o.r.Reason != wait.Timeout {
+			return &o
+		}
+		if first == nil || (first.err != nil && o.err == nil) {
+			first = &o
+		}
+	}
+	return first
 }
