@@ -21,6 +21,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/store/pgstore"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 )
 
@@ -418,13 +419,7 @@ func isConnector(ctx context.Context, addr string) bool {
 
 func checkState(r *report, s app.Settings) {
 	if s.DatabaseURL != "" {
-		st, err := app.OpenStore(s)
-		if err != nil {
-			r.fail("%v", err)
-			return
-		}
-		defer st.Close()
-		reportState(r, st, st.Location())
+		checkDatabase(r, s)
 		return
 	}
 	path := filepath.Join(s.StateDir, store.FileName)
@@ -443,6 +438,38 @@ func checkState(r *report, s app.Settings) {
 	}
 	defer st.Close()
 	reportState(r, st, path)
+}
+
+// checkDatabase reports the database's schema version against this binary's migrations and
+// what it holds, changing nothing: it connects without migrating (serve migrates at start).
+func checkDatabase(r *report, s app.Settings) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := pgstore.Connect(ctx, s.DatabaseURL)
+	if err != nil {
+		r.fail("database (T3CODE_MCP_DATABASE_URL): %v", err)
+		return
+	}
+	defer db.Close()
+	sc, err := db.Schema(ctx)
+	if err != nil {
+		r.fail("database %s: reading its schema version: %v", db.Location(), err)
+		return
+	}
+	switch {
+	case sc.Version > sc.Latest:
+		r.fail("database %s: schema %d was migrated by a newer t3code-mcp (this binary knows %d and refuses it): upgrade this binary", db.Location(), sc.Version, sc.Latest)
+		return
+	case sc.Version == 0:
+		r.ok("database %s answers and holds no connector schema yet: serve creates it at start (%s)", db.Location(), plural.Count(len(sc.Pending), "migration"))
+		return
+	case len(sc.Pending) > 0:
+		r.warn("database %s: schema %d of %d; serve applies %s at start: %s", db.Location(), sc.Version, sc.Latest,
+			plural.Count(len(sc.Pending), "pending migration"), strings.Join(sc.Pending, ", "))
+	default:
+		r.ok("database %s: schema %d (current)", db.Location(), sc.Version)
+	}
+	reportState(r, db, db.Location())
 }
 
 // reportState reports what the store holds: where names it (a file, or the database URL
