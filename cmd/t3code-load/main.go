@@ -17,6 +17,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,136 +37,147 @@ import (
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// options is the command line: how to run the harness, and the profile's figures a flag
+// overrides (over; zero means the profile's value).
+type options struct {
+	short, quiet, inProcess                              bool
+	bin, dir, jsonOut                                    string
+	cpuProfile, blockProfile, memProfile, harnessProfile string
+	phases, pollers                                      string
+	over                                                 loadtest.Config
+}
+
+// parse reads the command line; the error is already written to stderr.
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
 	fs := flag.NewFlagSet("t3code-load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	short := fs.Bool("short", false, "the CI profile: every phase, scaled down to seconds")
-	bin := fs.String("bin", "", "t3code-mcp binary to run; default: go build ./cmd/t3code-mcp into the work directory")
-	dir := fs.String("dir", "", "work directory (state, t3code.toml, connector.log), kept afterwards; default: a temporary one")
-	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
-	quiet := fs.Bool("q", false, "no progress lines")
-	inProcess := fs.Bool("inprocess", false, "run the connector inside this process (for profiles; its CPU and RSS then include the harness)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (implies -inprocess)")
-	blockProfile := fs.String("blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
-	memProfile := fs.String("memprofile", "", "write a heap profile once the connector is synced and idle, and FILE.backlog when the outage phase's receiver comes back (implies -inprocess)")
-	harnessProfile := fs.String("harness-cpuprofile", "", "write a CPU profile of the harness alone (fakes, clients, receiver); the connector stays the binary")
-	threadCalls := fs.Int("thread-calls", 0, "t3_thread calls on the big thread (full 50, short 20)")
+	fs.BoolVar(&o.short, "short", false, "the CI profile: every phase, scaled down to seconds")
+	fs.StringVar(&o.bin, "bin", "", "t3code-mcp binary to run; default: go build ./cmd/t3code-mcp into the work directory")
+	fs.StringVar(&o.dir, "dir", "", "work directory (state, t3code.toml, connector.log), kept afterwards; default: a temporary one")
+	fs.StringVar(&o.jsonOut, "json", "", "also write the report as JSON to this file")
+	fs.BoolVar(&o.quiet, "q", false, "no progress lines")
+	fs.BoolVar(&o.inProcess, "inprocess", false, "run the connector inside this process (for profiles; its CPU and RSS then include the harness)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (implies -inprocess)")
+	fs.StringVar(&o.blockProfile, "blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile once the connector is synced and idle, and FILE.backlog when the outage phase's receiver comes back (implies -inprocess)")
+	fs.StringVar(&o.harnessProfile, "harness-cpuprofile", "", "write a CPU profile of the harness alone (fakes, clients, receiver); the connector stays the binary")
 
 	// Zero means the profile's value.
-	m := fs.Int("m", 0, "M: fake T3 machines (full 100, short 4)")
-	t := fs.Int("t", 0, "T: threads per machine (full 1000, short 250)")
-	k := fs.Int("k", 0, "K: concurrent t3_wait calls (full 1000, short 100)")
-	e := fs.Float64("e", 0, "E: settled runs (transitions) per second in the latency phase (full 1000, short 200)")
-	peak := fs.Float64("peak", 0, "runs per second offered in the throughput phase (full 5000, short 1000)")
-	duration := fs.Duration("duration", 0, "length of the latency and of the throughput phase (full 20s, short 5s)")
-	script := fs.String("script", "", "fake script of rate-driven runs: default (7 steps, completed) or fail (2 steps, failed)")
-	pollers := fs.String("poll", "", "comparison pollers interval:runs,… (full 1s:200,30s:50; short 1s:20,5s:10)")
-	push := fs.Int("push", 0, "comparison runs noticed through the connector (full 200, short 20)")
-	runLength := fs.Duration("run-length", 0, "comparison runs settle uniformly within this (full 60s, short 5s)")
-	big := fs.Int("thread-items", 0, "turn items of the t3_thread thread, -1 for none (5000)")
-	drain := fs.Duration("drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
-	logLevel := fs.String("log-level", "", "the connector's log level (info)")
-	seedRuns := fs.Int("seed-runs", 0, "finished runs every thread has before the connector starts, -1 for none (1)")
-	phases := fs.String("phases", "", "comma-separated phases to run of thread,latency,compare,throughput,outage,soak (default all but soak)")
-	outage := fs.Duration("outage", 0, "outage phase: how long the webhook receiver answers 503 (full 60s, short 10s)")
-	outageRate := fs.Float64("outage-rate", 0, "outage phase: runs per second settling while the receiver is down (full 1000, short 200)")
-	outageThreads := fs.Int("outage-threads", 0, "outage phase: threads per machine the runs go to, so each has several events queued (full 100, short 50)")
-	outageDrain := fs.Duration("outage-drain", 0, "outage phase: longest wait for the backlog to drain once the receiver is back (full 3m, short 1m)")
-	soak := fs.Duration("soak-duration", 0, "soak phase: how long runs are offered (full 15m, short 2m)")
-	soakRate := fs.Float64("soak-rate", 0, "soak phase: runs per second on the watched threads (full 200, short 50)")
-	soakChurn := fs.Float64("soak-churn", 0, "soak phase: new threads per second watched, unwatched and archived (full 2, short 1)")
-	soakRetention := fs.Duration("soak-retention", 0, "soak phase: the connector's T3CODE_MCP_HOOK_RETENTION and T3CODE_MCP_THREAD_RETENTION (full 2m, short 15s); pruned every quarter of it")
-	soakSample := fs.Duration("soak-sample", 0, "soak phase: how often RSS, heap, state file and tracked threads are sampled (full 30s, short 5s)")
-	databaseURL := fs.String("database-url", "", "run the connector on this PostgreSQL database (postgres://…, an empty one) instead of a bbolt file")
-	replicas := fs.Int("replicas", 1, "connectors sharing -database-url (lease per machine, any replica delivers); the first one is measured")
-	noHook := fs.Bool("no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
-	timeout := fs.Duration("timeout", 0, "bound on the whole run (default: from the phases)")
+	c := &o.over
+	fs.IntVar(&c.ThreadCalls, "thread-calls", 0, "t3_thread calls on the big thread (full 50, short 20)")
+	fs.IntVar(&c.Machines, "m", 0, "M: fake T3 machines (full 100, short 4)")
+	fs.IntVar(&c.Threads, "t", 0, "T: threads per machine (full 1000, short 250)")
+	fs.IntVar(&c.Waits, "k", 0, "K: concurrent t3_wait calls (full 1000, short 100)")
+	fs.Float64Var(&c.Rate, "e", 0, "E: settled runs (transitions) per second in the latency phase (full 1000, short 200)")
+	fs.Float64Var(&c.PeakRate, "peak", 0, "runs per second offered in the throughput phase (full 5000, short 1000)")
+	fs.DurationVar(&c.Duration, "duration", 0, "length of the latency and of the throughput phase (full 20s, short 5s)")
+	fs.StringVar(&c.Script, "script", "", "fake script of rate-driven runs: default (7 steps, completed) or fail (2 steps, failed)")
+	fs.StringVar(&o.pollers, "poll", "", "comparison pollers interval:runs,… (full 1s:200,30s:50; short 1s:20,5s:10)")
+	fs.IntVar(&c.PushRuns, "push", 0, "comparison runs noticed through the connector (full 200, short 20)")
+	fs.DurationVar(&c.RunLength, "run-length", 0, "comparison runs settle uniformly within this (full 60s, short 5s)")
+	fs.IntVar(&c.BigThreadItems, "thread-items", 0, "turn items of the t3_thread thread, -1 for none (5000)")
+	fs.DurationVar(&c.Drain, "drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
+	fs.StringVar(&c.LogLevel, "log-level", "", "the connector's log level (info)")
+	fs.IntVar(&c.SeedRuns, "seed-runs", 0, "finished runs every thread has before the connector starts, -1 for none (1)")
+	fs.StringVar(&o.phases, "phases", "", "comma-separated phases to run of thread,latency,compare,throughput,outage,soak (default all but soak)")
+	fs.DurationVar(&c.Outage, "outage", 0, "outage phase: how long the webhook receiver answers 503 (full 60s, short 10s)")
+	fs.Float64Var(&c.OutageRate, "outage-rate", 0, "outage phase: runs per second settling while the receiver is down (full 1000, short 200)")
+	fs.IntVar(&c.OutageThreads, "outage-threads", 0, "outage phase: threads per machine the runs go to, so each has several events queued (full 100, short 50)")
+	fs.DurationVar(&c.OutageDrain, "outage-drain", 0, "outage phase: longest wait for the backlog to drain once the receiver is back (full 3m, short 1m)")
+	fs.DurationVar(&c.Soak, "soak-duration", 0, "soak phase: how long runs are offered (full 15m, short 2m)")
+	fs.Float64Var(&c.SoakRate, "soak-rate", 0, "soak phase: runs per second on the watched threads (full 200, short 50)")
+	fs.Float64Var(&c.SoakChurn, "soak-churn", 0, "soak phase: new threads per second watched, unwatched and archived (full 2, short 1)")
+	fs.DurationVar(&c.SoakRetention, "soak-retention", 0, "soak phase: the connector's T3CODE_MCP_HOOK_RETENTION and T3CODE_MCP_THREAD_RETENTION (full 2m, short 15s); pruned every quarter of it")
+	fs.DurationVar(&c.SoakSample, "soak-sample", 0, "soak phase: how often RSS, heap, state file and tracked threads are sampled (full 30s, short 5s)")
+	fs.StringVar(&c.DatabaseURL, "database-url", "", "run the connector on this PostgreSQL database (postgres://…, an empty one) instead of a bbolt file")
+	fs.IntVar(&c.Replicas, "replicas", 1, "connectors sharing -database-url (lease per machine, any replica delivers); the first one is measured")
+	fs.BoolVar(&c.NoHook, "no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
+	fs.DurationVar(&c.Timeout, "timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return nil, err
 	}
-	cfg := loadtest.Full()
-	if *short {
-		cfg = loadtest.Short()
+	if c.Replicas > 1 && c.DatabaseURL == "" {
+		err := errors.New("t3code-load: -replicas needs -database-url (replicas share a PostgreSQL database)")
+		fmt.Fprintln(stderr, err)
+		return nil, err
 	}
-	setI := func(dst *int, v int) {
-		if v != 0 {
-			*dst = v
-		}
-	}
-	setI(&cfg.Machines, *m)
-	setI(&cfg.Threads, *t)
-	setI(&cfg.Waits, *k)
-	setI(&cfg.PushRuns, *push)
-	setI(&cfg.BigThreadItems, *big)
-	setI(&cfg.ThreadCalls, *threadCalls)
-	setI(&cfg.SeedRuns, *seedRuns)
-	cfg.NoHook = *noHook
-	cfg.DatabaseURL, cfg.Replicas = *databaseURL, *replicas
-	if *replicas > 1 && *databaseURL == "" {
-		fmt.Fprintln(stderr, "t3code-load: -replicas needs -database-url (replicas share a PostgreSQL database)")
-		return 2
-	}
-	if *phases != "" {
-		cfg.Phases = strings.Split(*phases, ",")
-	}
-	if *e != 0 {
-		cfg.Rate = *e
-	}
-	if *peak != 0 {
-		cfg.PeakRate = *peak
-	}
-	if *duration != 0 {
-		cfg.Duration = *duration
-	}
-	if *runLength != 0 {
-		cfg.RunLength = *runLength
-	}
-	if *drain != 0 {
-		cfg.Drain = *drain
-	}
-	if *outage != 0 {
-		cfg.Outage = *outage
-	}
-	if *outageRate != 0 {
-		cfg.OutageRate = *outageRate
-	}
-	setI(&cfg.OutageThreads, *outageThreads)
-	setD := func(dst *time.Duration, v time.Duration) {
-		if v != 0 {
-			*dst = v
-		}
-	}
-	setD(&cfg.Soak, *soak)
-	setD(&cfg.SoakRetention, *soakRetention)
-	setD(&cfg.SoakSample, *soakSample)
-	if *soakRate != 0 {
-		cfg.SoakRate = *soakRate
-	}
-	if *soakChurn != 0 {
-		cfg.SoakChurn = *soakChurn
-	}
-	if *outageDrain != 0 {
-		cfg.OutageDrain = *outageDrain
-	}
-	if *script != "" {
-		cfg.Script = *script
-	}
-	if *logLevel != "" {
-		cfg.LogLevel = *logLevel
-	}
-	if *pollers != "" {
-		p, err := loadtest.ParsePollers(*pollers)
+	if o.pollers != "" {
+		p, err := loadtest.ParsePollers(o.pollers)
 		if err != nil {
 			fmt.Fprintln(stderr, err)
-			return 2
+			return nil, err
 		}
-		cfg.Pollers = p
+		c.Pollers = p
 	}
-	cfg.Timeout = *timeout
-	cfg.WorkDir = *dir
-	if !*quiet {
+	if o.phases != "" {
+		c.Phases = strings.Split(o.phases, ",")
+	}
+	return o, nil
+}
+
+// config is the profile (-short or the full one) with the flags' figures over it.
+func (o *options) config(stderr io.Writer) loadtest.Config {
+	cfg := loadtest.Full()
+	if o.short {
+		cfg = loadtest.Short()
+	}
+	c := o.over
+	override(&cfg.Machines, c.Machines)
+	override(&cfg.Threads, c.Threads)
+	override(&cfg.Waits, c.Waits)
+	override(&cfg.PushRuns, c.PushRuns)
+	override(&cfg.BigThreadItems, c.BigThreadItems)
+	override(&cfg.ThreadCalls, c.ThreadCalls)
+	override(&cfg.SeedRuns, c.SeedRuns)
+	override(&cfg.Rate, c.Rate)
+	override(&cfg.PeakRate, c.PeakRate)
+	override(&cfg.Duration, c.Duration)
+	override(&cfg.RunLength, c.RunLength)
+	override(&cfg.Drain, c.Drain)
+	override(&cfg.Outage, c.Outage)
+	override(&cfg.OutageRate, c.OutageRate)
+	override(&cfg.OutageThreads, c.OutageThreads)
+	override(&cfg.OutageDrain, c.OutageDrain)
+	override(&cfg.Soak, c.Soak)
+	override(&cfg.SoakRetention, c.SoakRetention)
+	override(&cfg.SoakSample, c.SoakSample)
+	override(&cfg.SoakRate, c.SoakRate)
+	override(&cfg.SoakChurn, c.SoakChurn)
+	override(&cfg.Script, c.Script)
+	override(&cfg.LogLevel, c.LogLevel)
+	if c.Phases != nil {
+		cfg.Phases = c.Phases
+	}
+	if c.Pollers != nil {
+		cfg.Pollers = c.Pollers
+	}
+	cfg.NoHook = c.NoHook
+	cfg.DatabaseURL, cfg.Replicas = c.DatabaseURL, c.Replicas
+	cfg.Timeout = c.Timeout
+	cfg.WorkDir = o.dir
+	if !o.quiet {
 		cfg.Progress = stderr
 	}
+	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != ""
+	cfg.Binary = o.bin
+	return cfg
+}
+
+// override sets *dst to v unless v is zero (the profile's value stays).
+func override[T comparable](dst *T, v T) {
+	var zero T
+	if v != zero {
+		*dst = v
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parse(args, stderr)
+	if err != nil {
+		return 2
+	}
+	cfg := o.config(stderr)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -174,77 +186,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// own GC disturbs the timings less (memory here is not what is measured).
 	debug.SetGCPercent(400)
 
-	cfg.InProcess = *inProcess || (*cpuProfile != "" && *harnessProfile == "") || *blockProfile != "" || *memProfile != ""
-	if *memProfile != "" {
-		cfg.AfterStartup = func() {
-			runtime.GC()
-			if err := writeProfile(*memProfile, "heap"); err != nil {
-				fmt.Fprintln(stderr, err)
-			}
-		}
-		// The outage phase's backlog: the second heap profile, under lag.
-		cfg.AtBacklog = func() {
-			if err := writeProfile(*memProfile+".backlog", "heap"); err != nil {
-				fmt.Fprintln(stderr, err)
-			}
-		}
+	stopProfiles, err := o.startProfiles(&cfg, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
 	}
-	if *blockProfile != "" {
-		runtime.SetBlockProfileRate(int(100 * time.Microsecond))
-		defer func() {
-			if err := writeProfile(*blockProfile, "block"); err != nil {
-				fmt.Fprintln(stderr, err)
-			}
-		}()
-	}
-	if *cpuProfile == "" && *harnessProfile != "" {
-		*cpuProfile = *harnessProfile
-	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		defer pprof.StopCPUProfile()
-	}
+	defer stopProfiles()
 
-	cfg.Binary = *bin
 	if cfg.Binary == "" && !cfg.InProcess {
-		tmp, err := os.MkdirTemp("", "t3code-load-bin-")
+		bin, cleanup, err := buildConnector(ctx, stderr)
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		defer os.RemoveAll(tmp)
-		cfg.Binary = filepath.Join(tmp, "t3code-mcp")
-		fmt.Fprintln(stderr, "building ./cmd/t3code-mcp")
-		bctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		cmd := exec.CommandContext(bctx, "go", "build", "-o", cfg.Binary, "./cmd/t3code-mcp")
-		cmd.Stdout, cmd.Stderr = stderr, stderr
-		err = cmd.Run()
-		cancel()
-		if err != nil {
-			fmt.Fprintln(stderr, "go build ./cmd/t3code-mcp:", err)
-			return 1
-		}
+		defer cleanup()
+		cfg.Binary = bin
 	}
 
 	rep, err := loadtest.Run(ctx, cfg)
 	if rep != nil {
 		fmt.Fprint(stdout, rep.Text())
-		if *jsonOut != "" {
+		if o.jsonOut != "" {
 			b, jerr := json.MarshalIndent(rep, "", "  ")
 			if jerr == nil {
-				jerr = os.WriteFile(*jsonOut, b, 0o644)
+				jerr = os.WriteFile(o.jsonOut, b, 0o644)
 			}
 			if jerr != nil {
-				fmt.Fprintln(stderr, "writing", *jsonOut+":", jerr)
+				fmt.Fprintln(stderr, "writing", o.jsonOut+":", jerr)
 			}
 		}
 	}
@@ -253,6 +221,77 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// startProfiles starts the profiles asked for: the heap profiles through cfg's hooks, the block
+// and CPU profiles now; stop writes and closes them.
+func (o *options) startProfiles(cfg *loadtest.Config, stderr io.Writer) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	if o.memProfile != "" {
+		cfg.AfterStartup = func() {
+			runtime.GC()
+			if err := writeProfile(o.memProfile, "heap"); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		}
+		// The outage phase's backlog: the second heap profile, under lag.
+		cfg.AtBacklog = func() {
+			if err := writeProfile(o.memProfile+".backlog", "heap"); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		}
+	}
+	if o.blockProfile != "" {
+		runtime.SetBlockProfileRate(int(100 * time.Microsecond))
+		stops = append(stops, func() {
+			if err := writeProfile(o.blockProfile, "block"); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		})
+	}
+	cpuProfile := o.cpuProfile
+	if cpuProfile == "" && o.harnessProfile != "" {
+		cpuProfile = o.harnessProfile
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			stop()
+			return nil, err
+		}
+		stops = append(stops, func() { f.Close() }, pprof.StopCPUProfile)
+	}
+	return stop, nil
+}
+
+// buildConnector builds ./cmd/t3code-mcp into a temporary directory, which cleanup removes.
+func buildConnector(ctx context.Context, stderr io.Writer) (bin string, cleanup func(), err error) {
+	tmp, err := os.MkdirTemp("", "t3code-load-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup = func() { os.RemoveAll(tmp) }
+	bin = filepath.Join(tmp, "t3code-mcp")
+	fmt.Fprintln(stderr, "building ./cmd/t3code-mcp")
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(bctx, "go", "build", "-o", bin, "./cmd/t3code-mcp")
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Run(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("go build ./cmd/t3code-mcp: %w", err)
+	}
+	return bin, cleanup, nil
 }
 
 func writeProfile(path, name string) error {

@@ -229,15 +229,9 @@ func New(s Settings, o Options) (*App, error) {
 		o.Version = "dev"
 	}
 	a := &App{Settings: s, Log: log}
-	cfg := o.Config
-	if cfg == nil {
-		if s.ConfigPath == "" {
-			return nil, errors.New("no config: set T3CODE_MCP_CONFIG (or --config) to a t3code.toml (see t3code.example.toml)")
-		}
-		var err error
-		if cfg, err = config.Load(s.ConfigPath); err != nil {
-			return nil, err
-		}
+	cfg, err := configOf(s, o)
+	if err != nil {
+		return nil, err
 	}
 	a.Config = cfg
 	st, err := OpenStore(s)
@@ -254,40 +248,75 @@ func New(s Settings, o Options) (*App, error) {
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	fl := fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines})
-	a.Fleet = fl
+	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines})
 	if s.HookURL != "" {
-		m, err := outbox.NewMetrics(a.Registry)
-		if err != nil {
+		if err := a.newEvents(replicaID); err != nil {
 			a.Close()
 			return nil, err
 		}
-		ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: log, Metrics: m,
-			Retention: s.HookRetention, PruneEvery: s.PruneInterval,
-			Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout})
-		if err != nil {
-			a.Close()
-			return nil, err
-		}
-		a.Outbox = ob
-		// The detector reads threads through the fleet (look-ups, off the
-		// Ack path) and the fleet hands it every chunk from Start on.
-		do := events.Options{
-			Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
-		}
-		if p, ok := any(st).(pooled); ok {
-			// Replicas share the store: each machine's events are detected by its lease holder.
-			a.replication = newReplication(p, fl, s, a, replicaID)
-			do.Lease, do.Rows = a.replication.leases.Held, a.replication.rows
-		}
-		a.Detector = events.New(do)
-		a.Registry.MustRegister(lookupCollector{a.Detector})
 	}
+	a.newDeps()
+	if err := a.openAudit(replicaID); err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.Deps.Audit = a.Audit
+	a.MCP = server.NewMCPServer(a.Deps, o.Version)
+	a.Handler = server.Handler(a.MCP, a.Fleet, server.Options{Version: o.Version,
+		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
+		Health:       func() map[string]any { return a.health() },
+		OnSessionEnd: a.Deps.EndSession,
+	})
+	return a, nil
+}
 
+// configOf is the configuration given (Options.Config) or loaded from s.ConfigPath.
+func configOf(s Settings, o Options) (*config.Config, error) {
+	if o.Config != nil {
+		return o.Config, nil
+	}
+	if s.ConfigPath == "" {
+		return nil, errors.New("no config: set T3CODE_MCP_CONFIG (or --config) to a t3code.toml (see t3code.example.toml)")
+	}
+	return config.Load(s.ConfigPath)
+}
+
+// newEvents builds the webhook outbox and the event detector (events are on: a hook URL is set).
+func (a *App) newEvents(replicaID string) error {
+	s, st, fl := a.Settings, a.Store, a.Fleet
+	m, err := outbox.NewMetrics(a.Registry)
+	if err != nil {
+		return err
+	}
+	ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
+		Retention: s.HookRetention, PruneEvery: s.PruneInterval,
+		Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout})
+	if err != nil {
+		return err
+	}
+	a.Outbox = ob
+	// The detector reads threads through the fleet (look-ups, off the
+	// Ack path) and the fleet hands it every chunk from Start on.
+	do := events.Options{
+		Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: a.Log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
+	}
+	if p, ok := any(st).(pooled); ok {
+		// Replicas share the store: each machine's events are detected by its lease holder.
+		a.replication = newReplication(p, fl, s, a, replicaID)
+		do.Lease, do.Rows = a.replication.leases.Held, a.replication.rows
+	}
+	a.Detector = events.New(do)
+	a.Registry.MustRegister(lookupCollector{a.Detector})
+	return nil
+}
+
+// newDeps builds what the tools use, with the tool-call, wait and machine metrics.
+func (a *App) newDeps() {
+	s, st, fl := a.Settings, a.Store, a.Fleet
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
 	a.Push = tools.NewPush()
-	a.Deps = &tools.Deps{Fleet: fl, Threads: st, Keys: store.DispatchKeys{Store: st}, Push: a.Push, Logger: log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
+	a.Deps = &tools.Deps{Fleet: fl, Threads: st, Keys: store.DispatchKeys{Store: st}, Push: a.Push, Logger: a.Log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		IdempotencyRetention: s.IdempotencyRetention,
 		OnCall: func(tool string, _ time.Duration, isError bool) {
 			outcome := "ok"
@@ -311,30 +340,27 @@ func New(s Settings, o Options) (*App, error) {
 			return float64(n)
 		}),
 	)
-	// Audit log: one line per mutating tool call.
+}
+
+// openAudit opens the audit log: one line per mutating tool call, in the state directory's file
+// or, with PostgreSQL, in the shared table.
+func (a *App) openAudit(replicaID string) error {
+	s := a.Settings
 	al, err := audit.Open(s.StateDir, audit.Options{MaxBytes: s.AuditMaxBytes, Keep: s.AuditKeep})
 	if err != nil {
-		a.Close()
-		return nil, fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
+		return fmt.Errorf("state directory %s (T3CODE_MCP_STATE_DIR): %w", s.StateDir, err)
 	}
 	a.Audit = al
-	if t, ok := st.(audit.Table); ok {
+	if t, ok := a.Store.(audit.Table); ok {
 		// Replicas share PostgreSQL: every replica's records go to its table, off the call's path;
 		// the file takes what the buffer cannot hold (docs/guardrails.md).
-		sh := audit.NewShared(t, al, audit.SharedOptions{Replica: replicaID, Logger: log})
+		sh := audit.NewShared(t, al, audit.SharedOptions{Replica: replicaID, Logger: a.Log})
 		a.Audit = sh
 		a.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_audit_spilled_total",
 			Help: "Audit records written to this replica's audit file because the database's buffer was full or the database did not take them before shutdown."},
 			func() float64 { return float64(sh.Spilled()) }))
 	}
-	a.Deps.Audit = a.Audit
-	a.MCP = server.NewMCPServer(a.Deps, o.Version)
-	a.Handler = server.Handler(a.MCP, fl, server.Options{Version: o.Version,
-		Token: s.Token, SessionTimeout: s.SessionTimeout, MaxBodyBytes: s.MaxBodyBytes, Logger: log, Registry: a.Registry,
-		Health:       func() map[string]any { return a.health() },
-		OnSessionEnd: a.Deps.EndSession,
-	})
-	return a, nil
+	return nil
 }
 
 // health is /healthz's events block: the outbox, and the watched threads

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -39,46 +40,80 @@ func (h *harness) compare(ctx context.Context) error {
 	for i, r := range push {
 		go func() { wakes <- h.awaitRun(phaseCtx, i/cfg.WaitsPerSession, r) }()
 	}
-	type noticed struct {
-		r   *run
-		at  time.Time
-		req int64
-		err error
-	}
-	pollOut := make([]chan noticed, len(polls))
+	pollOut := make([]chan polled, len(polls))
 	for i, runs := range polls {
-		pollOut[i] = make(chan noticed, len(runs))
+		pollOut[i] = make(chan polled, len(runs))
 		iv := cfg.Pollers[i].Interval
 		for _, r := range runs {
 			go func() {
 				at, n, err := poll(phaseCtx, r, iv)
-				pollOut[i] <- noticed{r, at, n, err}
+				pollOut[i] <- polled{r, at, n, err}
 			}()
 		}
 	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	var all []*run
-	all = append(all, push...)
-	for _, runs := range polls {
-		all = append(all, runs...)
-	}
-	offsets := make([]time.Duration, len(all))
-	for i := range offsets {
-		offsets[i] = time.Duration(rng.Int64N(int64(cfg.RunLength)) + 1)
-	}
-	if err := h.release(ctx, all, func(i int) time.Time { return start.Add(offsets[i]) }); err != nil {
+	if err := h.releaseWithin(ctx, start, slices.Concat(append([][]*run{push}, polls...)...)); err != nil {
 		return err
 	}
 
-	// The push path: t3_wait results and webhooks.
-	waitA := Approach{Name: "connector t3_wait (push)", Runs: len(push)}
-	hookA := Approach{Name: "connector webhook (push)", Runs: len(push)}
+	waitA, hookA := h.pushNotices(phaseCtx, push, wakes)
+	pollA, pollRequests := pollNotices(cfg.Pollers, polls, pollOut)
+	if err := h.idle(ctx); err != nil {
+		return err
+	}
+	// What the connector asked T3 for: every HTTP request the fakes served in the phase, less
+	// the pollers' own.
+	total, byRoute := h.requestsSince(before, pollRequests)
+	waitA.Requests, waitA.ByRoute = total, byRoute
+	waitA.PerRun = float64(total) / float64(max(1, len(push)))
+	hookA.Requests, hookA.PerRun, hookA.ByRoute = waitA.Requests, waitA.PerRun, byRoute
+
+	h.rep.Compare = []Approach{waitA}
+	if !cfg.NoHook {
+		h.rep.Compare = append(h.rep.Compare, hookA)
+	}
+	h.rep.Compare = append(h.rep.Compare, pollA...)
+	for i := range h.rep.Compare {
+		a := &h.rep.Compare[i]
+		if waitA.Notice.Mean > 0 {
+			a.NoticeRatio = float64(a.Notice.Mean) / float64(waitA.Notice.Mean)
+		}
+		if waitA.PerRun > 0 {
+			a.RequestX = a.PerRun / waitA.PerRun
+		}
+		h.logf("comparison: %s: %s, %.2f requests/run", a.Name, a.Notice, a.PerRun)
+	}
+	return nil
+}
+
+// polled is how one poller's run ended: when it noticed the run settled, after how many requests.
+type polled struct {
+	r   *run
+	at  time.Time
+	req int64
+	err error
+}
+
+// releaseWithin releases the runs at random times (a fixed seed) within RunLength of start.
+func (h *harness) releaseWithin(ctx context.Context, start time.Time, all []*run) error {
+	rng := rand.New(rand.NewPCG(1, 2))
+	offsets := make([]time.Duration, len(all))
+	for i := range offsets {
+		offsets[i] = time.Duration(rng.Int64N(int64(h.cfg.RunLength)) + 1)
+	}
+	return h.release(ctx, all, func(i int) time.Time { return start.Add(offsets[i]) })
+}
+
+// pushNotices measures the push path: how soon after each run settled its t3_wait returned
+// and its webhook arrived.
+func (h *harness) pushNotices(ctx context.Context, push []*run, wakes <-chan wake) (waitA, hookA Approach) {
+	waitA = Approach{Name: "connector t3_wait (push)", Runs: len(push)}
+	hookA = Approach{Name: "connector webhook (push)", Runs: len(push)}
 	var wl, hl []time.Duration
 	for range push {
 		var w wake
 		select {
 		case w = <-wakes:
-		case <-phaseCtx.Done():
+		case <-ctx.Done():
 		}
 		if w.r == nil || w.err != nil {
 			continue
@@ -87,7 +122,7 @@ func (h *harness) compare(ctx context.Context) error {
 		wl = append(wl, w.at.Sub(w.r.settleAt))
 	}
 	h.phaseRuns = append(h.phaseRuns, phaseRuns{"compare (push)", push})
-	h.drainEvents(phaseCtx, push)
+	h.drainEvents(ctx, push)
 	for _, r := range push {
 		if d, ok := h.rec.forRun(r.id); ok && !r.settleAt.IsZero() {
 			hookA.Noticed++
@@ -95,66 +130,47 @@ func (h *harness) compare(ctx context.Context) error {
 		}
 	}
 	waitA.Notice, hookA.Notice = dist(wl), dist(hl)
+	return waitA, hookA
+}
 
-	var pollA []Approach
-	var polled int64
+// pollNotices measures each poller: how soon it noticed its runs settle and how many requests
+// that took; requests is the pollers' requests together.
+func pollNotices(pollers []Poller, polls [][]*run, out []chan polled) (approaches []Approach, requests int64) {
 	for i, runs := range polls {
-		a := Approach{Name: fmt.Sprintf("HTTP poller every %s", cfg.Pollers[i].Interval), Runs: len(runs)}
+		a := Approach{Name: fmt.Sprintf("HTTP poller every %s", pollers[i].Interval), Runs: len(runs)}
 		var pl []time.Duration
 		for range runs {
-			n := <-pollOut[i]
+			n := <-out[i]
 			a.Requests += n.req
 			if n.err == nil {
 				a.Noticed++
 				pl = append(pl, n.at.Sub(n.r.settleAt))
 			}
 		}
-		polled += a.Requests
+		requests += a.Requests
 		a.Notice = dist(pl)
 		a.PerRun = float64(a.Requests) / float64(max(1, a.Noticed))
 		a.ByRoute = map[string]int64{routeThread: a.Requests}
-		pollA = append(pollA, a)
+		approaches = append(approaches, a)
 	}
-	if err := h.idle(ctx); err != nil {
-		return err
-	}
-	// What the connector asked T3 for: every HTTP request the fakes served in the phase, less
-	// the pollers' own.
-	after := h.requests()
-	byRoute := map[string]int64{}
-	var total int64
-	for k, v := range after {
+	return approaches, requests
+}
+
+// requestsSince is what the fakes served since before, by route and in all, less the pollers'
+// own requests.
+func (h *harness) requestsSince(before map[string]int64, pollRequests int64) (total int64, byRoute map[string]int64) {
+	byRoute = map[string]int64{}
+	for k, v := range h.requests() {
 		if d := v - before[k]; d > 0 {
 			byRoute[k] = d
 			total += d
 		}
 	}
-	byRoute[routeThread] -= polled
+	byRoute[routeThread] -= pollRequests
 	if byRoute[routeThread] == 0 {
 		delete(byRoute, routeThread)
 	}
-	total -= polled
-	waitA.Requests, waitA.ByRoute = total, byRoute
-	waitA.PerRun = float64(total) / float64(max(1, len(push)))
-	hookA.Requests, hookA.PerRun, hookA.ByRoute = waitA.Requests, waitA.PerRun, byRoute
-
-	base := waitA
-	h.rep.Compare = []Approach{waitA}
-	if !cfg.NoHook {
-		h.rep.Compare = append(h.rep.Compare, hookA)
-	}
-	h.rep.Compare = append(h.rep.Compare, pollA...)
-	for i := range h.rep.Compare {
-		a := &h.rep.Compare[i]
-		if base.Notice.Mean > 0 {
-			a.NoticeRatio = float64(a.Notice.Mean) / float64(base.Notice.Mean)
-		}
-		if base.PerRun > 0 {
-			a.RequestX = a.PerRun / base.PerRun
-		}
-		h.logf("comparison: %s: %s, %.2f requests/run", a.Name, a.Notice, a.PerRun)
-	}
-	return nil
+	return total - pollRequests, byRoute
 }
 
 const routeThread = "GET /api/orchestration/threads/{id}"

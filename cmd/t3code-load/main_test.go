@@ -1,0 +1,51 @@
+package main
+
+import (
+	"io"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/loadtest"
+)
+
+// The flags override the profile's figures they name, and only those.
+func TestFlagsOverrideTheProfile(t *testing.T) {
+	o, err := parse([]string{"-short", "-q", "-m", "3", "-e", "7.5", "-drain", "9s", "-script", "fail", "-phases", "latency,outage",
+		"-poll", "2s:5", "-thread-items", "-1", "-replicas", "1", "-no-hook"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.config(io.Discard)
+	want := loadtest.Short()
+	want.Machines, want.Rate, want.Drain, want.Script = 3, 7.5, 9*time.Second, "fail"
+	want.Phases = []string{"latency", "outage"}
+	want.Pollers, _ = loadtest.ParsePollers("2s:5")
+	want.BigThreadItems, want.Replicas, want.NoHook = -1, 1, true
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("config\n got %+v\nwant %+v", got, want)
+	}
+
+	o, err = parse(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = o.config(io.Discard)
+	want = loadtest.Full()
+	want.Replicas, want.Progress = 1, io.Discard
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("no flags: config\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// -replicas without a database and a malformed -poll are refused before anything runs.
+func TestBadFlagsAreRefused(t *testing.T) {
+	for _, args := range [][]string{{"-replicas", "2"}, {"-poll", "bogus"}, {"-m", "x"}} {
+		if _, err := parse(args, io.Discard); err == nil {
+			t.Errorf("%v: accepted", args)
+		}
+		if rc := run(args, io.Discard, io.Discard); rc != 2 {
+			t.Errorf("%v: exit %d, want 2", args, rc)
+		}
+	}
+}
