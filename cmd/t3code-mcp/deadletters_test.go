@@ -25,8 +25,8 @@ func TestDeadLettersListAndRetry(t *testing.T) {
 	if err := st.Commit(store.Batch{Events: []store.Event{ev}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.MarkDead("ev1", at, "receiver: HTTP 400\nbad"); err != nil {
-		t.Fatal(err)
+	if errs, err := st.Record([]store.Op{{ID: "ev1", Kind: store.OpDead, At: at, Error: "receiver: HTTP 400\nbad"}}); err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
 	}
 
 	for _, args := range [][]string{{"dead-letters"}, {"dead-letters", "retry"}} {

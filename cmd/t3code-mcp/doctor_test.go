@@ -414,8 +414,8 @@ func TestDoctor(t *testing.T) {
 			if err := st.Commit(store.Batch{Events: []store.Event{{ID: "evt_1", Stream: "mac/thread-1", Body: []byte(`{}`), CreatedAt: now, EnqueuedAt: now}}}); err != nil {
 				t.Fatal(err)
 			}
-			if err := st.MarkDead("evt_1", now, "HTTP 401"); err != nil {
-				t.Fatal(err)
+			if errs, err := st.Record([]store.Op{{ID: "evt_1", Kind: store.OpDead, At: now, Error: "HTTP 401"}}); err != nil || errs[0] != nil {
+				t.Fatal(err, errs)
 			}
 			st.Close()
 		},
