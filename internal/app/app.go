@@ -288,7 +288,14 @@ func (a *App) newEvents(replicaID string) error {
 	if err != nil {
 		return err
 	}
-	ob, err := outbox.New(st, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
+	// One group committer for the store: the detector's chunks and, with bbolt, the outbox's
+	// delivery records share its transactions and fsyncs.
+	group := store.NewGroup(st)
+	var queue outbox.Queue = st
+	if group.SharesRecords() {
+		queue = groupRecords{st, group}
+	}
+	ob, err := outbox.New(queue, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
 		Retention: s.HookRetention, PruneEvery: s.PruneInterval,
 		Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout})
 	if err != nil {
@@ -298,7 +305,7 @@ func (a *App) newEvents(replicaID string) error {
 	// The detector reads threads through the fleet (look-ups, off the
 	// Ack path) and the fleet hands it every chunk from Start on.
 	do := events.Options{
-		Store: store.NewGroup(st), Tracked: st, Read: fl, Logger: a.Log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
+		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
 	}
 	if p, ok := any(st).(pooled); ok {
 		// Replicas share the store: each machine's events are detected by its lease holder.
@@ -500,3 +507,12 @@ func (ss sinks) Apply(ctx context.Context, c watch.Change) error {
 	}
 	return nil
 }
+
+// groupRecords is the store with its Record going through the group committer (Group.Record),
+// so that deliveries are recorded in the detector's transactions instead of beside them.
+type groupRecords struct {
+	store.Store
+	g *store.Group
+}
+
+func (q groupRecords) Record(ops []store.Op) ([]error, error) { return q.g.Record(ops) }

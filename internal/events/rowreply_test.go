@@ -151,18 +151,22 @@ func TestRowReplyRefuses(t *testing.T) {
 		t.Fatalf("the plain completion: %q %v", text, ok)
 	}
 	for name, change := range map[string]func(r *t3rpc.ThreadShell){
-		"no message":                 func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage = t3rpc.OptNilVisibleMessage{Set: true, Null: true} },
-		"the user's message":         func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.Role = "user" },
-		"empty text":                 func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.Text = "" },
-		"written before the run":     func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.UpdatedAt = t3rpc.NewOptString("2026-11-29T08:52:41.038Z") },
-		"written after it completed": func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.UpdatedAt = t3rpc.NewOptString("2026-11-29T08:52:41.236Z") },
-		"no time on the message":     func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.UpdatedAt = t3rpc.OptString{} },
-		"run start unknown":          func(r *t3rpc.ThreadShell) { r.LatestRunStartedAt = t3rpc.OptNilString{Set: true, Null: true} },
-		"another run active":         func(r *t3rpc.ThreadShell) { r.ActiveRunId = t3rpc.NewOptNilString("r1") },
-		"failed":                     func(r *t3rpc.ThreadShell) { r.Status = "failed" },
-		"interrupted":                func(r *t3rpc.ThreadShell) { r.Status = "interrupted" },
-		"still waiting":              func(r *t3rpc.ThreadShell) { r.Status = "waiting" },
-		"not the latest run":         func(r *t3rpc.ThreadShell) { r.LatestRunId = t3rpc.NewOptNilString("r3") },
+		"no message":         func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage = t3rpc.OptNilVisibleMessage{Set: true, Null: true} },
+		"the user's message": func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.Role = "user" },
+		"empty text":         func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.Text = "" },
+		"written before the run": func(r *t3rpc.ThreadShell) {
+			r.LatestVisibleMessage.Value.UpdatedAt = t3rpc.NewOptString("2026-11-29T08:52:41.038Z")
+		},
+		"written after it completed": func(r *t3rpc.ThreadShell) {
+			r.LatestVisibleMessage.Value.UpdatedAt = t3rpc.NewOptString("2026-11-29T08:52:41.236Z")
+		},
+		"no time on the message": func(r *t3rpc.ThreadShell) { r.LatestVisibleMessage.Value.UpdatedAt = t3rpc.OptString{} },
+		"run start unknown":      func(r *t3rpc.ThreadShell) { r.LatestRunStartedAt = t3rpc.OptNilString{Set: true, Null: true} },
+		"another run active":     func(r *t3rpc.ThreadShell) { r.ActiveRunId = t3rpc.NewOptNilString("r1") },
+		"failed":                 func(r *t3rpc.ThreadShell) { r.Status = "failed" },
+		"interrupted":            func(r *t3rpc.ThreadShell) { r.Status = "interrupted" },
+		"still waiting":          func(r *t3rpc.ThreadShell) { r.Status = "waiting" },
+		"not the latest run":     func(r *t3rpc.ThreadShell) { r.LatestRunId = t3rpc.NewOptNilString("r3") },
 	} {
 		row := base()
 		change(&row)

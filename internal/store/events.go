@@ -268,19 +268,17 @@ type Op struct {
 // ErrNotPending; a body that is not JSON) is skipped and reported in errs at its index, without
 // failing the others; err is a failure of the whole transaction, after which nothing was written.
 func (s *Bolt) Record(ops []Op) (errs []error, err error) {
-	err = s.update(func(tx *bolt.Tx, d *countDelta) error {
-		errs = make([]error, len(ops))
-		for i, op := range ops {
-			var fatal error
-			errs[i], fatal = apply(tx, op, d)
-			if fatal != nil {
-				return fatal
-			}
+	return s.CommitBatchesAndOps(nil, ops)
+}
+
+// applyOps applies ops in tx, each op's own failure at its index in errs; fatal fails the
+// transaction.
+func applyOps(tx *bolt.Tx, ops []Op, d *countDelta) (errs []error, fatal error) {
+	errs = make([]error, len(ops))
+	for i, op := range ops {
+		if errs[i], fatal = apply(tx, op, d); fatal != nil {
+			return nil, fatal
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	return errs, nil
 }

@@ -25,8 +25,19 @@ type Group struct {
 }
 
 type groupReq struct {
-	b    Batch
+	b Batch
+	// ops, when not nil, make this a Record request: its per-op results go to errs.
+	ops  []Op
+	errs []error
 	done chan error
+}
+
+// OpsCommitter is a Store that can apply outbox ops (Record) in the same transaction as batches
+// (the bbolt store): Group.Record then shares the detector's fsyncs.
+type OpsCommitter interface {
+	// CommitBatchesAndOps writes bs and applies ops in one fsynced transaction; errs reports the
+	// ops that could not apply (as Record does), err a failure of the whole transaction.
+	CommitBatchesAndOps(bs []Batch, ops []Op) (errs []error, err error)
 }
 
 // NewGroup returns the group committer of s. A store should have one (more
@@ -41,6 +52,38 @@ func (g *Group) Commit(b Batch) error {
 		return err
 	}
 	r := &groupReq{b: b, done: make(chan error, 1)}
+	g.enqueue(r)
+	return <-r.done
+}
+
+// SharesRecords reports whether Record joins the group's transactions (the store is an
+// OpsCommitter); otherwise Record is the store's own.
+func (g *Group) SharesRecords() bool {
+	_, ok := g.s.(OpsCommitter)
+	return ok
+}
+
+// Record applies the outbox's ops (Store.Record's contract) in the group's next transaction,
+// together with the detector's batches waiting then: while chunks are being committed, the
+// deliveries' records ride along instead of queueing for the single writer and an fsync of their
+// own. It returns once they are durable. A store that is not an OpsCommitter records them alone.
+func (g *Group) Record(ops []Op) ([]error, error) {
+	if !g.SharesRecords() {
+		return g.s.Record(ops)
+	}
+	if ops == nil {
+		ops = []Op{}
+	}
+	r := &groupReq{ops: ops, done: make(chan error, 1)}
+	g.enqueue(r)
+	err := <-r.done
+	if err != nil {
+		return nil, err
+	}
+	return r.errs, nil
+}
+
+func (g *Group) enqueue(r *groupReq) {
 	g.mu.Lock()
 	g.pending = append(g.pending, r)
 	if !g.writing {
@@ -48,7 +91,6 @@ func (g *Group) Commit(b Batch) error {
 		go g.write()
 	}
 	g.mu.Unlock()
-	return <-r.done
 }
 
 // Detector returns the detector state stored under key.
@@ -76,20 +118,41 @@ func (g *Group) write() {
 		g.batches += uint64(len(reqs))
 		g.mu.Unlock()
 
-		bs := make([]Batch, len(reqs))
-		for i, r := range reqs {
-			bs[i] = r.b
+		bs := make([]Batch, 0, len(reqs))
+		var ops []Op
+		hasOps := false
+		for _, r := range reqs {
+			if r.ops != nil {
+				ops = append(ops, r.ops...)
+				hasOps = true
+			} else {
+				bs = append(bs, r.b)
+			}
 		}
-		err := g.s.CommitBatches(bs)
+		var err error
+		var errs []error
+		if hasOps {
+			errs, err = g.s.(OpsCommitter).CommitBatchesAndOps(bs, ops)
+		} else {
+			err = g.s.CommitBatches(bs)
+		}
 		if err != nil && len(reqs) > 1 {
 			// One batch (or the disk) failed the group: write each alone, so
 			// every caller gets its own answer.
 			for _, r := range reqs {
+				if r.ops != nil {
+					r.errs, err = g.s.Record(r.ops)
+					r.done <- err
+					continue
+				}
 				r.done <- g.s.Commit(r.b)
 			}
 			continue
 		}
 		for _, r := range reqs {
+			if r.ops != nil && err == nil {
+				r.errs, errs = errs[:len(r.ops):len(r.ops)], errs[len(r.ops):]
+			}
 			r.done <- err
 		}
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"runtime"
 	"strings"
 	"testing"
@@ -15,38 +16,16 @@ func TestGroupFailsABatchAlone(t *testing.T) {
 	s := open(t, t.TempDir())
 	g := NewGroup(s)
 
-	// Hold bbolt's writer lock so that the batches committed meanwhile queue up behind it.
-	tx, err := s.db.Begin(true)
-	if err != nil {
-		t.Fatal(err)
-	}
 	first := make(chan error, 1)
-	go func() { first <- g.Commit(Batch{Events: []Event{ev("g1", "a")}}) }()
-	pending := func() int {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return len(g.pending)
-	}
-	writing := func() bool {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return g.writing && len(g.pending) == 0
-	}
-	for !writing() { // the first batch's writer took it and waits for the lock
-		runtime.Gosched()
-	}
+	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("g1", "a")}}) })
 	good, bad := make(chan error, 1), make(chan error, 1)
 	go func() { good <- g.Commit(Batch{Events: []Event{ev("g2", "b")}}) }()
 	// bbolt: key too large (an empty key would be refused before the group, by validate).
 	go func() {
 		bad <- g.Commit(Batch{Detector: map[string][]byte{strings.Repeat("k", bolt.MaxKeySize+1): []byte("x")}})
 	}()
-	for pending() < 2 {
-		runtime.Gosched()
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
+	waitPending(g, 2)
+	release()
 
 	if err := <-first; err != nil {
 		t.Fatalf("first batch: %v", err)
@@ -62,5 +41,121 @@ func TestGroupFailsABatchAlone(t *testing.T) {
 	}
 	if txs, batches := g.Stats(); txs != 2 || batches != 3 {
 		t.Fatalf("Stats = %d transactions, %d batches; want 2, 3 (the last two grouped)", txs, batches)
+	}
+}
+
+// holdWriter holds bbolt's writer lock until the returned release is called, once the group's
+// writer has taken the first request and waits for the lock: requests made meanwhile queue up
+// and go into the group's next transaction together.
+func holdWriter(t *testing.T, s *Bolt, g *Group, first func()) (release func()) {
+	t.Helper()
+	tx, err := s.db.Begin(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go first()
+	for {
+		g.mu.Lock()
+		taken := g.writing && len(g.pending) == 0
+		g.mu.Unlock()
+		if taken {
+			break
+		}
+		runtime.Gosched()
+	}
+	return func() {
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitPending(g *Group, n int) {
+	for {
+		g.mu.Lock()
+		p := len(g.pending)
+		g.mu.Unlock()
+		if p >= n {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestGroupRecordSharesTheTransaction: the outbox's records (Group.Record) and the detector's
+// batches waiting together are written in one transaction, and each op's own result comes back
+// to its caller at its index (an unknown id is skipped and reported, the rest applied).
+func TestGroupRecordSharesTheTransaction(t *testing.T) {
+	s := open(t, t.TempDir())
+	g := NewGroup(s)
+	if !g.SharesRecords() {
+		t.Fatal("the bbolt store does not share records")
+	}
+	if err := s.Commit(Batch{Events: []Event{ev("r1", "a"), ev("r2", "b")}}); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
+	type recorded struct {
+		errs []error
+		err  error
+	}
+	rec := make(chan recorded, 1)
+	go func() {
+		errs, err := g.Record([]Op{{ID: "r1", Kind: OpDelivered, At: t0}, {ID: "nope", Kind: OpDelivered, At: t0}, {ID: "r2", Kind: OpRetry, Next: t0, Error: "HTTP 503"}})
+		rec <- recorded{errs, err}
+	}()
+	committed := make(chan error, 1)
+	go func() { committed <- g.Commit(Batch{Events: []Event{ev("c2", "d")}}) }()
+	waitPending(g, 2)
+	release()
+
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	r := <-rec
+	if r.err != nil || len(r.errs) != 3 || r.errs[0] != nil || !errors.Is(r.errs[1], ErrNotFound) || r.errs[2] != nil {
+		t.Fatalf("Record = %v %v", r.errs, r.err)
+	}
+	if e, _ := s.Get("r1"); e.State != StateDelivered {
+		t.Fatalf("r1 = %+v", e)
+	}
+	if e, _ := s.Get("r2"); e.State != StatePending || e.Attempts != 1 || e.LastError != "HTTP 503" {
+		t.Fatalf("r2 = %+v", e)
+	}
+	if _, err := s.Get("c2"); err != nil {
+		t.Fatal(err)
+	}
+	if txs, batches := g.Stats(); txs != 2 || batches != 3 {
+		t.Fatalf("Stats = %d transactions, %d requests; want 2, 3 (the record and the last batch grouped)", txs, batches)
+	}
+	if p, _, d, _ := s.Counts(); p != 3 || d != 1 {
+		t.Fatalf("Counts: %d pending, %d delivered", p, d)
+	}
+}
+
+// onlyStore hides the bbolt store's OpsCommitter.
+type onlyStore struct{ Store }
+
+// TestGroupRecordAloneWithoutOpsCommitter: a store that cannot apply ops with batches (the
+// PostgreSQL one) records through its own Record.
+func TestGroupRecordAloneWithoutOpsCommitter(t *testing.T) {
+	s := open(t, t.TempDir())
+	g := NewGroup(onlyStore{s})
+	if g.SharesRecords() {
+		t.Fatal("SharesRecords on a store without CommitBatchesAndOps")
+	}
+	if err := s.Commit(Batch{Events: []Event{ev("r1", "a")}}); err != nil {
+		t.Fatal(err)
+	}
+	errs, err := g.Record([]Op{{ID: "r1", Kind: OpDelivered, At: t0}})
+	if err != nil || len(errs) != 1 || errs[0] != nil {
+		t.Fatalf("Record = %v %v", errs, err)
+	}
+	if txs, _ := g.Stats(); txs != 0 {
+		t.Fatalf("the group wrote %d transactions for a record it does not share", txs)
 	}
 }

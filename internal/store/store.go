@@ -309,6 +309,33 @@ func (s *Bolt) CommitBatches(bs []Batch) error {
 	})
 }
 
+// CommitBatchesAndOps writes bs and applies the outbox's ops in one fsynced transaction
+// (store.OpsCommitter, for Group.Record): the batches all or nothing, each op as Record applies
+// it (one that cannot apply is skipped and reported in errs at its index).
+func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op) (errs []error, err error) {
+	for _, b := range bs {
+		if err := validate(b); err != nil {
+			return nil, err
+		}
+	}
+	err = s.update(func(tx *bolt.Tx, d *countDelta) error {
+		for _, b := range bs {
+			if err := writeBatch(tx, b, d); err != nil {
+				return err
+			}
+		}
+		var fatal error
+		errs, fatal = applyOps(tx, ops, d)
+		return fatal
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+var _ OpsCommitter = (*Bolt)(nil)
+
 // Validate checks a batch the way Commit does, before any transaction: a backend's Commit
 // fails with its error, and Group fails such a batch alone.
 func Validate(b Batch) error { return validate(b) }
