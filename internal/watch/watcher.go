@@ -235,6 +235,8 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 	if err != nil {
 		return false, err
 	}
+	// The change holds copies of the rows it needs: the items go back to the pool once applied.
+	defer putItems(items)
 
 	w.mu.Lock()
 	change := Change{Machine: w.name, Threads: make([]t3rpc.ThreadShell, 0, len(items))}
@@ -249,7 +251,7 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 				continue
 			}
 			w.replaceLocked(&snap)
-			change = Change{Machine: w.name, Snapshot: true}
+			change = Change{Machine: w.name, Snapshot: true, Threads: make([]t3rpc.ThreadShell, 0, len(snap.Threads))}
 			touched = map[string]int{}
 			for _, t := range snap.Threads {
 				touched[t.ID] = len(change.Threads)
@@ -292,17 +294,43 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 // decodeItems decodes a chunk's items in place: a ShellStreamItem is large, and copying each one
 // into the slice (and each row into the change, grown one append at a time) was a third of
 // applyChunk's CPU under load.
+//
+// The slice comes from a pool shared by the process's watchers (putItems gives it back): an item
+// is a kilobyte, and a fresh slice per chunk was a large allocation for every busy chunk (a
+// lagging machine's chunk of 1,024 items is a megabyte). The pool keeps nothing across garbage
+// collections, so an idle connector holds none of it.
 func decodeItems(values []jx.Raw) ([]t3rpc.ShellStreamItem, error) {
-	items := make([]t3rpc.ShellStreamItem, len(values))
+	var items []t3rpc.ShellStreamItem
+	if p, _ := itemPool.Get().(*[]t3rpc.ShellStreamItem); p != nil && cap(*p) >= len(values) {
+		items = (*p)[:len(values)]
+	} else {
+		items = make([]t3rpc.ShellStreamItem, len(values))
+	}
 	for i, v := range values {
 		if err := items[i].Decode(jx.DecodeBytes(v)); err != nil {
 			// A malformed item cannot be applied, and skipping it could lose a
 			// transition: fail the stream so the reconnect replays it (or T3
 			// sends a snapshot), and say what was wrong.
+			putItems(items)
 			return nil, fmt.Errorf("decode shell item: %w", err)
 		}
 	}
 	return items, nil
+}
+
+// itemPool holds decoded-item slices of at most maxPooledItems (larger ones, a snapshot's, are
+// left to the collector).
+var itemPool sync.Pool
+
+const maxPooledItems = 4096
+
+func putItems(items []t3rpc.ShellStreamItem) {
+	if cap(items) > maxPooledItems {
+		return
+	}
+	clear(items[:cap(items)]) // nothing decoded stays reachable, and Decode starts from zero
+	items = items[:0]
+	itemPool.Put(&items)
 }
 
 // applyItemLocked applies one sequenced item (a thread or project updated or removed) to the
@@ -319,6 +347,13 @@ func (w *Watcher) applyItemLocked(it *t3rpc.ShellStreamItem, change *Change, tou
 				w.putLocked(&t)
 				w.touchLocked(t.ID)
 				if idx, ok := touched[t.ID]; ok {
+					if change.Passed == nil {
+						// Sized for the chunk (cap(Threads) is its item count; at most 1,024
+						// rows ahead, so a big chunk that passes few rows does not pay for all):
+						// a lagging machine's chunk passes most of its rows, and growing a slice
+						// of rows this large from empty was most of applyItemLocked's CPU.
+						change.Passed = make([]t3rpc.ThreadShell, 0, min(cap(change.Threads), 1024))
+					}
 					change.Passed = append(change.Passed, change.Threads[idx])
 					change.Threads[idx] = t
 				} else {

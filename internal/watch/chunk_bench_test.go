@@ -1,0 +1,47 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// BenchmarkApplyChunkLagging is one chunk of a machine the connector lags behind: 1,024 shell
+// items over 128 threads (each run changes its row several times, so 896 rows are passed over by
+// a later row of the same thread and go to Change.Passed). No sink: the watcher's own work.
+// ns/op is one chunk.
+func BenchmarkApplyChunkLagging(b *testing.B) {
+	const items, threads = 1024, 128
+	values := make([]jx.Raw, items)
+	for i := range values {
+		row := t3rpc.ThreadShell{
+			ID: fmt.Sprintf("thread-%03d", i%threads), ProjectId: "project-1", Title: "Fix the flaky test", Status: "running",
+			LatestRunId: t3rpc.NewOptNilString(fmt.Sprintf("run-%d", i)), ActiveRunId: t3rpc.NewOptNilString(fmt.Sprintf("run-%d", i)),
+			CreatedAt: t3rpc.NewOptString("2026-12-01T10:00:00.000Z"), UpdatedAt: t3rpc.NewOptString("2026-12-01T10:00:01.000Z"),
+		}
+		var e jx.Encoder
+		e.ObjStart()
+		e.FieldStart("kind")
+		e.Str("thread.updated")
+		e.FieldStart("sequence")
+		e.Int(i + 1)
+		e.FieldStart("thread")
+		e.Raw(encodeShell(&row))
+		e.ObjEnd()
+		values[i] = jx.Raw(e.Bytes())
+	}
+	w := New("mac", nil, Options{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		w.status.Cursor = 0 // the same items apply again
+		if _, err := w.applyChunk(ctx, values); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
