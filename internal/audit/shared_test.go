@@ -22,6 +22,7 @@ type memTable struct {
 	fail    int           // fail this many inserts first (-1: all)
 	entered chan struct{} // when set, each insert signals it here, then waits for release
 	release chan struct{}
+	stored  chan int // when set, each successful insert sends its record count here
 }
 
 func (m *memTable) AppendAudit(ctx context.Context, recs []Record) error {
@@ -40,6 +41,9 @@ func (m *memTable) AppendAudit(ctx context.Context, recs []Record) error {
 		return errors.New("database away")
 	}
 	m.recs = append(m.recs, recs...)
+	if m.stored != nil {
+		m.stored <- len(recs)
+	}
 	return nil
 }
 
@@ -113,12 +117,14 @@ func TestSharedNeverWaitsAndSpillsToTheFileWhenFull(t *testing.T) {
 
 // A failed insert is retried (backoff) and stored: nothing goes to the file.
 func TestSharedRetriesAFailedInsert(t *testing.T) {
-	tb := &memTable{fail: 1}
+	tb := &memTable{fail: 1, stored: make(chan int, 4)}
 	s, dir := newShared(t, tb, SharedOptions{})
 	for _, tool := range []string{"a", "b"} {
 		if err := s.Write(Record{Tool: tool}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for n := 0; n < 2; n += <-tb.stored { // stored by the writer's retries, before any Close
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
