@@ -1,0 +1,85 @@
+package t3
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+)
+
+// loadPrompt is the load harness's prompt (internal/loadtest.Prompt): the fake's messages and
+// replies quote it, so the bodies have the harness's sizes.
+const loadPrompt = "Fix the flaky test in the payment service: the retry loop asserts before the ledger has settled, " +
+	"so make it wait for the settlement event and run the whole suite afterwards."
+
+// fakeBounded is the fake T3's GET …/threads/{id}/bounded body for a thread that ran runs
+// default-script runs (five turn items each), as the load harness's t3_thread phase reads it.
+func fakeBounded(t testing.TB, runs int) []byte {
+	t.Helper()
+	fk, err := t3fake.New(t3fake.Options{ManualSteps: true, KeepRuns: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fk.Close()
+	tid := fk.AddThread(fk.AddProject("payments", "/srv/payments"), "Fix the flaky payment test", "idle")
+	for i := range runs {
+		if _, err := fk.StartRun(tid, fmt.Sprintf("%s (attempt %d)", loadPrompt, i+1)); err != nil {
+			t.Fatal(err)
+		}
+		fk.StepAll()
+	}
+	req, _ := http.NewRequest("GET", fk.URL()+"/api/orchestration/threads/"+tid+"/bounded", nil)
+	req.Header.Set("Authorization", "Bearer "+fk.Token())
+	req.Header.Set("x-t3-orchestration-protocol", "2")
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	res, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("GET bounded: %d %v", res.StatusCode, err)
+	}
+	return body
+}
+
+// TestTrimBoundedJXSame pins that the jx-based trimmer and the scanner give the same bytes.
+func TestTrimBoundedJXSame(t *testing.T) {
+	bodies := append(fixtureBounded(t), bigBounded(t, 40, false), bigBounded(t, 40, true), fakeBounded(t, 30))
+	keeps := []Keep{{Runs: 1}, {Runs: 3}, {Runs: 3, RunIDs: []string{"run-3"}, MessageIDs: []string{"msg-1"}, RequestIDs: []string{"req-2"}}}
+	for i, body := range bodies {
+		for _, k := range keeps {
+			a, na, ea := trimBounded(body, k)
+			b, nb, eb := trimBoundedJX(body, k)
+			if (ea == nil) != (eb == nil) || na != nb || !bytes.Equal(a, b) {
+				t.Fatalf("body %d keep %+v: scanner %d %v\n%.300s\njx %d %v\n%.300s", i, k, na, ea, a, nb, eb, b)
+			}
+		}
+	}
+}
+
+// BenchmarkTrimBounded compares the two trimmers on the fake's bounded bodies of 500, 5,000
+// and 50,000 turn items (100 / 1,000 / 10,000 runs), keeping what t3_thread keeps (3 runs).
+func BenchmarkTrimBounded(b *testing.B) {
+	for _, runs := range []int{100, 1_000, 10_000} {
+		body := fakeBounded(b, runs)
+		for _, impl := range []struct {
+			name string
+			trim func([]byte, Keep) ([]byte, int, error)
+		}{{"scanner", trimBounded}, {"jx", trimBoundedJX}} {
+			b.Run(fmt.Sprintf("items=%d/%s", runs*5, impl.name), func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, _, err := impl.trim(body, Keep{Runs: 3}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
