@@ -87,71 +87,89 @@ type trimmer struct {
 type span struct{ start, end int }
 
 // projection appends the trimmed projection object; s is at its value. The
-// runs decide what else is kept, and T3 may send them after the messages:
-// each field's place is found first (one skip), then written in its order.
+// runs decide what else is kept. T3 sends them before the messages,
+// checkpoints and requests, which are then filtered in the same pass; a
+// field that needs the runs and comes before them is skipped, remembered and
+// filtered once the runs are known. Each field's output is a piece: its
+// kept bytes, or a span of the body copied as it is.
 func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
-	type field struct {
-		key []byte
-		val span
+	type piece struct {
+		key      []byte
+		val      span   // the field's value in the body
+		filtered []byte // the value to write instead, once filtered
+		deferred bool   // filter val once the runs are known
 	}
-	var fields []field
+	var pieces []piece
+	t.runIDs, t.msgIDs, t.checkpointIDs = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, id := range t.k.MessageIDs {
+		t.msgIDs[id] = true
+	}
+	runsKnown := false
 	err := s.obj(func(key []byte) error {
 		start := s.i
-		err := s.skip()
-		fields = append(fields, field{key, span{start, s.i}})
+		var err error
+		p := piece{key: key}
+		switch string(key) {
+		case "runs":
+			p.filtered, err = t.keepRuns(s)
+			runsKnown = true
+		case "messages", "checkpoints":
+			if !runsKnown {
+				err, p.deferred = s.skip(), true
+				break
+			}
+			p.filtered, err = t.filterField(key, s)
+		case "runtimeRequests": // kept by status and id, not by run
+			p.filtered, err = t.filterField(key, s)
+		default:
+			err = s.skip()
+		}
+		p.val = span{start, s.i}
+		pieces = append(pieces, p)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	t.runIDs, t.msgIDs, t.checkpointIDs = map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for _, id := range t.k.MessageIDs {
-		t.msgIDs[id] = true
-	}
-	var keptRuns []span
-	for _, f := range fields {
-		if string(f.key) == "runs" {
-			if keptRuns, err = t.keepRuns(s.b, f.val); err != nil {
-				return nil, err
-			}
-		}
-	}
 	out = append(out, '{')
-	for i, f := range fields {
+	for i, p := range pieces {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		out = append(append(append(out, '"'), f.key...), '"', ':')
-		switch string(f.key) {
-		case "runs":
-			out = append(out, '[')
-			for j, r := range keptRuns {
-				if j > 0 {
-					out = append(out, ',')
-				}
-				out = append(out, s.b[r.start:r.end]...)
+		out = append(append(append(out, '"'), p.key...), '"', ':')
+		switch {
+		case p.deferred:
+			sub := scanner{b: s.b[:p.val.end], i: p.val.start}
+			if p.filtered, err = t.filterField(p.key, &sub); err != nil {
+				return nil, err
 			}
-			out = append(out, ']')
-		case "messages":
-			out, err = filter(out, s.b, f.val, func(id, runID, _ []byte) bool {
-				return t.runIDs[string(runID)] || t.msgIDs[string(id)]
-			})
-		case "checkpoints":
-			out, err = filter(out, s.b, f.val, func(id, runID, _ []byte) bool {
-				return t.runIDs[string(runID)] || t.checkpointIDs[string(id)]
-			})
-		case "runtimeRequests":
-			out, err = filter(out, s.b, f.val, func(id, _, status []byte) bool {
-				return string(status) == "pending" || contains(t.k.RequestIDs, id)
-			})
+			out = append(out, p.filtered...)
+		case p.filtered != nil:
+			out = append(out, p.filtered...)
 		default:
-			out = append(out, s.b[f.val.start:f.val.end]...)
-		}
-		if err != nil {
-			return nil, err
+			out = append(out, s.b[p.val.start:p.val.end]...)
 		}
 	}
 	return append(out, '}'), nil
+}
+
+// filterField filters the messages, checkpoints or runtime requests array at
+// s by what the kept runs need.
+func (t *trimmer) filterField(key []byte, s *scanner) ([]byte, error) {
+	switch string(key) {
+	case "messages":
+		return filter(s, func(id, runID, _ []byte) bool {
+			return t.runIDs[string(runID)] || t.msgIDs[string(id)]
+		})
+	case "checkpoints":
+		return filter(s, func(id, runID, _ []byte) bool {
+			return t.runIDs[string(runID)] || t.checkpointIDs[string(id)]
+		})
+	default: // runtimeRequests
+		return filter(s, func(id, _, status []byte) bool {
+			return string(status) == "pending" || contains(t.k.RequestIDs, id)
+		})
+	}
 }
 
 // run is a run element as scanned: where it sits, its ordinal, and whether a
@@ -162,14 +180,13 @@ type run struct {
 	named   bool
 }
 
-// keepRuns scans the runs array at v and returns the kept runs' places in
-// T3's order (the newest k.Runs and the named ones), recording in t what they
-// point at.
-func (t *trimmer) keepRuns(b []byte, v span) ([]span, error) {
+// keepRuns scans the runs array at s and returns it with only the kept runs
+// (the newest k.Runs and the named ones), in T3's order, recording in t what
+// they point at.
+func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
 	n := max(1, t.k.Runs)
 	var newest []run // the n newest so far, by ordinal ascending
 	var named []run
-	s := scanner{b: b[:v.end], i: v.start}
 	err := s.arr(func() error {
 		t.runs++
 		el := run{at: span{start: s.i}}
@@ -220,12 +237,20 @@ func (t *trimmer) keepRuns(b []byte, v span) ([]span, error) {
 	kept := make([]span, 0, len(newest)+len(named))
 	for _, r := range append(newest, named...) {
 		kept = append(kept, r.at)
-		if err := t.note(b, r.at); err != nil {
+		if err := t.note(s.b, r.at); err != nil {
 			return nil, err
 		}
 	}
 	slices.SortFunc(kept, func(a, b span) int { return a.start - b.start })
-	return kept, nil
+	out := make([]byte, 0, 64)
+	out = append(out, '[')
+	for j, r := range kept {
+		if j > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s.b[r.start:r.end]...)
+	}
+	return append(out, ']'), nil
 }
 
 // note records a kept run's id and what it points at.
@@ -251,10 +276,11 @@ func (t *trimmer) note(b []byte, at span) error {
 	})
 }
 
-// filter appends the array at v with the elements keep accepts, judged by
-// their "id", "runId" and "status" strings (nil when absent or not strings).
-func filter(out, b []byte, v span, keep func(id, runID, status []byte) bool) ([]byte, error) {
-	s := scanner{b: b[:v.end], i: v.start}
+// filter scans the array at s and returns it with the elements keep accepts,
+// judged by their "id", "runId" and "status" strings (nil when absent or not
+// strings).
+func filter(s *scanner, keep func(id, runID, status []byte) bool) ([]byte, error) {
+	out := make([]byte, 0, 64)
 	out = append(out, '[')
 	first := true
 	err := s.arr(func() error {
@@ -286,7 +312,7 @@ func filter(out, b []byte, v span, keep func(id, runID, status []byte) bool) ([]
 				out = append(out, ',')
 			}
 			first = false
-			out = append(out, b[start:s.i]...)
+			out = append(out, s.b[start:s.i]...)
 		}
 		return nil
 	})
@@ -434,9 +460,31 @@ func (s *scanner) int() (int64, error) {
 	return v, nil
 }
 
-// skipString moves past the string starting at s.i.
+// skipString moves past the string starting at s.i. Most of a thread's
+// strings are short (keys, ids, timestamps): their first bytes are looked at
+// one by one, and only a longer string is searched with bytes.IndexByte,
+// whose call costs more than a short string's loop.
 func (s *scanner) skipString() error {
 	i := s.i + 1
+	for end := min(i+shortString, len(s.b)); i < end; i++ {
+		switch s.b[i] {
+		case '"':
+			s.i = i + 1
+			return nil
+		case '\\':
+			return s.skipEscaped(i)
+		}
+	}
+	return s.skipEscaped(i)
+}
+
+// shortString is how many bytes of a string skipString looks at one by one.
+const shortString = 32
+
+// skipEscaped moves past the string starting at s.i, searching from i (which
+// is past the opening quote) with bytes.IndexByte; a quote is the end unless
+// an odd number of backslashes precedes it.
+func (s *scanner) skipEscaped(i int) error {
 	for {
 		j := bytes.IndexByte(s.b[i:], '"')
 		if j < 0 {
