@@ -556,11 +556,12 @@ func (s *scanner) skip() error {
 
 // readBody reads a response body into a pooled buffer, grown to its announced
 // length at once. A body of megabytes read into a fresh slice (io.ReadAll,
-// or a buffer grown as it fills, when T3 sends it chunked) is allocated,
-// cleared and copied several times over: that was half of t3_thread's CPU
-// at 5,000 items. Give the buffer back with putBody once nothing refers to it.
+// or a buffer grown as it fills, when T3 sends it chunked, as it does for
+// thread reads) is allocated, cleared and copied several times over: that
+// was half of t3_thread's CPU at 5,000 items. Give the buffer back with
+// putBody once nothing refers to it.
 func readBody(r io.Reader, length int64) (*bytes.Buffer, error) {
-	b := bodyBufs.Get().(*bytes.Buffer)
+	b := getBody()
 	b.Reset()
 	if length > 0 && length < maxPooledBody {
 		b.Grow(int(length) + bytes.MinRead)
@@ -569,13 +570,40 @@ func readBody(r io.Reader, length int64) (*bytes.Buffer, error) {
 	return b, err
 }
 
-var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+// Body buffers: up to keptBodies of at most maxKeptBody are kept for good
+// (a sync.Pool empties at every garbage collection, and a t3_thread call now
+// and then found it empty and grew a new buffer through every size up to the
+// body's, which also made the collections it then waited for more frequent);
+// larger ones, up to maxPooledBody, go to a sync.Pool.
+var (
+	keptBody = make(chan *bytes.Buffer, keptBodies)
+	bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+)
 
-// maxPooledBody bounds the buffers kept between reads.
-const maxPooledBody = 32 << 20
+const (
+	keptBodies    = 2
+	maxKeptBody   = 4 << 20  // a 5,000-item thread's bounded body is 1.6 MiB
+	maxPooledBody = 32 << 20 // bounds the buffers kept between reads
+)
+
+func getBody() *bytes.Buffer {
+	select {
+	case b := <-keptBody:
+		return b
+	default:
+		return bodyBufs.Get().(*bytes.Buffer)
+	}
+}
 
 func putBody(b *bytes.Buffer) {
-	if b.Cap() <= maxPooledBody {
+	switch {
+	case b.Cap() <= maxKeptBody:
+		select {
+		case keptBody <- b:
+		default:
+			bodyBufs.Put(b)
+		}
+	case b.Cap() <= maxPooledBody:
 		bodyBufs.Put(b)
 	}
 }
