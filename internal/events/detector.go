@@ -456,19 +456,22 @@ func (d *Detector) passOver(machine string) {
 
 // applyLocked judges a change and commits what it found, under fence (nil: no lease).
 func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
-	states := map[string][]byte{}
 	next := map[string]cached{}
 	var evs []store.Event
 	var lookup []string
 	rows := make([]*t3rpc.ThreadShell, 0, len(c.Passed)+len(c.Threads))
-	ids := make([]string, 0, len(c.Passed)+len(c.Threads))
-	for i := range c.Passed {
-		rows = append(rows, &c.Passed[i])
-		ids = append(ids, c.Passed[i].ID)
-	}
-	for i := range c.Threads {
-		rows = append(rows, &c.Threads[i])
-		ids = append(ids, c.Threads[i].ID)
+	// Each thread once, however many of its rows the chunk passed (a lagging machine's chunk
+	// holds several per run): every id is a decoded record.
+	ids := make([]string, 0, len(c.Threads))
+	listed := make(map[string]struct{}, len(c.Threads))
+	for _, rs := range [][]t3rpc.ThreadShell{c.Passed, c.Threads} {
+		for i := range rs {
+			rows = append(rows, &rs[i])
+			if _, dup := listed[rs[i].ID]; !dup {
+				listed[rs[i].ID] = struct{}{}
+				ids = append(ids, rs[i].ID)
+			}
+		}
 	}
 	if len(rows) == 0 {
 		return nil
@@ -504,9 +507,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 			cur = baselineOf(row)
 		}
 		if !known || !cur.equal(prev) {
-			next[k] = cached{cur, t.UpdatedAt}
-			b, _ := json.Marshal(cur)
-			states[k] = b
+			next[k] = cached{cur, t.UpdatedAt} // encoded once per thread below, its last state
 		}
 		if cur.Lookup && (!prev.Lookup || cur.Gen != prev.Gen) {
 			lookup = append(lookup, k)
@@ -519,8 +520,13 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, Enrich: enrich, CreatedAt: t.At})
 		}
 	}
-	if len(states) == 0 && len(evs) == 0 {
+	if len(next) == 0 && len(evs) == 0 {
 		return nil
+	}
+	states := make(map[string][]byte, len(next))
+	for k, n := range next {
+		b, _ := json.Marshal(n.s)
+		states[k] = b
 	}
 	if err := d.store.Commit(store.Batch{Detector: states, Events: evs, Fence: fence}); err != nil {
 		if errors.Is(err, store.ErrFenced) {

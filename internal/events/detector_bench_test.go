@@ -99,6 +99,39 @@ func benchRuns(b *testing.B, perChunk int) {
 	}
 }
 
+// BenchmarkDetectorLaggingChunk64: the chunk of a machine the connector lags behind: 64 threads
+// each with a whole run in it (starting, running, waiting, then completed: three passed rows and
+// the final one), one commit with 64 events. ns/op is one run (one event).
+func BenchmarkDetectorLaggingChunk64(b *testing.B) {
+	db := newDetectorBench(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n, round := 0, 0; n < b.N; round++ {
+		var c watch.Change
+		c.Machine = "load"
+		for j := 0; j < 64 && n < b.N; j++ {
+			id := db.threads[n%benchThreads]
+			run := fmt.Sprintf("run:%s:%d", id, round)
+			for _, st := range []string{"starting", "running", "waiting"} {
+				r := benchShell(id, st, run)
+				r.ActiveRunId = t3rpc.NewOptNilString(run)
+				c.Passed = append(c.Passed, r)
+			}
+			c.Threads = append(c.Threads, benchShell(id, "completed", run))
+			n++
+		}
+		if err := db.d.Apply(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	if p, _, _, err := db.st.Counts(); err != nil || p != b.N {
+		b.Fatalf("%d events for %d runs (%v)", p, b.N, err)
+	}
+}
+
 // BenchmarkDetectorRun: one thread per chunk (a quiet machine).
 func BenchmarkDetectorRun(b *testing.B) { benchRuns(b, 1) }
 
