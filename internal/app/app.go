@@ -86,8 +86,8 @@ type Settings struct {
 	AuditKeep     int   // T3CODE_MCP_AUDIT_KEEP (3 rotated files)
 }
 
-// DefaultStateDir is where state lives when T3CODE_MCP_STATE_DIR is unset.
-func DefaultStateDir() string {
+// defaultStateDir is where state lives when T3CODE_MCP_STATE_DIR is unset.
+func defaultStateDir() string {
 	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
 		return filepath.Join(d, "t3code-mcp")
 	}
@@ -114,7 +114,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 		s.Host = "127.0.0.1"
 	}
 	if s.StateDir == "" {
-		s.StateDir = DefaultStateDir()
+		s.StateDir = defaultStateDir()
 	}
 	var errs []error
 	intVar := func(name string, dst *int, def int) {

@@ -35,12 +35,12 @@ const (
 	ApproveAnswer    = "answer"
 )
 
-// Approvable lists every value `approve` accepts.
-var Approvable = []string{ApproveDispatch, ApproveInterrupt, ApproveAnswer}
+// approvable lists every value `approve` accepts.
+var approvable = []string{ApproveDispatch, ApproveInterrupt, ApproveAnswer}
 
-// DefaultProjects is the allowlist of a machine that has no `projects` key: every project. An
+// defaultProjects is the allowlist of a machine that has no `projects` key: every project. An
 // explicit `projects = []` allows none (a machine kept for status only).
-var DefaultProjects = []string{"*"}
+var defaultProjects = []string{"*"}
 
 // Config is a parsed and validated t3code.toml.
 type Config struct {
@@ -244,7 +244,7 @@ func parseTokenEnv(m *Machine, t map[string]any, keyErr keyErrorf) error {
 func parseProjects(m *Machine, t map[string]any, keyErr keyErrorf) error {
 	pv, ok := t["projects"]
 	if !ok {
-		m.Projects = slices.Clone(DefaultProjects)
+		m.Projects = slices.Clone(defaultProjects)
 		return nil
 	}
 	ps, err := stringList(pv)
@@ -252,7 +252,7 @@ func parseProjects(m *Machine, t map[string]any, keyErr keyErrorf) error {
 		return keyErr("projects", "%v", err)
 	}
 	for _, p := range ps {
-		if err := ValidatePattern(p); err != nil {
+		if err := validatePattern(p); err != nil {
 			return keyErr("projects", "pattern %q is malformed: %v", p, err)
 		}
 	}
@@ -320,8 +320,8 @@ func parseApprove(m *Machine, t map[string]any, keyErr keyErrorf) error {
 		return keyErr("approve", "%v", err)
 	}
 	for _, a := range as {
-		if !slices.Contains(Approvable, a) {
-			return keyErr("approve", "%q is not one of %s", a, text.QuoteList(Approvable))
+		if !slices.Contains(approvable, a) {
+			return keyErr("approve", "%q is not one of %s", a, text.QuoteList(approvable))
 		}
 		if !slices.Contains(m.Approve, a) {
 			m.Approve = append(m.Approve, a)

@@ -41,15 +41,15 @@ type token struct {
 // compiled is a pattern checked and split into tokens once, so matching never re-parses.
 type compiled []token
 
-// ValidatePattern reports whether pattern is a well-formed fnmatch pattern.
-func ValidatePattern(pattern string) error {
+// validatePattern reports whether pattern is a well-formed fnmatch pattern.
+func validatePattern(pattern string) error {
 	_, err := compile(pattern)
 	return err
 }
 
-// Match reports whether name matches the fnmatch pattern. The error is non-nil only for a
+// match reports whether name matches the fnmatch pattern. The error is non-nil only for a
 // malformed pattern, and then the match result is false.
-func Match(pattern, name string) (bool, error) {
+func match(pattern, name string) (bool, error) {
 	c, err := compile(pattern)
 	if err != nil {
 		return false, err

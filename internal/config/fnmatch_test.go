@@ -70,7 +70,7 @@ func TestMatch(t *testing.T) {
 		{"API-*", "api-gateway", false}, // case-sensitive
 	}
 	for _, tc := range cases {
-		got, err := Match(tc.pattern, tc.name)
+		got, err := match(tc.pattern, tc.name)
 		if tc.pattern == "[!]" {
 			if err == nil {
 				t.Errorf("Match(%q): want an error", tc.pattern)
@@ -102,11 +102,11 @@ func TestMatchMalformed(t *testing.T) {
 		"x[9-0]": "range '9'-'0' is reversed",
 	}
 	for p, want := range cases {
-		err := ValidatePattern(p)
+		err := validatePattern(p)
 		if err == nil || err.Error() != want {
 			t.Errorf("ValidatePattern(%q) = %v, want %q", p, err, want)
 		}
-		ok, err := Match(p, p)
+		ok, err := match(p, p)
 		if err == nil || ok {
 			t.Errorf("Match(%q) = %v, %v; want false and an error", p, ok, err)
 		}
@@ -172,9 +172,9 @@ func FuzzMatch(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, pattern, name string) {
-		ok, err := Match(pattern, name)
+		ok, err := match(pattern, name)
 		c, cerr := compile(pattern)
-		if (err == nil) != (cerr == nil) || (ValidatePattern(pattern) == nil) != (cerr == nil) {
+		if (err == nil) != (cerr == nil) || (validatePattern(pattern) == nil) != (cerr == nil) {
 			t.Fatalf("Match, compile and ValidatePattern disagree on %q", pattern)
 		}
 		if err != nil {
@@ -185,12 +185,12 @@ func FuzzMatch(f *testing.F) {
 		}
 		// Every valid pattern: "*" around it still matches, and an escaped literal matches itself.
 		if ok {
-			if m, _ := Match("*"+pattern+"*", name); !m {
+			if m, _ := match("*"+pattern+"*", name); !m {
 				t.Fatalf("%q matches %q but *%s* does not", pattern, name, pattern)
 			}
 		}
 		if utf8.ValidString(name) {
-			if m, err := Match(escape(name), name); err != nil || !m {
+			if m, err := match(escape(name), name); err != nil || !m {
 				t.Fatalf("escaped %q does not match itself: %v %v", name, m, err)
 			}
 		}
@@ -236,7 +236,7 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("machine %q: url %q token_env %q", m.Name, m.URL, m.TokenEnv)
 			}
 			for _, p := range m.Projects {
-				if ValidatePattern(p) != nil {
+				if validatePattern(p) != nil {
 					t.Fatalf("machine %q kept malformed pattern %q", m.Name, p)
 				}
 			}
@@ -247,7 +247,7 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("machine %q: access %q", m.Name, m.Access)
 			}
 			for _, a := range m.Approve {
-				if !slices.Contains(Approvable, a) {
+				if !slices.Contains(approvable, a) {
 					t.Fatalf("machine %q: approve %q", m.Name, a)
 				}
 			}

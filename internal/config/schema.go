@@ -49,9 +49,9 @@ func (MachineTable) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop("token_env").Pattern = envNameRe.String()
 	prop("model").Pattern = `^([^/\s]+/\S+)?$` // "" is T3's default model
 	prop("options").AdditionalProperties = &jsonschema.Schema{AnyOf: []*jsonschema.Schema{{Type: "string"}, {Type: "boolean"}}}
-	prop("projects").Default = DefaultProjects
+	prop("projects").Default = defaultProjects
 	prop("access").Enum = []any{AccessOperate, AccessRead}
-	prop("approve").Items.Enum = anySlice(Approvable)
+	prop("approve").Items.Enum = anySlice(approvable)
 	// Taplo (Even Better TOML) writes these keys when it completes a new [machines.NAME] table.
 	s.Extras = map[string]any{"x-taplo": map[string]any{"initKeys": []string{"url", "token_env"}}}
 }

@@ -27,11 +27,11 @@ import (
 // Defaults for Options.
 const (
 	DefaultPingInterval = 5 * time.Second
-	// DefaultReadLimit is the largest frame accepted. T3 sends whole thread
+	// defaultReadLimit is the largest frame accepted. T3 sends whole thread
 	// projections and shell snapshots in one frame; the library default of 32 KiB
 	// would kill the socket on the first real snapshot.
-	DefaultReadLimit    = 64 << 20
-	DefaultWriteTimeout = 10 * time.Second
+	defaultReadLimit    = 64 << 20
+	defaultWriteTimeout = 10 * time.Second
 )
 
 // Options configure Dial. The zero value is usable.
@@ -72,10 +72,10 @@ func (o Options) withDefaults() Options {
 		o.PongTimeout = 2 * o.PingInterval
 	}
 	if o.ReadLimit <= 0 {
-		o.ReadLimit = DefaultReadLimit
+		o.ReadLimit = defaultReadLimit
 	}
 	if o.WriteTimeout <= 0 {
-		o.WriteTimeout = DefaultWriteTimeout
+		o.WriteTimeout = defaultWriteTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -11,11 +11,3 @@ func Count(n int, thing string) string {
 	}
 	return strconv.Itoa(n) + " " + thing + "s"
 }
-
-// Is is "1 thing is" or "n things are".
-func Is(n int, thing string) string {
-	if n == 1 {
-		return Count(n, thing) + " is"
-	}
-	return Count(n, thing) + " are"
-}

@@ -11,10 +11,4 @@ func TestCount(t *testing.T) {
 			t.Errorf("Count(%d) = %q, want %q", tc.n, got, tc.want)
 		}
 	}
-	if got := Is(1, "wait"); got != "1 wait is" {
-		t.Errorf("Is(1) = %q", got)
-	}
-	if got := Is(3, "wait"); got != "3 waits are" {
-		t.Errorf("Is(3) = %q", got)
-	}
 }
