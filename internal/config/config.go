@@ -57,7 +57,7 @@ type Machine struct {
 	Model    string         // "instanceId/model", or "" for T3's own default
 	Options  map[string]any // model options; each value is a string or a bool
 	Access   string         // AccessOperate or AccessRead
-	Approve  []string       // subset of Approvable, in file order, without duplicates
+	Approve  []string       // subset of approvable, in file order, without duplicates
 }
 
 // Machine returns the machine with the given name.

@@ -73,16 +73,16 @@ func TestMatch(t *testing.T) {
 		got, err := match(tc.pattern, tc.name)
 		if tc.pattern == "[!]" {
 			if err == nil {
-				t.Errorf("Match(%q): want an error", tc.pattern)
+				t.Errorf("match(%q): want an error", tc.pattern)
 			}
 			continue
 		}
 		if err != nil {
-			t.Errorf("Match(%q, %q): %v", tc.pattern, tc.name, err)
+			t.Errorf("match(%q, %q): %v", tc.pattern, tc.name, err)
 			continue
 		}
 		if got != tc.want {
-			t.Errorf("Match(%q, %q) = %v, want %v", tc.pattern, tc.name, got, tc.want)
+			t.Errorf("match(%q, %q) = %v, want %v", tc.pattern, tc.name, got, tc.want)
 		}
 	}
 }
@@ -104,11 +104,11 @@ func TestMatchMalformed(t *testing.T) {
 	for p, want := range cases {
 		err := validatePattern(p)
 		if err == nil || err.Error() != want {
-			t.Errorf("ValidatePattern(%q) = %v, want %q", p, err, want)
+			t.Errorf("validatePattern(%q) = %v, want %q", p, err, want)
 		}
 		ok, err := match(p, p)
 		if err == nil || ok {
-			t.Errorf("Match(%q) = %v, %v; want false and an error", p, ok, err)
+			t.Errorf("match(%q) = %v, %v; want false and an error", p, ok, err)
 		}
 	}
 }
@@ -175,7 +175,7 @@ func FuzzMatch(f *testing.F) {
 		ok, err := match(pattern, name)
 		c, cerr := compile(pattern)
 		if (err == nil) != (cerr == nil) || (validatePattern(pattern) == nil) != (cerr == nil) {
-			t.Fatalf("Match, compile and ValidatePattern disagree on %q", pattern)
+			t.Fatalf("match, compile and validatePattern disagree on %q", pattern)
 		}
 		if err != nil {
 			if ok {
@@ -201,7 +201,7 @@ func FuzzMatch(f *testing.F) {
 				t.Fatalf("reference regexp for %q: %v", pattern, err)
 			}
 			if want := re.MatchString(name); want != ok {
-				t.Fatalf("Match(%q, %q) = %v, reference %s says %v", pattern, name, ok, re, want)
+				t.Fatalf("match(%q, %q) = %v, reference %s says %v", pattern, name, ok, re, want)
 			}
 		}
 	})
