@@ -47,9 +47,9 @@ func validatePattern(pattern string) error {
 	return err
 }
 
-// match reports whether name matches the fnmatch pattern. The error is non-nil only for a
+// matchPattern reports whether name matches the fnmatch pattern. The error is non-nil only for a
 // malformed pattern, and then the match result is false.
-func match(pattern, name string) (bool, error) {
+func matchPattern(pattern, name string) (bool, error) {
 	c, err := compile(pattern)
 	if err != nil {
 		return false, err

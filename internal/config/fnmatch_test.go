@@ -70,19 +70,19 @@ func TestMatch(t *testing.T) {
 		{"API-*", "api-gateway", false}, // case-sensitive
 	}
 	for _, tc := range cases {
-		got, err := match(tc.pattern, tc.name)
+		got, err := matchPattern(tc.pattern, tc.name)
 		if tc.pattern == "[!]" {
 			if err == nil {
-				t.Errorf("match(%q): want an error", tc.pattern)
+				t.Errorf("matchPattern(%q): want an error", tc.pattern)
 			}
 			continue
 		}
 		if err != nil {
-			t.Errorf("match(%q, %q): %v", tc.pattern, tc.name, err)
+			t.Errorf("matchPattern(%q, %q): %v", tc.pattern, tc.name, err)
 			continue
 		}
 		if got != tc.want {
-			t.Errorf("match(%q, %q) = %v, want %v", tc.pattern, tc.name, got, tc.want)
+			t.Errorf("matchPattern(%q, %q) = %v, want %v", tc.pattern, tc.name, got, tc.want)
 		}
 	}
 }
@@ -106,9 +106,9 @@ func TestMatchMalformed(t *testing.T) {
 		if err == nil || err.Error() != want {
 			t.Errorf("validatePattern(%q) = %v, want %q", p, err, want)
 		}
-		ok, err := match(p, p)
+		ok, err := matchPattern(p, p)
 		if err == nil || ok {
-			t.Errorf("match(%q) = %v, %v; want false and an error", p, ok, err)
+			t.Errorf("matchPattern(%q) = %v, %v; want false and an error", p, ok, err)
 		}
 	}
 }
@@ -172,10 +172,10 @@ func FuzzMatch(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, pattern, name string) {
-		ok, err := match(pattern, name)
+		ok, err := matchPattern(pattern, name)
 		c, cerr := compile(pattern)
 		if (err == nil) != (cerr == nil) || (validatePattern(pattern) == nil) != (cerr == nil) {
-			t.Fatalf("match, compile and validatePattern disagree on %q", pattern)
+			t.Fatalf("matchPattern, compile and validatePattern disagree on %q", pattern)
 		}
 		if err != nil {
 			if ok {
@@ -185,12 +185,12 @@ func FuzzMatch(f *testing.F) {
 		}
 		// Every valid pattern: "*" around it still matches, and an escaped literal matches itself.
 		if ok {
-			if m, _ := match("*"+pattern+"*", name); !m {
+			if m, _ := matchPattern("*"+pattern+"*", name); !m {
 				t.Fatalf("%q matches %q but *%s* does not", pattern, name, pattern)
 			}
 		}
 		if utf8.ValidString(name) {
-			if m, err := match(escape(name), name); err != nil || !m {
+			if m, err := matchPattern(escape(name), name); err != nil || !m {
 				t.Fatalf("escaped %q does not match itself: %v %v", name, m, err)
 			}
 		}
@@ -201,7 +201,7 @@ func FuzzMatch(f *testing.F) {
 				t.Fatalf("reference regexp for %q: %v", pattern, err)
 			}
 			if want := re.MatchString(name); want != ok {
-				t.Fatalf("match(%q, %q) = %v, reference %s says %v", pattern, name, ok, re, want)
+				t.Fatalf("matchPattern(%q, %q) = %v, reference %s says %v", pattern, name, ok, re, want)
 			}
 		}
 	})

@@ -351,12 +351,12 @@ func (m *Machine) ProjectByID(id string) (t3rpc.Project, bool) {
 	return t3rpc.Project{}, false
 }
 
-// ErrThreadNotFound is wrapped by Thread's not-found errors.
-var ErrThreadNotFound = errors.New("thread not found")
+// errThreadNotFound is wrapped by Thread's not-found errors.
+var errThreadNotFound = errors.New("thread not found")
 
-// ErrThreadArchived is wrapped by Thread's error for a thread archived (or
+// errThreadArchived is wrapped by Thread's error for a thread archived (or
 // deleted) in T3: its machine's watcher saw it leave the list.
-var ErrThreadArchived = errors.New("thread archived")
+var errThreadArchived = errors.New("thread archived")
 
 // Found is a thread located on a machine, in an allowlisted project.
 type Found struct {
@@ -390,7 +390,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 	if id == "" {
 		return Found{}, errors.New("thread_id is empty: pass a thread id from t3_dispatch or t3_watch")
 	}
-	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", text.Quoted(id), ErrThreadNotFound)
+	notFound := fmt.Errorf("thread %s not found on any machine (%w): check the id, or list tracked threads with t3_watch", text.Quoted(id), errThreadNotFound)
 	tr, known, err := f.threads.GetThread(id)
 	if err != nil {
 		return Found{}, err
@@ -442,7 +442,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 			if g.Where == "removed" {
 				what = "deleted"
 			}
-			return Found{}, fmt.Errorf("thread %s was %s in T3 on machine %q (%w): unarchive it in T3 to use it, or dispatch a new thread", text.Quoted(id), what, m.Name, ErrThreadArchived)
+			return Found{}, fmt.Errorf("thread %s was %s in T3 on machine %q (%w): unarchive it in T3 to use it, or dispatch a new thread", text.Quoted(id), what, m.Name, errThreadArchived)
 		}
 		shell := t3rpc.ThreadShell{ID: id, ProjectId: g.ProjectID, Title: g.Title}
 		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: known, Gone: g.Where}, nil

@@ -21,8 +21,8 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/tools"
 )
 
-// Instructions tell an agent how the tools fit together.
-const Instructions = `t3code-mcp runs coding threads on T3 Code machines. Start with t3_machines, then t3_projects(machine).
+// instructions tell an agent how the tools fit together.
+const instructions = `t3code-mcp runs coding threads on T3 Code machines. Start with t3_machines, then t3_projects(machine).
 t3_dispatch starts a run and returns a thread_id at once; t3_wait(thread_id) blocks until the run completes,
 fails, is interrupted or asks a question (answer with t3_answer); t3_thread reads the state without waiting.`
 
@@ -30,7 +30,7 @@ fails, is interrupted or asks a question (answer with t3_answer); t3_thread read
 // serverInfo.version (the binary's, stamped at build time).
 func NewMCPServer(d *tools.Deps, version string) *mcp.Server {
 	o := &mcp.ServerOptions{
-		Instructions: Instructions,
+		Instructions: instructions,
 		Logger:       sdkLogger(d.Logger),
 	}
 	d.ServerOptions(o)
@@ -94,7 +94,7 @@ func Handler(srv *mcp.Server, f *fleet.Fleet, o Options) http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		_ = json.NewEncoder(w).Encode(Health(f, o.Health))
+		_ = json.NewEncoder(w).Encode(healthBody(f, o.Health))
 	})
 	if o.Registry != nil {
 		mux.Handle("/metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
@@ -161,8 +161,8 @@ func requireBearer(token string, next http.Handler) http.Handler {
 	})
 }
 
-// MachineHealth is one machine in /healthz.
-type MachineHealth struct {
+// machineHealth is one machine in /healthz.
+type machineHealth struct {
 	Name    string `json:"name"`
 	Status  string `json:"status"`
 	Online  bool   `json:"online"`
@@ -170,13 +170,13 @@ type MachineHealth struct {
 	Problem string `json:"problem,omitempty"`
 }
 
-// Health is the /healthz body: ok when every machine is online.
-func Health(f *fleet.Fleet, extra func() map[string]any) map[string]any {
+// healthBody is the /healthz body: ok when every machine is online.
+func healthBody(f *fleet.Fleet, extra func() map[string]any) map[string]any {
 	ok := true
-	ms := []MachineHealth{}
+	ms := []machineHealth{}
 	for _, m := range f.Machines() {
 		in := m.Info()
-		ms = append(ms, MachineHealth{Name: in.Name, Status: in.Status, Online: in.Online, Demo: in.Demo, Problem: in.Problem})
+		ms = append(ms, machineHealth{Name: in.Name, Status: in.Status, Online: in.Online, Demo: in.Demo, Problem: in.Problem})
 		ok = ok && in.Online
 	}
 	out := map[string]any{"ok": ok, "machines": ms}

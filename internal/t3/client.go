@@ -30,11 +30,11 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
 )
 
-// Protocol is the orchestration protocol this package speaks.
-const Protocol = 2
+// protocolVersion is the orchestration protocol this package speaks.
+const protocolVersion = 2
 
-// DefaultTimeout bounds each HTTP exchange (and the WebSocket handshake).
-const DefaultTimeout = 15 * time.Second
+// defaultTimeout bounds each HTTP exchange (and the WebSocket handshake).
+const defaultTimeout = 15 * time.Second
 
 // Options configure a Client. The zero value is usable.
 type Options struct {
@@ -102,7 +102,7 @@ func NewClient(name, baseURL, token string, opts Options) (*Client, error) {
 	base := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimRight(u.Path, "/")}
 
 	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 	}
 	hc := opts.HTTPClient
 	if hc == nil {
@@ -264,7 +264,7 @@ func (c *Client) Handshake(ctx context.Context) (*Descriptor, error) {
 	if caps, ok := res.Capabilities.Get(); ok {
 		d.Capabilities = caps
 	}
-	if d.Protocol != Protocol {
+	if d.Protocol != protocolVersion {
 		return nil, &IncompatibleError{Machine: c.name, ServerVersion: d.ServerVersion, Protocol: d.Protocol}
 	}
 	c.log.Debug("t3: handshake", "server_version", d.ServerVersion, "environment", d.EnvironmentID)
@@ -396,7 +396,7 @@ func (c *Client) threadRecent(ctx context.Context, threadID string, keep *Keep) 
 			}
 			return Recent{Projection: &b.Projection, Bounded: true, HasMoreHistory: b.HasMoreHistory.Or(false), RunCount: runs}, nil
 		}
-		if !RouteMissing(err) {
+		if !routeMissing(err) {
 			return Recent{}, err
 		}
 		c.noBoundedUntil.Store(time.Now().Add(boundedRetry).UnixNano())
@@ -409,10 +409,10 @@ func (c *Client) threadRecent(ctx context.Context, threadID string, keep *Keep) 
 	return Recent{Projection: &s.Projection, RunCount: len(s.Projection.Runs)}, nil
 }
 
-// RouteMissing reports whether err is a machine saying that the route does
+// routeMissing reports whether err is a machine saying that the route does
 // not exist: 404 or 503 without T3's error body (a missing thread is a 404
 // with one, reason thread_not_found).
-func RouteMissing(err error) bool {
+func routeMissing(err error) bool {
 	var e *Error
 	if !errors.As(err, &e) || e.Tag != "" || e.Reason != "" || e.Code != "" {
 		return false
@@ -474,7 +474,7 @@ func (c *Client) DialRPC(ctx context.Context) (*effectrpc.Conn, error) {
 	ws := *c.base
 	ws.Scheme = map[string]string{"http": "ws", "https": "wss"}[c.base.Scheme]
 	ws.Path = c.base.Path + "/ws"
-	ws.RawQuery = url.Values{"wsTicket": {tk.Ticket}, "orchestrationProtocol": {strconv.Itoa(Protocol)}}.Encode()
+	ws.RawQuery = url.Values{"wsTicket": {tk.Ticket}, "orchestrationProtocol": {strconv.Itoa(protocolVersion)}}.Encode()
 
 	opts := c.rpc
 	opts.HTTPClient, opts.Header, opts.Logger, opts.Label = c.hc, nil, c.log, c.name
@@ -507,7 +507,7 @@ func (c *Client) dialFailed(parent context.Context, err error, ticket string) er
 		}
 		return c.errs.finish(&Error{Op: op, Status: ue.Status, Code: body.Code.Or(""), Err: err, Message: fmt.Sprintf(
 			"machine %q refused orchestration protocol %d on /ws and asks for %s (T3: %s); update t3code-mcp or run a T3 Code that speaks protocol %d",
-			c.name, Protocol, want, orUnknown(body.Message.Or("")), Protocol)})
+			c.name, protocolVersion, want, orUnknown(body.Message.Or("")), protocolVersion)})
 	}
 	e := c.errs.status(op, ue.Status, body, "", text.Snippet(string(ue.Body), 200))
 	e.Err = err

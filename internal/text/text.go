@@ -27,8 +27,8 @@ func Runes(s string, n int) string {
 	return s
 }
 
-// Bytes returns the longest prefix of s that is at most n bytes and ends on a rune boundary.
-func Bytes(s string, n int) string {
+// prefixBytes returns the longest prefix of s that is at most n bytes and ends on a rune boundary.
+func prefixBytes(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
@@ -56,7 +56,7 @@ func Snippet(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return Bytes(s, n) + Ellipsis
+	return prefixBytes(s, n) + Ellipsis
 }
 
 // quotedLimit bounds a quoted caller-supplied name.
@@ -69,7 +69,7 @@ func Quoted(s string) string {
 	if len(s) <= quotedLimit {
 		return fmt.Sprintf("%q", s)
 	}
-	return fmt.Sprintf("%q%s (%d bytes)", Bytes(s, quotedLimit), Ellipsis, len(s))
+	return fmt.Sprintf("%q%s (%d bytes)", prefixBytes(s, quotedLimit), Ellipsis, len(s))
 }
 
 // QuoteList quotes each value and joins them with ", ": `"dispatch", "interrupt"`.

@@ -40,7 +40,7 @@ func TestBytes(t *testing.T) {
 		{"a日b", 0, ""},
 		{"a日b", -1, ""},
 	} {
-		if got := Bytes(tc.s, tc.n); got != tc.want {
+		if got := prefixBytes(tc.s, tc.n); got != tc.want {
 			t.Errorf("Bytes(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
 		}
 	}
@@ -99,7 +99,7 @@ func FuzzCuts(f *testing.F) {
 		if r := Runes(s, n); !utf8.ValidString(r) || utf8.RuneCountInString(r) > n || !strings.HasPrefix(s, r) {
 			t.Fatalf("Runes(%q, %d) = %q", s, n, r)
 		}
-		if b := Bytes(s, n); !utf8.ValidString(b) || len(b) > n || !strings.HasPrefix(s, b) {
+		if b := prefixBytes(s, n); !utf8.ValidString(b) || len(b) > n || !strings.HasPrefix(s, b) {
 			t.Fatalf("Bytes(%q, %d) = %q", s, n, b)
 		}
 		if c := Snippet(s, n); !utf8.ValidString(c) || len(c) > n+len(Ellipsis) {

@@ -135,8 +135,8 @@ func (v *View) Error(runID string) string {
 	return ""
 }
 
-// Tools summarizes the tools the run used, in order.
-func (v *View) Tools(runID string) []string {
+// toolNames summarizes the tools the run used, in order.
+func (v *View) toolNames(runID string) []string {
 	var out []string
 	for _, it := range v.items[runID] {
 		if s := toolSummary(it); s != "" {
@@ -191,9 +191,9 @@ func toolSummary(it *t3api.TurnItem) string {
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// ChangedFiles lists the files the run changed: from the run's checkpoint
+// changedFiles lists the files the run changed: from the run's checkpoint
 // when T3 captured one, else from its file_change items.
-func (v *View) ChangedFiles(runID string) []t3api.ChangedFile {
+func (v *View) changedFiles(runID string) []t3api.ChangedFile {
 	r, _ := v.Run(runID)
 	cpID, _ := r.CheckpointId.Get()
 	for _, c := range v.p.Checkpoints {
@@ -362,7 +362,7 @@ func (v *View) runSummary(c *cutter, field string, r t3api.Run, lim Limits) mcpt
 	if s := v.Error(r.ID); s != "" {
 		rs.Error.SetTo(c.cut(field+".error", s, lim.Error))
 	}
-	tools := v.Tools(r.ID)
+	tools := v.toolNames(r.ID)
 	if len(tools) > lim.Tools {
 		c.notes = append(c.notes, mcptools.TruncationNote{Field: field + ".tools", CutChars: len(tools) - lim.Tools})
 		tools = append(tools[:lim.Tools:lim.Tools], fmt.Sprintf("… and %d more", len(tools)-lim.Tools))
@@ -370,7 +370,7 @@ func (v *View) runSummary(c *cutter, field string, r t3api.Run, lim Limits) mcpt
 	for j, t := range tools {
 		rs.Tools = append(rs.Tools, c.cut(fmt.Sprintf("%s.tools[%d]", field, j), t, lim.Tool))
 	}
-	files := v.ChangedFiles(r.ID)
+	files := v.changedFiles(r.ID)
 	if len(files) > lim.Files {
 		c.notes = append(c.notes, mcptools.TruncationNote{Field: field + ".changed_files", CutChars: len(files) - lim.Files})
 		files = files[:lim.Files]

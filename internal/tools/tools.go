@@ -42,9 +42,9 @@ import (
 // still running (see cmd/t3code-mcp): a wait ended by it says so.
 var ErrShuttingDown = errors.New("the connector is shutting down; the run goes on in T3: call t3_wait again once the connector is back")
 
-// OriginHeader carries the caller's conversation origin; it is recorded with
+// originHeader carries the caller's conversation origin; it is recorded with
 // every thread the call dispatches and travels back on every event.
-const OriginHeader = "X-Conversation-Origin"
+const originHeader = "X-Conversation-Origin"
 
 // Limits bound what callers may ask for. Zero values pick the defaults.
 type Limits struct {
@@ -317,7 +317,7 @@ func wrap(d *Deps, name string, h Handler) mcp.ToolHandler {
 			c.Args = req.Params.Arguments
 		}
 		if req.Extra != nil && req.Extra.Header != nil {
-			if o := strings.TrimSpace(req.Extra.Header.Get(OriginHeader)); o != "" {
+			if o := strings.TrimSpace(req.Extra.Header.Get(originHeader)); o != "" {
 				c.Origin = o
 			}
 		}

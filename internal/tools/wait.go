@@ -197,8 +197,8 @@ type waitCounter struct {
 	cancels map[string]map[*context.CancelCauseFunc]struct{}
 }
 
-// ErrSessionEnded is the cause of a wait ended because its MCP session ended.
-var ErrSessionEnded = errors.New("the MCP session ended")
+// errSessionEnded is the cause of a wait ended because its MCP session ended.
+var errSessionEnded = errors.New("the MCP session ended")
 
 // track registers a running wait's cancel under its session until the
 // returned func is called.
@@ -234,7 +234,7 @@ func (d *Deps) EndSession(session string) {
 	}
 	d.waits.mu.Unlock()
 	for _, cancel := range cancels {
-		cancel(ErrSessionEnded)
+		cancel(errSessionEnded)
 	}
 }
 
