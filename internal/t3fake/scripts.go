@@ -499,13 +499,18 @@ func stepRunning(s *Server, r *run) stepResult {
 }
 
 func stepCommandStart(s *Server, r *run) stepResult {
+	s.startCommand(r, "Run tests", "go test ./...")
+	return stepNext
+}
+
+// startCommand starts r's command item (title, the command line input) and publishes the row.
+func (s *Server) startCommand(r *run, title, input string) {
 	s.touch(r.th)
-	it := s.newItem(r, "command:1", "command_execution", "running", "Run tests", false)
-	it.Input = optStr("go test ./...")
+	it := s.newItem(r, "command:1", "command_execution", "running", title, false)
+	it.Input = optStr(input)
 	r.commandItem = it.ID
 	s.putNewItem(r, it)
 	s.publishShell(r.th)
-	return stepNext
 }
 
 func stepCommandDone(s *Server, r *run) stepResult {
@@ -759,14 +764,21 @@ func (s *Server) ask(r *run, kind string, qs []t3rpc.Question, capability string
 	return stepPark
 }
 
-// answer resolves the pending question with the given answers and resumes the run.
-func (s *Server) answer(r *run, answers map[string][]string) {
-	ts := s.touch(r.th)
-	rr, _ := r.th.request(r.requestID)
+// resolveRequest marks r's pending request resolved now (its runtime-request.updated event
+// emitted), as a question's answers and an approval's decision both do first.
+func (s *Server) resolveRequest(r *run) (ts string, rr t3rpc.RuntimeRequest) {
+	ts = s.touch(r.th)
+	rr, _ = r.th.request(r.requestID)
 	rr.Status = "resolved"
 	rr.ResolvedAt = optNilStr(ts)
 	r.th.upsertRequest(rr)
 	s.emit(r.th, r.rec.ID, "runtime-request.updated", &rr)
+	return ts, rr
+}
+
+// answer resolves the pending question with the given answers and resumes the run.
+func (s *Server) answer(r *run, answers map[string][]string) {
+	_, rr := s.resolveRequest(r)
 	s.finishItem(r, r.questionItem, "completed", nil)
 	r.th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	s.publishShell(r.th)
@@ -782,12 +794,7 @@ func (s *Server) answer(r *run, answers map[string][]string) {
 // ends it cancelled. Answers instead of a decision also resolve it, but the
 // agent never hears back: the run hangs until run.interrupt.
 func (s *Server) decide(r *run, c *t3rpc.RuntimeRequestRespondCommand) {
-	ts := s.touch(r.th)
-	rr, _ := r.th.request(r.requestID)
-	rr.Status = "resolved"
-	rr.ResolvedAt = optNilStr(ts)
-	r.th.upsertRequest(rr)
-	s.emit(r.th, r.rec.ID, "runtime-request.updated", &rr)
+	ts, rr := s.resolveRequest(r)
 	r.th.shell.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
 	answers := map[string][]string{}
 	decision, hasDecision := c.Decision.Get()
@@ -823,12 +830,7 @@ func (s *Server) decide(r *run, c *t3rpc.RuntimeRequestRespondCommand) {
 }
 
 func stepHang(s *Server, r *run) stepResult {
-	s.touch(r.th)
-	it := s.newItem(r, "command:1", "command_execution", "running", "Wait forever", false)
-	it.Input = optStr("sleep infinity")
-	r.commandItem = it.ID
-	s.putNewItem(r, it)
-	s.publishShell(r.th)
+	s.startCommand(r, "Wait forever", "sleep infinity")
 	return stepPark
 }
 
