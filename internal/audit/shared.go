@@ -20,20 +20,20 @@ type Table interface {
 
 // Defaults for SharedOptions.
 const (
-	// DefaultBuffer is how many records wait for the database before records go to the file.
-	DefaultBuffer = 10_000
+	// defaultBuffer is how many records wait for the database before records go to the file.
+	defaultBuffer = 10_000
 	// DefaultBatch is the most records one insert carries.
 	DefaultBatch = 500
-	// DefaultInsertTimeout bounds one insert.
-	DefaultInsertTimeout = 10 * time.Second
-	// DefaultCloseTimeout bounds the last inserts at Close; what they do not store goes to the file.
-	DefaultCloseTimeout = 5 * time.Second
+	// defaultInsertTimeout bounds one insert.
+	defaultInsertTimeout = 10 * time.Second
+	// defaultCloseTimeout bounds the last inserts at Close; what they do not store goes to the file.
+	defaultCloseTimeout = 5 * time.Second
 )
 
 // SharedOptions tune a Shared log.
 type SharedOptions struct {
 	Replica       string // set on every record (Record.Replica)
-	Buffer        int    // default DefaultBuffer
+	Buffer        int    // default defaultBuffer
 	Batch         int    // default DefaultBatch
 	InsertTimeout time.Duration
 	CloseTimeout  time.Duration
@@ -68,16 +68,16 @@ type Shared struct {
 // NewShared starts the writer goroutine; Close stops it. file is the fallback (see Shared).
 func NewShared(table Table, file *Log, o SharedOptions) *Shared {
 	if o.Buffer <= 0 {
-		o.Buffer = DefaultBuffer
+		o.Buffer = defaultBuffer
 	}
 	if o.Batch <= 0 {
 		o.Batch = DefaultBatch
 	}
 	if o.InsertTimeout <= 0 {
-		o.InsertTimeout = DefaultInsertTimeout
+		o.InsertTimeout = defaultInsertTimeout
 	}
 	if o.CloseTimeout <= 0 {
-		o.CloseTimeout = DefaultCloseTimeout
+		o.CloseTimeout = defaultCloseTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -111,9 +111,6 @@ func (s *Shared) Write(r Record) error {
 
 // Spilled is how many records went to the file instead of the database.
 func (s *Shared) Spilled() int64 { return s.spilled.Load() }
-
-// Stored is how many records the database took.
-func (s *Shared) Stored() int64 { return s.stored.Load() }
 
 // File is the fallback file.
 func (s *Shared) File() *Log { return s.file }

@@ -110,8 +110,8 @@ func TestSharedNeverWaitsAndSpillsToTheFileWhenFull(t *testing.T) {
 	if got := tb.tools(); !slices.Equal(got, []string{"a@r1", "b@r1", "c@r1"}) {
 		t.Fatalf("table holds %v", got)
 	}
-	if s.Stored() != 3 {
-		t.Fatalf("Stored = %d, want 3", s.Stored())
+	if s.stored.Load() != 3 {
+		t.Fatalf("Stored = %d, want 3", s.stored.Load())
 	}
 }
 
@@ -153,8 +153,8 @@ func TestSharedCloseSpillsWhatTheDatabaseRefuses(t *testing.T) {
 	if got := fileTools(t, dir); !slices.Equal(got, []string{"a@r1", "b@r1", "c@r1"}) {
 		t.Fatalf("file holds %v, want every record", got)
 	}
-	if s.Spilled() != 3 || s.Stored() != 0 {
-		t.Fatalf("spilled %d stored %d", s.Spilled(), s.Stored())
+	if s.Spilled() != 3 || s.stored.Load() != 0 {
+		t.Fatalf("spilled %d stored %d", s.Spilled(), s.stored.Load())
 	}
 	if err := s.Write(Record{Tool: "late"}); err == nil {
 		t.Fatal("a write after Close succeeded")
