@@ -39,15 +39,31 @@ type function struct {
 func main() {
 	top := flag.Int("top", 20, "how many of the largest functions to list")
 	flag.Parse()
+	pkgs, funcs, err := measure(".")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	printLines(pkgs)
+	printLargest(funcs, *top)
+	if err := printImports(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// measure walks the tree below root: lines per package (code, tests, generated) and the length
+// of every hand-written function outside tests.
+func measure(root string) (map[string]*pkgLines, []function, error) {
 	pkgs := map[string]*pkgLines{}
 	var funcs []function
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			if name := d.Name(); path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bin") {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bin") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -67,17 +83,15 @@ func main() {
 			pkgs[dir] = p
 		}
 		p.files++
-		generated := generatedRE.Match(src)
 		switch {
-		case generated:
+		case generatedRE.Match(src):
 			p.genCode += n
 			return nil
 		case strings.HasSuffix(path, "_test.go"):
 			p.tests += n
 			return nil
-		default:
-			p.code += n
 		}
+		p.code += n
 		f, err := parser.ParseFile(fset, path, src, 0)
 		if err != nil {
 			return err
@@ -96,11 +110,10 @@ func main() {
 		}
 		return nil
 	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	return pkgs, funcs, err
+}
 
+func printLines(pkgs map[string]*pkgLines) {
 	dirs := make([]string, 0, len(pkgs))
 	for d := range pkgs {
 		dirs = append(dirs, d)
@@ -117,7 +130,9 @@ func main() {
 		tc, tt, tg = tc+p.code, tt+p.tests, tg+p.genCode
 	}
 	fmt.Printf("| total | %d | %d | %d |\n\n", tc, tt, tg)
+}
 
+func printLargest(funcs []function, top int) {
 	sort.Slice(funcs, func(i, j int) bool {
 		if funcs[i].lines != funcs[j].lines {
 			return funcs[i].lines > funcs[j].lines
@@ -134,19 +149,21 @@ func main() {
 	fmt.Println("| function | lines |")
 	fmt.Println("|---|---:|")
 	for i, f := range funcs {
-		if i == *top {
+		if i == top {
 			break
 		}
 		fmt.Printf("| `%s` | %d |\n", f.name, f.lines)
 	}
 	fmt.Println()
+}
 
+// printImports prints every package's imports of the module's own packages (go list).
+func printImports() error {
 	fmt.Println("## Import graph (the module's own packages; tests left out)")
 	fmt.Println()
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./...").Output()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "go list:", err)
-		os.Exit(1)
+		return fmt.Errorf("go list: %w", err)
 	}
 	fmt.Println("```")
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -165,6 +182,7 @@ func main() {
 		fmt.Printf("%s -> %s\n", short(fields[0]), strings.Join(own, " "))
 	}
 	fmt.Println("```")
+	return nil
 }
 
 func short(importPath string) string {
