@@ -3,7 +3,6 @@ package events
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"sort"
 	"time"
 
@@ -15,7 +14,8 @@ import (
 // detector state left without a watched thread (a dispatch that failed, a
 // thread watched on another machine since) is dropped. Watched threads keep
 // their record and their seen state, which holds only ids and flags. It
-// returns how many thread records were deleted.
+// returns how many thread records it pruned (with replicas, a record another
+// replica's Track rewrote meanwhile is counted but kept: see commitPrune).
 //
 // The candidates are found without locks, then decided again on a fresh read
 // under the tracking lock (no Track on any machine meanwhile, even one whose
@@ -121,15 +121,45 @@ func (d *Detector) Prune() (int, error) {
 	return len(gone), nil
 }
 
-// commitPrune deletes what Prune decided and returns what it deleted: in one batch with one
-// process; in replica mode one batch per machine whose lease this replica holds, fenced with its
-// token (a lease lost meanwhile fails its batch alone, which is then left to the new holder).
+// commitPrune deletes what Prune decided and returns what it asked to delete: in one batch with
+// one process; in replica mode one batch per machine whose lease this replica holds, fenced with
+// its token (a lease lost meanwhile fails its batch alone, which is then left to the new holder).
+// Every deletion is conditional in the commit's own transaction (store.Batch.PruneThreads,
+// PruneStates): a thread only while its row is still the unwatched one judged here, a state only
+// while no row watches its thread on its machine. This process's Track waits for the locks Prune
+// holds, but another replica's Track does not: committed between the judgement and this commit,
+// its row and baseline are kept.
 func (d *Detector) commitPrune(machines, gone []string, orphans map[string][]byte, fresh map[string]store.Thread) ([]string, map[string][]byte, error) {
+	batch := func(m string) store.Batch {
+		b := store.Batch{PruneThreads: map[string]time.Time{}, PruneStates: map[string]store.StateOwner{}}
+		for _, id := range gone {
+			if t := fresh[id]; m == "" || t.Machine == m {
+				b.PruneThreads[id] = t.UpdatedAt
+			}
+		}
+		for k := range orphans {
+			if km, id, _ := splitKey(k); m == "" || km == m {
+				b.PruneStates[k] = store.StateOwner{Machine: km, Thread: id}
+			}
+		}
+		return b
+	}
+	done := func(b store.Batch, gone []string, orphans map[string][]byte) ([]string, map[string][]byte) {
+		for id := range b.PruneThreads {
+			gone = append(gone, id)
+		}
+		for k := range b.PruneStates {
+			orphans[k] = nil
+		}
+		return gone, orphans
+	}
 	if d.lease == nil {
-		if err := d.store.Commit(store.Batch{Detector: orphans, DeleteThreads: gone}); err != nil {
+		b := batch("")
+		if err := d.store.Commit(b); err != nil {
 			return nil, nil, err
 		}
-		return gone, orphans, nil
+		g, o := done(b, nil, map[string][]byte{})
+		return g, o, nil
 	}
 	var doneGone []string
 	doneOrphans := map[string][]byte{}
@@ -138,28 +168,18 @@ func (d *Detector) commitPrune(machines, gone []string, orphans map[string][]byt
 		if !held {
 			continue
 		}
-		b := store.Batch{Detector: map[string][]byte{}, Fence: &store.Fence{Machine: m, Token: token}}
-		for _, id := range gone {
-			if fresh[id].Machine == m {
-				b.DeleteThreads = append(b.DeleteThreads, id)
-			}
-		}
-		for k := range orphans {
-			if km, _, _ := splitKey(k); km == m {
-				b.Detector[k] = nil
-			}
-		}
-		if len(b.DeleteThreads) == 0 && len(b.Detector) == 0 {
+		b := batch(m)
+		if len(b.PruneThreads) == 0 && len(b.PruneStates) == 0 {
 			continue
 		}
+		b.Fence = &store.Fence{Machine: m, Token: token}
 		if err := d.store.Commit(b); err != nil {
 			if errors.Is(err, store.ErrFenced) {
 				continue // the new holder prunes it
 			}
 			return doneGone, doneOrphans, err
 		}
-		doneGone = append(doneGone, b.DeleteThreads...)
-		maps.Copy(doneOrphans, b.Detector)
+		doneGone, doneOrphans = done(b, doneGone, doneOrphans)
 	}
 	return doneGone, doneOrphans, nil
 }

@@ -180,3 +180,45 @@ func TestPruneOnlyByTheLeaseHolder(t *testing.T) {
 		t.Fatalf("the prune was fenced with %+v, want machine m token 2", *last)
 	}
 }
+
+// TestPruneKeepsATrackThroughAnotherReplica: the lease holder judged thread x (unwatched, past
+// the retention, with left-over state) and thread y (no row, a dispatch's left-over state)
+// prunable; before its commit another replica — whose Track no lock of the holder serialises
+// with — watches both again, storing their rows and baselines. The holder's commit keeps them
+// (its deletions are conditional on the rows it judged), and the next run of each is reported:
+// no transition lost.
+func TestPruneKeepsATrackThroughAnotherReplica(t *testing.T) {
+	l := newLeaseEnv(t)
+	l.setLease(1, 1)
+	old := time.Now().Add(-DefaultRetention - time.Hour)
+	if err := l.st.Commit(store.Batch{Threads: []store.Thread{{ID: "x", Machine: "m", CreatedAt: old, UpdatedAt: old}},
+		Detector: map[string][]byte{key("m", "x"): []byte(`{"run":"r0","settled":true}`), key("m", "y"): []byte(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.d.Adopt("m"); err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	other := otherReplica(l, 0, &held)
+	l.d.hooks.pruneLocked = func() {
+		now := time.Now()
+		for _, id := range []string{"x", "y"} {
+			base := &t3rpc.ThreadShell{ID: id, Status: "idle"}
+			if err := other.Track("m", store.Thread{ID: id, Machine: "m", Watch: true, CreatedAt: now, UpdatedAt: now}, base); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if _, err := l.d.Prune(); err != nil {
+		t.Fatal(err)
+	}
+	l.d.hooks.pruneLocked = nil
+	for _, id := range []string{"x", "y"} {
+		l.wantWatched("m", id, "")
+	}
+	l.see(row("x", "running", "r2", "r2", ""))
+	l.see(row("x", "completed", "", "r2", ""))
+	l.see(row("y", "running", "r3", "r3", ""))
+	l.see(row("y", "completed", "", "r3", ""))
+	l.want("completed r2", "completed r3")
+}

@@ -95,10 +95,37 @@ type Batch struct {
 	Events []Event
 	// Threads are upserted like PutThread.
 	Threads []Thread
-	// DeleteThreads stops tracking these threads (pruning).
+	// DeleteThreads stops tracking these threads.
 	DeleteThreads []string
+	// PruneThreads stops tracking threads the way a prune does: each (id → the UpdatedAt its row
+	// had when the prune judged it) only while its row, read in this batch's own transaction, is
+	// still unwatched with that UpdatedAt. A Track committed since (through another replica,
+	// which no lock of the pruning process serialises with) rewrote the row and keeps it.
+	PruneThreads map[string]time.Time
+	// PruneStates deletes detector states the way a prune does: each (key → the thread it
+	// belongs to) only while no tracked row, read in this batch's own transaction, watches that
+	// thread on that machine, so a baseline a Track stored since (with its watched row, in one
+	// transaction) stays.
+	PruneStates map[string]StateOwner
 	// Fence, when set, makes the batch conditional on the machine's lease (see Fence).
 	Fence *Fence
+}
+
+// StateOwner is the tracked thread a detector state belongs to (see Batch.PruneStates).
+type StateOwner struct {
+	Machine, Thread string
+}
+
+// Prunable says whether a prune may delete a tracked thread whose row is now t (found: it
+// exists) when the prune judged the row with UpdatedAt at: the row is still that one.
+func Prunable(t Thread, found bool, at time.Time) bool {
+	return found && !t.Watch && t.UpdatedAt.Equal(at)
+}
+
+// Orphaned says whether a detector state owned by o may be pruned when o's tracked row is now t
+// (found: it exists): no row watches the thread on that machine.
+func Orphaned(t Thread, found bool, o StateOwner) bool {
+	return !found || !t.Watch || t.Machine != o.Machine
 }
 
 // Open opens (creating if needed) <dir>/t3code-mcp.db. The directory is created 0700 and the file
@@ -349,6 +376,11 @@ func validate(b Batch) error {
 			return errors.New("store: a thread needs an ID and a Machine")
 		}
 	}
+	for k := range b.PruneStates {
+		if k == "" {
+			return errors.New("store: a detector state needs a key")
+		}
+	}
 	for k := range b.Detector {
 		if k == "" {
 			// bbolt refuses an empty key only inside the transaction, failing the whole
@@ -382,7 +414,48 @@ func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error {
 			return err
 		}
 	}
+	if err := prune(tx, b); err != nil {
+		return err
+	}
 	return appendEvents(tx, b.Events, d)
+}
+
+// prune writes a batch's PruneStates and PruneThreads, each deletion only while the tracked row
+// this transaction reads allows it (Orphaned, Prunable). The states are judged first, against
+// the rows as they were before this batch's thread deletions.
+func prune(tx *bolt.Tx, b Batch) error {
+	threads, det := tx.Bucket(bThreads), tx.Bucket(bDetector)
+	row := func(id string) (Thread, bool, error) {
+		var t Thread
+		v := threads.Get([]byte(id))
+		if v == nil {
+			return t, false, nil
+		}
+		return t, true, json.Unmarshal(v, &t)
+	}
+	for k, o := range b.PruneStates {
+		t, found, err := row(o.Thread)
+		if err != nil {
+			return err
+		}
+		if Orphaned(t, found, o) {
+			if err := det.Delete([]byte(k)); err != nil {
+				return err
+			}
+		}
+	}
+	for id, at := range b.PruneThreads {
+		t, found, err := row(id)
+		if err != nil {
+			return err
+		}
+		if Prunable(t, found, at) {
+			if err := threads.Delete([]byte(id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // ForEachDetector calls fn with every detector key and value, in key order

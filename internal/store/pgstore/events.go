@@ -122,6 +122,9 @@ func (s *Store) CommitBatches(bs []store.Batch) error {
 					return err
 				}
 			}
+			if err := prune(ctx, tx, b); err != nil {
+				return err
+			}
 			if len(b.Events) == 0 {
 				continue
 			}
@@ -139,6 +142,69 @@ func (s *Store) CommitBatches(bs []store.Batch) error {
 		}
 		return addCounts(ctx, tx, map[string]int{store.StatePending: added})
 	})
+}
+
+// prune writes a batch's PruneStates and PruneThreads, each deletion only while the tracked row
+// allows it (store.Orphaned, store.Prunable) as this transaction finds it with the rows locked:
+// first the detector states (a Track writes its baseline before its row, so a Track in flight
+// either committed before these locks were granted, and the row read next shows it, or waits
+// for this transaction and stores its baseline after it), then the threads' rows. Read
+// committed: each statement sees what committed before it.
+func prune(ctx context.Context, tx pgx.Tx, b store.Batch) error {
+	if len(b.PruneStates) == 0 && len(b.PruneThreads) == 0 {
+		return nil
+	}
+	keys := make([][]byte, 0, len(b.PruneStates))
+	ids := make([]string, 0, len(b.PruneStates)+len(b.PruneThreads))
+	for k, o := range b.PruneStates {
+		keys = append(keys, []byte(k))
+		ids = append(ids, o.Thread)
+	}
+	for id := range b.PruneThreads {
+		ids = append(ids, id)
+	}
+	if len(keys) > 0 {
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM t3_detector WHERE key = ANY($1) ORDER BY key FOR UPDATE`, keys); err != nil {
+			return err
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT data FROM t3_threads WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
+	if err != nil {
+		return err
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowTo[store.Thread])
+	if err != nil {
+		return err
+	}
+	now := make(map[string]store.Thread, len(list))
+	for _, t := range list {
+		now[t.ID] = t
+	}
+	var states [][]byte
+	for k, o := range b.PruneStates {
+		t, found := now[o.Thread]
+		if store.Orphaned(t, found, o) {
+			states = append(states, []byte(k))
+		}
+	}
+	var threads []string
+	for id, at := range b.PruneThreads {
+		t, found := now[id]
+		if store.Prunable(t, found, at) {
+			threads = append(threads, id)
+		}
+	}
+	if len(states) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM t3_detector WHERE key = ANY($1)`, states); err != nil {
+			return err
+		}
+	}
+	if len(threads) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM t3_threads WHERE id = ANY($1)`, threads); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // insertEvents appends evs in slice order, skipping ids already stored; it returns how many it

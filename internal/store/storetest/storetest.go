@@ -55,6 +55,7 @@ func Run(t *testing.T, open Opener) {
 		{"HeadsFollowDelivery", testHeads},
 		{"DeadAndRequeue", testDeadAndRequeue},
 		{"Prune", testPrune},
+		{"PruneOnlyWhatWasJudged", testPruneOnlyWhatWasJudged},
 		{"PruneByDeliveryTime", testPruneByDeliveryTime},
 		{"ReopenKeepsEverything", testReopen},
 		{"IdempotencyClaimOnceAcrossReopen", testIdempotencyClaimOnceAcrossReopen},
@@ -162,6 +163,45 @@ func testThreads(t *testing.T, open Opener) {
 	}
 	if err := s.Commit(store.Batch{Threads: []store.Thread{{ID: "y"}}}); err == nil {
 		t.Fatal("a batch with a thread without machine was accepted")
+	}
+}
+
+// testPruneOnlyWhatWasJudged: a batch's PruneThreads and PruneStates delete only what the
+// tracked rows, as the commit finds them, still allow — the prune judged them earlier, and a
+// Track through another replica may have committed in between (issue 16: no transition lost).
+func testPruneOnlyWhatWasJudged(t *testing.T, open Opener) {
+	s, _ := open(t)
+	later := T0.Add(time.Second)
+	state := []byte(`{"latest":"r0"}`)
+	must(t, s.Commit(store.Batch{
+		Threads: []store.Thread{
+			{ID: "gone", Machine: "m", CreatedAt: T0, UpdatedAt: T0},
+			// judged unwatched at T0, then watched again (a Track: new row and baseline at once)
+			{ID: "retracked", Machine: "m", Watch: true, CreatedAt: T0, UpdatedAt: later},
+			// judged at T0, then updated (still unwatched): no longer the row judged
+			{ID: "touched", Machine: "m", CreatedAt: T0, UpdatedAt: later},
+			{ID: "moved", Machine: "m2", Watch: true, CreatedAt: T0, UpdatedAt: T0},
+		},
+		Detector: map[string][]byte{"m\x00gone": state, "m\x00retracked": state, "m\x00moved": state, "m\x00absent": state},
+	}))
+	owner := func(th string) store.StateOwner { return store.StateOwner{Machine: "m", Thread: th} }
+	must(t, s.Commit(store.Batch{
+		PruneThreads: map[string]time.Time{"gone": T0, "retracked": T0, "touched": T0, "never-there": T0},
+		PruneStates: map[string]store.StateOwner{"m\x00gone": owner("gone"), "m\x00retracked": owner("retracked"),
+			"m\x00moved": owner("moved"), "m\x00absent": owner("absent"), "m\x00never-there": owner("never-there")},
+	}))
+	for id, want := range map[string]bool{"gone": false, "retracked": true, "touched": true, "moved": true} {
+		if _, ok, err := s.GetThread(id); err != nil || ok != want {
+			t.Fatalf("thread %s after the prune: found=%v err=%v, want found=%v", id, ok, err, want)
+		}
+	}
+	for k, want := range map[string]bool{"m\x00gone": false, "m\x00retracked": true, "m\x00moved": false, "m\x00absent": false} {
+		if _, ok, err := s.Detector(k); err != nil || ok != want {
+			t.Fatalf("detector state %q after the prune: found=%v err=%v, want found=%v", k, ok, err, want)
+		}
+	}
+	if err := s.Commit(store.Batch{PruneStates: map[string]store.StateOwner{"": owner("x")}}); err == nil {
+		t.Fatal("a batch pruning a detector state without a key was accepted")
 	}
 }
 
