@@ -62,23 +62,8 @@ func (h *harness) latency(ctx context.Context) error {
 		go func() { wakes <- h.awaitRun(wctx, i/cfg.WaitsPerSession, r) }()
 	}
 	// All K waits blocked at once before anything is released.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		n, err := h.conn.metric(ctx, "t3code_mcp_active_waits")
-		if err != nil {
-			return err
-		}
-		rep.ActiveWaits = int(n)
-		if int(n) >= len(waitRuns) {
-			break
-		}
-		if time.Now().After(deadline) {
-			h.warn("only %d of %d t3_wait calls were blocked after 60 s", int(n), len(waitRuns))
-			break
-		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
+	if rep.ActiveWaits, err = h.awaitBlocked(ctx, len(waitRuns)); err != nil {
+		return err
 	}
 	h.logf("latency phase: %d waits blocked; %.0f runs/s for %s", rep.ActiveWaits, cfg.Rate, cfg.Duration)
 
@@ -106,18 +91,9 @@ func (h *harness) latency(ctx context.Context) error {
 	if err := h.idle(ctx); err != nil {
 		return err
 	}
-	var got []wake
-	timeout := time.After(cfg.Drain)
-collect:
-	for len(got) < len(waitRuns) {
-		select {
-		case w := <-wakes:
-			got = append(got, w)
-		case <-timeout:
-			break collect
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	got, err := collectWakes(ctx, wakes, len(waitRuns), cfg.Drain)
+	if err != nil {
+		return err
 	}
 	wcancel()
 	runs := h.settledSince(first)
@@ -125,6 +101,55 @@ collect:
 	h.drainEvents(ctx, runs)
 	lat, missing := h.eventLatencies(runs)
 	rep.Events, rep.MissingEvent = dist(lat), missing
+	h.wakeLatencies(rep, waitRuns, got)
+	ps, err := h.pipelineStats(ctx)
+	rep.Skipped, rep.Behind = ps.skipped, ps.behind
+	h.logf("latency phase: events %s; wakes %s", rep.Events, rep.Wake)
+	return err
+}
+
+// awaitBlocked waits (60 s at most) until the connector reports n t3_wait calls blocked, and
+// returns how many it last reported.
+func (h *harness) awaitBlocked(ctx context.Context, n int) (int, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		active, err := h.conn.metric(ctx, "t3code_mcp_active_waits")
+		if err != nil {
+			return 0, err
+		}
+		if int(active) >= n {
+			return int(active), nil
+		}
+		if time.Now().After(deadline) {
+			h.warn("only %d of %d t3_wait calls were blocked after 60 s", int(active), n)
+			return int(active), nil
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return int(active), err
+		}
+	}
+}
+
+// collectWakes takes up to n wait results, for at most drain.
+func collectWakes(ctx context.Context, wakes <-chan wake, n int, drain time.Duration) ([]wake, error) {
+	var got []wake
+	timeout := time.After(drain)
+	for len(got) < n {
+		select {
+		case w := <-wakes:
+			got = append(got, w)
+		case <-timeout:
+			return got, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return got, nil
+}
+
+// wakeLatencies reports how soon after each wait's run was released its t3_wait returned; a
+// wait that failed or never returned counts as a missing wake.
+func (h *harness) wakeLatencies(rep *Latency, waitRuns []*run, got []wake) {
 	sent := h.sendTimes(waitRuns)
 	var wl []time.Duration
 	for _, w := range got {
@@ -141,8 +166,4 @@ collect:
 	}
 	rep.MissingWake += len(waitRuns) - len(got)
 	rep.Wake = dist(wl)
-	ps, err := h.pipelineStats(ctx)
-	rep.Skipped, rep.Behind = ps.skipped, ps.behind
-	h.logf("latency phase: events %s; wakes %s", rep.Events, rep.Wake)
-	return err
 }
