@@ -70,25 +70,10 @@ func (h *harness) outage(ctx context.Context) error {
 	// The receiver comes back only once every settled run's event is in the outbox, so that the
 	// drain measures the backlog and not the connector catching up with T3.
 	endDown := time.Now()
-	limit := time.Now().Add(max(time.Minute, cfg.Drain))
-	for {
-		hb, err = h.conn.health(ctx)
-		if err != nil {
-			return err
-		}
-		if hb.Events.Pending-rep.PendingBefore >= rep.Settled {
-			break
-		}
-		if time.Now().After(limit) {
-			h.warn("outage phase: the outbox held %d events %s after the outage, %d runs settled", hb.Events.Pending, time.Since(endDown).Round(time.Second), rep.Settled)
-			break
-		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
+	if rep.Backlog, err = h.awaitBacklog(ctx, rep.PendingBefore+rep.Settled, rep.Settled); err != nil {
+		return err
 	}
 	rep.CommitWait = time.Since(endDown)
-	rep.Backlog = hb.Events.Pending
 	rep.Refused = h.rec.refused.Load() - refused0
 	rep.DownUsage = h.usageSince(u)
 
@@ -99,7 +84,46 @@ func (h *harness) outage(ctx context.Context) error {
 	u = h.mark()
 	back := time.Now()
 	h.rec.down.Store(false)
-	deadline := back.Add(cfg.OutageDrain)
+	if err := h.awaitDrain(ctx, rep, runs, back); err != nil {
+		return err
+	}
+	rep.DrainUsage = h.usageSince(u)
+	if rep.Drained > 0 {
+		rep.DrainRate = float64(rep.Backlog) / rep.Drained.Seconds()
+	}
+	rep.OrderChecked, rep.OrderBroken = h.checkOrder(runs)
+	h.logf("outage phase: %d of %d delivered, drained in %s, order broken on %d of %d threads",
+		rep.Delivered, rep.Settled, ms(rep.Drained), rep.OrderBroken, rep.OrderChecked)
+	return nil
+}
+
+// awaitBacklog waits (at least a minute, or Drain) until the outbox holds want pending events,
+// and returns how many it last held.
+func (h *harness) awaitBacklog(ctx context.Context, want, settled int) (int, error) {
+	start := time.Now()
+	limit := start.Add(max(time.Minute, h.cfg.Drain))
+	for {
+		hb, err := h.conn.health(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if hb.Events.Pending >= want {
+			return hb.Events.Pending, nil
+		}
+		if time.Now().After(limit) {
+			h.warn("outage phase: the outbox held %d events %s after the outage, %d runs settled", hb.Events.Pending, time.Since(start).Round(time.Second), settled)
+			return hb.Events.Pending, nil
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return hb.Events.Pending, err
+		}
+	}
+}
+
+// awaitDrain waits (OutageDrain at most) until every run's event has arrived since back, the
+// receiver's return, and reports how many did and how long the last one took.
+func (h *harness) awaitDrain(ctx context.Context, rep *Outage, runs []*run, back time.Time) error {
+	deadline := back.Add(h.cfg.OutageDrain)
 	for {
 		missing := 0
 		var last time.Time
@@ -116,23 +140,15 @@ func (h *harness) outage(ctx context.Context) error {
 		rep.Delivered, rep.Undelivered = len(runs)-missing, missing
 		if missing == 0 {
 			rep.Drained = max(last.Sub(back), time.Nanosecond)
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			break
+			return nil
 		}
 		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
 	}
-	rep.DrainUsage = h.usageSince(u)
-	if rep.Drained > 0 {
-		rep.DrainRate = float64(rep.Backlog) / rep.Drained.Seconds()
-	}
-	rep.OrderChecked, rep.OrderBroken = h.checkOrder(runs)
-	h.logf("outage phase: %d of %d delivered, drained in %s, order broken on %d of %d threads",
-		rep.Delivered, rep.Settled, ms(rep.Drained), rep.OrderBroken, rep.OrderChecked)
-	return nil
 }
 
 // checkOrder compares, for every thread with two or more events received, the order in which its
