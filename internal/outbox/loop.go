@@ -195,16 +195,7 @@ func (o *Outbox) Run(ctx context.Context) {
 // now, and their outcomes are still recorded. It waits for every worker and the recorder.
 func (l *loop) settle() {
 	for l.unsettled > 0 {
-		select {
-		case r := <-l.fromRec:
-			l.finish(r)
-		case r := <-l.fromEnrich:
-			l.finish(r)
-		case <-l.freed:
-			l.inflight--
-		case <-l.enrichFreed:
-			l.enriching--
-		}
+		l.take(nil, nil, nil) // outcomes and freed slots only
 	}
 	l.jobs.Wait()
 	close(l.toRec)
@@ -244,8 +235,15 @@ func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
 // await sleeps until something happens: an outcome (taken), a freed slot, Notify or the timer.
 // It reports false when the loop's context is done.
 func (l *loop) await(timer <-chan time.Time) bool {
+	return l.take(l.ctx.Done(), l.o.wake, timer)
+}
+
+// take waits for one thing to happen and takes it: an outcome (with every other outcome already
+// recorded), a freed slot, a wake-up or the timer. It reports false when done is closed. A nil
+// channel is never ready: settle waits on outcomes and slots alone.
+func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan time.Time) bool {
 	select {
-	case <-l.ctx.Done():
+	case <-done:
 		return false
 	case r := <-l.fromRec:
 		l.finish(r)
@@ -264,7 +262,7 @@ func (l *loop) await(timer <-chan time.Time) bool {
 		l.inflight--
 	case <-l.enrichFreed:
 		l.enriching--
-	case <-l.o.wake:
+	case <-wake:
 	case <-timer:
 	}
 	return true
