@@ -310,7 +310,7 @@ func (a *App) newEvents(replicaID string) error {
 	if p, ok := any(st).(pooled); ok {
 		// Replicas share the store: each machine's events are detected by its lease holder.
 		a.replication = newReplication(p, fl, s, a, replicaID)
-		do.Lease, do.Rows = a.replication.leases.Held, a.replication.rows
+		do.Lease, do.Rows, do.ClaimRemoved = a.replication.leases.Held, a.replication.rows, a.replication.claimRemoved
 	}
 	a.Detector = events.New(do)
 	a.Registry.MustRegister(lookupCollector{a.Detector})

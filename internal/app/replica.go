@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,6 +24,8 @@ type pooled interface{ Pool() *pgxpool.Pool }
 type replication struct {
 	leases *lease.Manager
 	fleet  *fleet.Fleet
+	ttl    time.Duration // the leases' (bounds claimRemoved's round trips)
+	log    *slog.Logger
 
 	mu  sync.Mutex
 	ctx context.Context // Run's, for the catch-ups started from lease callbacks
@@ -29,7 +33,10 @@ type replication struct {
 }
 
 func newReplication(p pooled, fl *fleet.Fleet, s Settings, a *App, replicaID string) *replication {
-	r := &replication{fleet: fl}
+	r := &replication{fleet: fl, ttl: s.LeaseTTL, log: a.Log}
+	if r.ttl <= 0 {
+		r.ttl = lease.DefaultTTL
+	}
 	names := make([]string, 0, len(fl.Machines()))
 	for _, m := range fl.Machines() {
 		names = append(names, m.Name)
@@ -46,6 +53,29 @@ func (r *replication) rows(machine string) []t3rpc.ThreadShell {
 		return nil
 	}
 	return m.Watcher().Threads()
+}
+
+// claimRemoved takes, for one prune, the lease of a machine no replica detects any more (removed
+// from t3code.toml; events.Options.ClaimRemoved). The database's answer is bounded by the lease
+// TTL; a failure is logged and leaves the machine to the next prune.
+func (r *replication) claimRemoved(machine string) (token int64, release func(), ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.ttl)
+	defer cancel()
+	token, end, ok, err := r.leases.ClaimRemoved(ctx, machine)
+	if err != nil {
+		r.log.Warn("could not claim a removed machine to prune its left-overs; the next prune tries again", "machine", machine, "err", err)
+		return 0, nil, false
+	}
+	if !ok {
+		return 0, nil, false
+	}
+	return token, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.ttl)
+		defer cancel()
+		if err := end(ctx); err != nil {
+			r.log.Warn("could not release the claim of a removed machine; it expires by itself", "machine", machine, "err", err)
+		}
+	}, true
 }
 
 // adopt catches the detector up on a machine whose lease this replica just gained, retrying

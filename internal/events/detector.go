@@ -131,6 +131,7 @@ type Detector struct {
 	// machine's state was last caught up under.
 	lease  func(machine string) (token int64, held bool)
 	rows   func(machine string) []t3rpc.ThreadShell
+	claim  func(machine string) (token int64, release func(), ok bool)
 	tenure map[string]int64 // guarded by mu
 
 	// tracking: Track holds it shared, Prune exclusively, so a prune decides on
@@ -189,6 +190,11 @@ type Options struct {
 	// lease the detector catches up by judging them as a snapshot against the stored state
 	// (Adopt). Required with Lease.
 	Rows func(machine string) []t3rpc.ThreadShell
+	// ClaimRemoved (replica mode, optional) takes for one prune the lease of a machine no
+	// replica detects any more (removed from t3code.toml: not configured here, no live lease;
+	// lease.Manager.ClaimRemoved), so its left-over tracked threads and detector state are
+	// pruned like a holder's, fenced with the claim's token; release ends the claim.
+	ClaimRemoved func(machine string) (token int64, release func(), ok bool)
 }
 
 // DefaultRetention keeps unwatched tracked threads for three days.
@@ -217,7 +223,7 @@ func New(o Options) *Detector {
 	}
 	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, log: o.Logger, now: o.Now,
 		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]cached{}, locks: map[string]*sync.Mutex{},
-		lease: o.Lease, rows: o.Rows, tenure: map[string]int64{}}
+		lease: o.Lease, rows: o.Rows, claim: o.ClaimRemoved, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
 	return d
 }

@@ -25,7 +25,9 @@ import (
 //
 // Replica mode (Options.Lease): a replica prunes only the machines whose lease it holds, each in
 // a batch fenced with the lease's token, so a replica that lost a machine's lease never deletes
-// the state its new holder detects with; the other machines are left to their holders. (The
+// the state its new holder detects with; the other machines are left to their holders, except a
+// machine no replica detects any more (removed from t3code.toml), which any replica may claim
+// for its prune (Options.ClaimRemoved). (The
 // outbox's delivered events are pruned by any replica: store.Prune deletes only events already
 // delivered, which no replica reads again.)
 func (d *Detector) Prune() (int, error) {
@@ -164,16 +166,18 @@ func (d *Detector) commitPrune(machines, gone []string, orphans map[string][]byt
 	var doneGone []string
 	doneOrphans := map[string][]byte{}
 	for _, m := range machines {
-		token, held := d.lease(m)
-		if !held {
-			continue
-		}
 		b := batch(m)
 		if len(b.PruneThreads) == 0 && len(b.PruneStates) == 0 {
 			continue
 		}
+		token, release, held := d.fenceForPrune(m)
+		if !held {
+			continue
+		}
 		b.Fence = &store.Fence{Machine: m, Token: token}
-		if err := d.store.Commit(b); err != nil {
+		err := d.store.Commit(b)
+		release()
+		if err != nil {
 			if errors.Is(err, store.ErrFenced) {
 				continue // the new holder prunes it
 			}
@@ -182,6 +186,19 @@ func (d *Detector) commitPrune(machines, gone []string, orphans map[string][]byt
 		doneGone, doneOrphans = done(b, doneGone, doneOrphans)
 	}
 	return doneGone, doneOrphans, nil
+}
+
+// fenceForPrune is the lease a replica prunes machine m under: its own while it holds m, else a
+// claim of m when no replica detects it any more (Options.ClaimRemoved); held is false when
+// another replica's prune is the one to do it. release ends a claim (a no-op for a held lease).
+func (d *Detector) fenceForPrune(m string) (token int64, release func(), held bool) {
+	if token, held = d.lease(m); held {
+		return token, func() {}, true
+	}
+	if d.claim == nil {
+		return 0, nil, false
+	}
+	return d.claim(m)
 }
 
 // expired says whether an unwatched thread's record is past the retention:

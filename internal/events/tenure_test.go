@@ -145,16 +145,7 @@ func TestPruneOnlyByTheLeaseHolder(t *testing.T) {
 		Detector: map[string][]byte{key("m", "x"): []byte(`{"run":"r0","settled":true}`), key("m", "orphan"): []byte(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
-	left := func() (threads, states int) {
-		t.Helper()
-		if _, ok, _ := l.st.GetThread("x"); ok {
-			threads++
-		}
-		if err := l.st.ForEachDetector(func(string, []byte) error { states++; return nil }); err != nil {
-			t.Fatal(err)
-		}
-		return threads, states
-	}
+	left := func() (threads, states int) { return l.left("x") }
 	for _, c := range []struct {
 		name              string
 		believed, current int64
@@ -221,4 +212,59 @@ func TestPruneKeepsATrackThroughAnotherReplica(t *testing.T) {
 	l.see(row("y", "running", "r3", "r3", ""))
 	l.see(row("y", "completed", "", "r3", ""))
 	l.want("completed r2", "completed r3")
+}
+
+// TestPruneClaimsARemovedMachine: machine "gone" was removed from the configuration, so no
+// replica holds its lease; its unwatched expired thread and left-over state are pruned once this
+// replica's claim succeeds, in a batch fenced with the claim's token, and the claim is released
+// after it. While another replica still holds it (the claim fails), nothing of it is pruned.
+func TestPruneClaimsARemovedMachine(t *testing.T) {
+	l := newLeaseEnv(t)
+	old := time.Now().Add(-DefaultRetention - time.Hour)
+	if err := l.st.Commit(store.Batch{Threads: []store.Thread{{ID: "x", Machine: "gone", CreatedAt: old, UpdatedAt: old}},
+		Detector: map[string][]byte{key("gone", "x"): []byte(`{}`), key("gone", "orphan"): []byte(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	l.setLease(0, 7) // the fake store's current token: 7, this replica holds no machine
+	free, released := false, 0
+	l.d.claim = func(machine string) (int64, func(), bool) {
+		if machine != "gone" || !free {
+			return 0, nil, false
+		}
+		return 7, func() { released++ }, true
+	}
+	left := func() (threads, states int) { return l.left("x") }
+	if n, err := l.d.Prune(); err != nil || n != 0 {
+		t.Fatalf("Prune while another replica holds the machine = %d, %v; want nothing", n, err)
+	}
+	if th, st := left(); th != 1 || st != 2 {
+		t.Fatalf("%d threads and %d states left while another replica holds it, want 1 and 2", th, st)
+	}
+	free = true
+	if n, err := l.d.Prune(); err != nil || n != 1 {
+		t.Fatalf("Prune of the claimed machine = %d, %v; want 1 thread", n, err)
+	}
+	if th, st := left(); th != 0 || st != 0 {
+		t.Fatalf("%d threads and %d states left after the claimed prune, want none", th, st)
+	}
+	if released != 1 {
+		t.Fatalf("the claim was released %d times, want once", released)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if last := l.fences[len(l.fences)-1]; *last != (store.Fence{Machine: "gone", Token: 7}) {
+		t.Fatalf("the prune was fenced with %+v, want machine gone token 7", *last)
+	}
+}
+
+// left counts what is stored: whether thread is tracked (0 or 1), and every detector state.
+func (l *leaseEnv) left(thread string) (threads, states int) {
+	l.t.Helper()
+	if _, ok, _ := l.st.GetThread(thread); ok {
+		threads++
+	}
+	if err := l.st.ForEachDetector(func(string, []byte) error { states++; return nil }); err != nil {
+		l.t.Fatal(err)
+	}
+	return threads, states
 }

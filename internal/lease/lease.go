@@ -363,6 +363,37 @@ func (m *Manager) dropWhere(why string, lose func(name string, h *held) bool) {
 	}
 }
 
+// ClaimRemoved takes, for one prune, the lease of a machine this replica is not configured
+// with (one removed from t3code.toml): no replica detects it any more, so without this its
+// left-over tracked threads and detector state would never be pruned. It succeeds only while no
+// replica holds a live lease on the machine — a replica still configured with it (a rolling
+// change of the configuration) keeps detecting and pruning it itself — and under a new token, so
+// the prune's batch is fenced like a holder's: should a replica configured with the machine
+// take it over afterwards, it catches up from what the database holds then. release ends the
+// claim at once (expired, while it still carries the claim's token). ok is false for a machine
+// this replica is configured with, or one a replica holds.
+func (m *Manager) ClaimRemoved(ctx context.Context, machine string) (token int64, release func(context.Context) error, ok bool, err error) {
+	if _, configured := slices.BinarySearch(m.o.Machines, machine); configured {
+		return 0, nil, false, nil
+	}
+	// A machine never configured on this database (its state copied by migrate-store) has no
+	// row yet: one is made, free.
+	if _, err := m.o.Pool.Exec(ctx, `INSERT INTO t3_machine_leases (machine) VALUES ($1) ON CONFLICT DO NOTHING`, machine); err != nil {
+		return 0, nil, false, fmt.Errorf("claim removed machine %s: %w", machine, err)
+	}
+	got, err := m.grants(ctx, `UPDATE t3_machine_leases SET holder = $2, token = token + 1,
+			expires_at = now() + make_interval(secs => $3)
+		WHERE machine = $1 AND expires_at <= now() RETURNING machine, token`, machine, m.o.Replica, m.o.TTL.Seconds())
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("claim removed machine %s: %w", machine, err)
+	}
+	if len(got) == 0 {
+		return 0, nil, false, nil // a replica holds it
+	}
+	token = got[0].Token
+	return token, func(ctx context.Context) error { return m.expire(ctx, []string{machine}, []int64{token}) }, true, nil
+}
+
 // ErrFenced says a commit carried a fencing token that is no longer the machine's: another
 // replica took the lease meanwhile, and only its commits count.
 // It is store.ErrFenced, so the store's callers need not know this package.

@@ -322,3 +322,70 @@ func TestALapsedLeaseComesBackUnderANewToken(t *testing.T) {
 		t.Fatalf("a commit with the lapsed token passed the fence: %v", err)
 	}
 }
+
+// TestARemovedMachineIsClaimedOnlyWhenNoReplicaHoldsIt: replica b's configuration no longer
+// names m1 (removed from t3code.toml) while replica a's still does. b may claim m1 (to prune its
+// left-overs) only once no replica holds it, under a token greater than a's, which fences a's
+// old commits out; a machine b is configured with is never claimed this way, a claim excludes a
+// second one until released, and a machine with no lease row at all (its state copied by
+// migrate-store) can be claimed too.
+func TestARemovedMachineIsClaimedOnlyWhenNoReplicaHoldsIt(t *testing.T) {
+	url := newDB(t)
+	a := startReplica(t, url, "a", machines(2))
+	eventually(t, "a holds both machines", func() bool { return len(a.m.Holding()) == 2 })
+	aToken, _ := a.m.Held("m1")
+	b := startReplica(t, url, "b", []string{"m0"})
+	ctx := context.Background()
+	claim := func(machine string) (int64, func(context.Context) error, bool) {
+		t.Helper()
+		tok, release, ok, err := b.m.ClaimRemoved(ctx, machine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok, release, ok
+	}
+	if _, _, ok := claim("m0"); ok {
+		t.Fatal("b claimed m0, a machine it is configured with")
+	}
+	if _, _, ok := claim("m1"); ok {
+		t.Fatal("b claimed m1 while a holds its lease")
+	}
+	a.crash()
+	var tok int64
+	var release func(context.Context) error
+	eventually(t, "b claims m1 once a's lease expired", func() bool {
+		var ok bool
+		tok, release, ok = claim("m1")
+		return ok
+	})
+	if tok <= aToken {
+		t.Fatalf("the claim's token %d is not greater than a's %d", tok, aToken)
+	}
+	pool := newPool(t, url)
+	fence := func(token int64) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		return CheckFence(ctx, tx, "m1", token)
+	}
+	if err := fence(aToken); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a commit with a's old token passed the claim's fence: %v", err)
+	}
+	if err := fence(tok); err != nil {
+		t.Fatalf("the claim's own token was refused: %v", err)
+	}
+	if _, _, ok := claim("m1"); ok {
+		t.Fatal("m1 claimed twice at once")
+	}
+	if err := release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again, _, ok := claim("m1"); !ok || again <= tok {
+		t.Fatalf("after the release: claim ok=%v token %d, want a new claim with a token > %d", ok, again, tok)
+	}
+	if _, _, ok := claim("ghost"); !ok {
+		t.Fatal("a machine without a lease row could not be claimed")
+	}
+}
