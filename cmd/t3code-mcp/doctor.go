@@ -217,7 +217,7 @@ func checkSocket(ctx context.Context, r *report, c *t3.Client, m config.Machine)
 	}
 	var ready []string
 	for _, p := range cfg.Providers {
-		if providerUsable(p) {
+		if t3.ProviderUsable(p) {
 			ready = append(ready, p.InstanceId)
 		}
 	}
@@ -233,7 +233,7 @@ func checkSocket(ctx context.Context, r *report, c *t3.Client, m config.Machine)
 	var avail []string
 	for _, p := range cfg.Providers {
 		for _, md := range p.Models {
-			if !providerUsable(p) {
+			if !t3.ProviderUsable(p) {
 				continue
 			}
 			avail = append(avail, p.InstanceId+"/"+md.Slug)
@@ -252,19 +252,6 @@ func checkSocket(ctx context.Context, r *report, c *t3.Client, m config.Machine)
 		avail = []string{"none"}
 	}
 	r.fail("model %s (t3code.toml) is not available on this machine, so t3_dispatch would refuse every new thread; available: %s", m.Model, strings.Join(avail, ", "))
-}
-
-func providerUsable(p t3rpc.Provider) bool {
-	if !p.Enabled.Or(true) {
-		return false
-	}
-	if st, ok := p.Status.Get(); ok && st != "ready" {
-		return false
-	}
-	if a, ok := p.Availability.Get(); ok && a == "unavailable" {
-		return false
-	}
-	return true
 }
 
 // unknownOptions lists configured option ids the model does not declare.

@@ -441,7 +441,7 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 			return t3rpc.ModelSelection{}, err
 		}
 		for _, pr := range cfg.Providers {
-			if usable(pr) && len(pr.Models) > 0 {
+			if t3.ProviderUsable(pr) && len(pr.Models) > 0 {
 				return t3rpc.ModelSelection{InstanceId: pr.InstanceId, Model: pr.Models[0].Slug}, nil
 			}
 		}
@@ -457,7 +457,7 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 	}
 	var avail []string
 	for _, pr := range cfg.Providers {
-		if !usable(pr) {
+		if !t3.ProviderUsable(pr) {
 			continue
 		}
 		for _, md := range pr.Models {
@@ -478,19 +478,6 @@ func modelSelection(ctx context.Context, m *fleet.Machine, model string, p t3rpc
 		return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q: it has no usable provider", tool, source, text.Quoted(model), m.Name)
 	}
 	return t3rpc.ModelSelection{}, fmt.Errorf("%s: %s %s is not available on machine %q; available: %s", tool, source, text.Quoted(model), m.Name, strings.Join(avail, ", "))
-}
-
-func usable(p t3rpc.Provider) bool {
-	if !p.Enabled.Or(true) {
-		return false
-	}
-	if s, ok := p.Status.Get(); ok && s != "ready" {
-		return false
-	}
-	if a, ok := p.Availability.Get(); ok && a == "unavailable" {
-		return false
-	}
-	return true
 }
 
 // modelOptions turns configured options into model options, checked against
