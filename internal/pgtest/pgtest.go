@@ -23,19 +23,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// EnvURL names the variable holding the URL of a PostgreSQL server the tests may create and drop
+// envURL names the variable holding the URL of a PostgreSQL server the tests may create and drop
 // databases on (a superuser, or a role with CREATEDB).
-const EnvURL = "T3CODE_MCP_TEST_DATABASE_URL"
+const envURL = "T3CODE_MCP_TEST_DATABASE_URL"
 
-const howTo = "set " + EnvURL + " to a PostgreSQL server's URL, or run `make check` (it starts a throwaway server with scripts/pg when PostgreSQL is installed)"
+const howTo = "set " + envURL + " to a PostgreSQL server's URL, or run `make check` (it starts a throwaway server with scripts/pg when PostgreSQL is installed)"
 
-// ServerURL is the URL of the test server, or the test is skipped (failed under CI=true) when
+// serverURL is the URL of the test server, or the test is skipped (failed under CI=true) when
 // there is none or it does not answer.
-func ServerURL(tb testing.TB) string {
+func serverURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv(EnvURL)
+	u := os.Getenv(envURL)
 	if u == "" {
-		unavailable(tb, EnvURL+" is not set")
+		unavailable(tb, envURL+" is not set")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -51,24 +51,24 @@ func ServerURL(tb testing.TB) string {
 // the test ends (connections still open to it are ended). Skips or fails as ServerURL does.
 func New(tb testing.TB) string {
 	tb.Helper()
-	server := ServerURL(tb)
+	server := serverURL(tb)
 	name := "t3test_" + randomHex()
 	// FILE_COPY: copying the template's files is much faster than WAL-logging them (PostgreSQL
 	// 15's default) and a test database needs no crash safety.
 	admin(tb, server, "CREATE DATABASE "+name+" STRATEGY FILE_COPY")
 	tb.Cleanup(func() { admin(tb, server, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
-	u, err := WithDatabase(server, name)
+	u, err := withDatabase(server, name)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return u
 }
 
-// WithDatabase returns the server URL with its database replaced by name.
-func WithDatabase(serverURL, name string) (string, error) {
+// withDatabase returns the server URL with its database replaced by name.
+func withDatabase(serverURL, name string) (string, error) {
 	u, err := url.Parse(serverURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "", fmt.Errorf("pgtest: %s must be a postgres:// URL", EnvURL)
+		return "", fmt.Errorf("pgtest: %s must be a postgres:// URL", envURL)
 	}
 	u.Path = "/" + name
 	return u.String(), nil

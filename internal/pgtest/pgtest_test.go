@@ -37,7 +37,7 @@ func TestNewGivesAnEmptyDatabaseOfItsOwn(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, ServerURL(t))
+	conn, err := pgx.Connect(ctx, serverURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +52,14 @@ func TestNewGivesAnEmptyDatabaseOfItsOwn(t *testing.T) {
 }
 
 func TestWithDatabaseReplacesOnlyTheDatabase(t *testing.T) {
-	got, err := WithDatabase("postgres://u:p@127.0.0.1:5432/postgres?sslmode=disable", "t3test_x")
+	got, err := withDatabase("postgres://u:p@127.0.0.1:5432/postgres?sslmode=disable", "t3test_x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := "postgres://u:p@127.0.0.1:5432/t3test_x?sslmode=disable"; got != want {
 		t.Fatalf("got %s, want %s", got, want)
 	}
-	if _, err := WithDatabase("host=/tmp dbname=x", "y"); err == nil {
+	if _, err := withDatabase("host=/tmp dbname=x", "y"); err == nil {
 		t.Fatal("a keyword/value string was accepted")
 	}
 }

@@ -28,8 +28,8 @@ func Ev(id, stream string) store.Event {
 	return store.Event{ID: id, Stream: stream, Body: fmt.Appendf(nil, `{"id":%q}`, id), CreatedAt: T0}
 }
 
-// IDs returns the events' ids in order.
-func IDs(evs []store.Event) []string {
+// ids returns the events' ids in order.
+func ids(evs []store.Event) []string {
 	out := make([]string, len(evs))
 	for i, e := range evs {
 		out[i] = e.ID
@@ -282,16 +282,16 @@ func testEventsIdempotentAndOrdered(t *testing.T, open Opener) {
 	must(t, s.CommitBatches([]store.Batch{{Events: []store.Event{Ev("a3", "a")}}, {Events: []store.Event{Ev("a3", "a"), Ev("b2", "b")}}}))
 	p, err := s.Pending(0)
 	must(t, err)
-	if !slices.Equal(IDs(p), []string{"a1", "b1", "a2", "a3", "b2"}) {
-		t.Fatalf("Pending = %v", IDs(p))
+	if !slices.Equal(ids(p), []string{"a1", "b1", "a2", "a3", "b2"}) {
+		t.Fatalf("Pending = %v", ids(p))
 	}
 	for i := 1; i < len(p); i++ {
 		if p[i].Seq <= p[i-1].Seq {
 			t.Fatalf("sequence numbers not increasing: %v then %v", p[i-1].Seq, p[i].Seq)
 		}
 	}
-	if p2, _ := s.Pending(2); !slices.Equal(IDs(p2), []string{"a1", "b1"}) {
-		t.Fatalf("Pending(2) = %v", IDs(p2))
+	if p2, _ := s.Pending(2); !slices.Equal(ids(p2), []string{"a1", "b1"}) {
+		t.Fatalf("Pending(2) = %v", ids(p2))
 	}
 	e := p[0]
 	if e.State != store.StatePending || e.Attempts != 0 || string(e.Body) != `{"id":"a1"}` || e.Stream != "a" {
@@ -342,16 +342,16 @@ func testPendingIndexAndAfter(t *testing.T, open Opener) {
 		t.Fatalf("last = %d, below the newest event's %d", last, a2.Seq)
 	}
 	if after, err := s.PendingAfter(last, 0); err != nil || len(after) != 0 {
-		t.Fatalf("PendingAfter(last) before any commit = %v %v", IDs(after), err)
+		t.Fatalf("PendingAfter(last) before any commit = %v %v", ids(after), err)
 	}
 	commit(t, s, Ev("c1", "c"), Ev("a3", "a"))
 	after, err := s.PendingAfter(last, 0)
 	must(t, err)
-	if !slices.Equal(IDs(after), []string{"c1", "a3"}) || after[0].Body != nil {
-		t.Fatalf("PendingAfter(last) = %v (bodies must be left out)", IDs(after))
+	if !slices.Equal(ids(after), []string{"c1", "a3"}) || after[0].Body != nil {
+		t.Fatalf("PendingAfter(last) = %v (bodies must be left out)", ids(after))
 	}
-	if one, _ := s.PendingAfter(last, 1); !slices.Equal(IDs(one), []string{"c1"}) {
-		t.Fatalf("PendingAfter(last, 1) = %v", IDs(one))
+	if one, _ := s.PendingAfter(last, 1); !slices.Equal(ids(one), []string{"c1"}) {
+		t.Fatalf("PendingAfter(last, 1) = %v", ids(one))
 	}
 	pe, err := s.PendingEvent(a1.Seq, true)
 	if err != nil || pe.ID != "a1" || string(pe.Body) != `{"id":"a1"}` {
@@ -457,11 +457,11 @@ func testRecord(t *testing.T, open Opener) {
 	}
 	sameTime(t, "DeadAt", e4.DeadAt, T0.Add(3*time.Second))
 	counts(t, s, 2, 1, 1)
-	if p, _ := s.Pending(0); !slices.Equal(IDs(p), []string{"e1", "e2"}) {
-		t.Fatalf("Pending = %v", IDs(p))
+	if p, _ := s.Pending(0); !slices.Equal(ids(p), []string{"e1", "e2"}) {
+		t.Fatalf("Pending = %v", ids(p))
 	}
-	if d, _ := s.Dead(); !slices.Equal(IDs(d), []string{"e4"}) || string(d[0].Body) != `{"id":"e4"}` {
-		t.Fatalf("Dead = %v", IDs(d))
+	if d, _ := s.Dead(); !slices.Equal(ids(d), []string{"e4"}) || string(d[0].Body) != `{"id":"e4"}` {
+		t.Fatalf("Dead = %v", ids(d))
 	}
 	// A final outcome after retries counts that attempt too.
 	recordOne(t, s, store.Op{ID: "e2", Kind: store.OpDelivered, At: T0})
@@ -516,7 +516,7 @@ func testHeads(t *testing.T, open Opener) {
 	heads := func(limit int) []string {
 		h, err := s.Heads(limit)
 		must(t, err)
-		return IDs(h)
+		return ids(h)
 	}
 	if got := heads(0); !slices.Equal(got, []string{"a1", "b1", "c1"}) {
 		t.Fatalf("Heads = %v", got)
@@ -551,7 +551,7 @@ func testDeadAndRequeue(t *testing.T, open Opener) {
 	at := T0.Add(time.Hour)
 	evs, err := s.RequeueEvents(at, "d1", "d1", "p1", "x1") // pending and delivered ids are skipped
 	must(t, err)
-	if !slices.Equal(IDs(evs), []string{"d1"}) || evs[0].State != store.StatePending || evs[0].Attempts != 0 || evs[0].LastError != "HTTP 400" {
+	if !slices.Equal(ids(evs), []string{"d1"}) || evs[0].State != store.StatePending || evs[0].Attempts != 0 || evs[0].LastError != "HTTP 400" {
 		t.Fatalf("RequeueEvents = %+v", evs)
 	}
 	sameTime(t, "requeued EnqueuedAt", evs[0].EnqueuedAt, at)
@@ -562,14 +562,14 @@ func testDeadAndRequeue(t *testing.T, open Opener) {
 	sameTime(t, "d1 CreatedAt", d1.CreatedAt, T0)
 	counts(t, s, 3, 1, 1)
 	// It goes back to its place: ahead of the later event of its stream.
-	if h, _ := s.Heads(0); !slices.Equal(IDs(h), []string{"d1", "p1"}) {
-		t.Fatalf("Heads after requeue = %v", IDs(h))
+	if h, _ := s.Heads(0); !slices.Equal(ids(h), []string{"d1", "p1"}) {
+		t.Fatalf("Heads after requeue = %v", ids(h))
 	}
 	if n, err := s.Requeue(at); err != nil || n != 1 {
 		t.Fatalf("Requeue all = %d %v", n, err)
 	}
 	if d, _ := s.Dead(); len(d) != 0 {
-		t.Fatalf("dead letters left: %v", IDs(d))
+		t.Fatalf("dead letters left: %v", ids(d))
 	}
 	if n, err := s.Requeue(at); err != nil || n != 0 {
 		t.Fatalf("Requeue of nothing = %d %v", n, err)
