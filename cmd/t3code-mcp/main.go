@@ -72,6 +72,7 @@ var settingFlags = []struct{ flag, env string }{
 	{"port", "T3CODE_MCP_PORT"},
 	{"state-dir", "T3CODE_MCP_STATE_DIR"},
 	{"database-url", "T3CODE_MCP_DATABASE_URL"},
+	{"claim-ttl", "T3CODE_MCP_CLAIM_TTL"},
 	{"log-level", "T3CODE_MCP_LOG_LEVEL"},
 	{"read-only", "T3CODE_MCP_READ_ONLY"},
 }
@@ -164,6 +165,7 @@ win over them. All of them: docs/configuration.md.`,
 	pf.Int("port", 0, "listen port of serve (T3CODE_MCP_PORT; default 8000)")
 	pf.String("state-dir", "", "state directory (T3CODE_MCP_STATE_DIR; default $XDG_STATE_HOME/t3code-mcp)")
 	pf.String("database-url", "", "keep the state in PostgreSQL, shared by replicas: postgres://user:password@host:port/db (T3CODE_MCP_DATABASE_URL; default the bbolt file in the state directory)")
+	pf.String("claim-ttl", "", "with PostgreSQL: how long a replica's claim on an event it delivers lasts unless renewed; a dead replica's events are taken over after it (T3CODE_MCP_CLAIM_TTL; default 30s)")
 	pf.String("log-level", "", "debug, info, warn or error (T3CODE_MCP_LOG_LEVEL; default info)")
 	pf.Bool("log-json", false, "log JSON lines instead of text (T3CODE_MCP_LOG_FORMAT=json)")
 	pf.Bool("read-only", false, "offer only the read tools; t3_dispatch, t3_answer and t3_interrupt are not listed (T3CODE_MCP_READ_ONLY)")

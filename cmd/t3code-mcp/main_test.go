@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
 )
 
 // The tests here run the real binary, built once with the flags the
@@ -1105,5 +1108,41 @@ func TestConfigSchemaPrintsTheCommittedSchema(t *testing.T) {
 	}
 	if !bytes.Equal(o.Bytes(), want) {
 		t.Fatalf("config-schema printed\n%s\nwant schema/config/t3code.schema.json:\n%s", o.String(), want)
+	}
+}
+
+// --claim-ttl mirrors T3CODE_MCP_CLAIM_TTL and wins over it; the default is outbox's, and a bad
+// value names the variable.
+func TestClaimTTLFlag(t *testing.T) {
+	settings := func(env string, args ...string) (time.Duration, error) {
+		t.Setenv("T3CODE_MCP_CLAIM_TTL", env)
+		var stderr strings.Builder
+		c := &cli{stdout: io.Discard, stderr: &stderr}
+		root := c.rootCommand()
+		if err := root.PersistentFlags().Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		s, err := c.settings()
+		if err != nil {
+			return 0, errors.New(stderr.String())
+		}
+		return s.ClaimTTL, nil
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want time.Duration
+	}{
+		{"", nil, outbox.DefaultClaimTTL},
+		{"2m", nil, 2 * time.Minute},
+		{"2m", []string{"--claim-ttl", "45s"}, 45 * time.Second},
+	} {
+		got, err := settings(tc.env, tc.args...)
+		if err != nil || got != tc.want {
+			t.Errorf("T3CODE_MCP_CLAIM_TTL=%q %v: %s, %v; want %s", tc.env, tc.args, got, err, tc.want)
+		}
+	}
+	if _, err := settings("", "--claim-ttl", "soon"); err == nil || !strings.Contains(err.Error(), "T3CODE_MCP_CLAIM_TTL") {
+		t.Errorf("--claim-ttl soon: %v, want an error naming T3CODE_MCP_CLAIM_TTL", err)
 	}
 }

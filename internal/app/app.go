@@ -80,6 +80,10 @@ type Settings struct {
 	// LeaseTTL (T3CODE_MCP_LEASE_TTL, 6s): with PostgreSQL, how long a replica's lease on a
 	// machine lives without renewal; a dead holder's machines move within TTL + TTL/3.
 	LeaseTTL time.Duration
+	// ClaimTTL (T3CODE_MCP_CLAIM_TTL, 30s): with PostgreSQL, how long a replica's claim on an
+	// event it is delivering lasts unless renewed; a dead replica's events are taken over after
+	// it (a stopped one's at once: it releases its claims).
+	ClaimTTL time.Duration
 
 	// Audit log (docs/guardrails.md): <StateDir>/audit.log, rotated by size.
 	AuditMaxBytes int64 // T3CODE_MCP_AUDIT_MAX_BYTES (10 MiB)
@@ -162,6 +166,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	durVar("T3CODE_MCP_HOOK_RETENTION", &s.HookRetention, outbox.DefaultRetention)
 	durVar("T3CODE_MCP_PRUNE_INTERVAL", &s.PruneInterval, 0)
 	durVar("T3CODE_MCP_LEASE_TTL", &s.LeaseTTL, lease.DefaultTTL)
+	durVar("T3CODE_MCP_CLAIM_TTL", &s.ClaimTTL, outbox.DefaultClaimTTL)
 	var body int
 	intVar("T3CODE_MCP_MAX_BODY_BYTES", &body, 4<<20)
 	s.MaxBodyBytes = int64(body)
@@ -239,11 +244,12 @@ func New(s Settings, o Options) (*App, error) {
 		return nil, err
 	}
 	a.Store = st
-	// With PostgreSQL this process is one replica among several: its id names it in the leases
-	// and on its audit records.
+	// With PostgreSQL this process is one replica among several: one id names it in the machine
+	// leases, the delivery claims, its audit records, /healthz and the logs.
 	var replicaID string
 	if s.DatabaseURL != "" {
 		replicaID = lease.DefaultReplicaID()
+		log.Info("replica of a shared PostgreSQL store", "replica", replicaID, "lease_ttl", s.LeaseTTL.String(), "claim_ttl", s.ClaimTTL.String())
 	}
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -297,7 +303,8 @@ func (a *App) newEvents(replicaID string) error {
 	}
 	ob, err := outbox.New(queue, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
 		Retention: s.HookRetention, PruneEvery: s.PruneInterval,
-		Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout})
+		Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout,
+		Claimant: replicaID, ClaimTTL: s.ClaimTTL})
 	if err != nil {
 		return err
 	}

@@ -80,10 +80,15 @@ func newCountingReceiver(t *testing.T) *countingReceiver {
 func (r *countingReceiver) missing(want map[string]string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return missingTransitions(r.ids, want)
+}
+
+// missingTransitions lists the threads of want whose expected event type is not among got's keys.
+func missingTransitions[V any](got map[transition]V, want map[string]string) []string {
 	var out []string
 	for tid, typ := range want {
 		found := false
-		for k := range r.ids {
+		for k := range got {
 			found = found || (k.thread == tid && k.typ == typ)
 		}
 		if !found {
@@ -169,6 +174,12 @@ func newReplicaSet(t *testing.T, bin, databaseURL string, fk *t3fake.Server, hoo
 // start runs one more replica and waits until it serves.
 func (rs *replicaSet) start() string {
 	rs.t.Helper()
+	return rs.startWith()
+}
+
+// startWith runs one more replica with extra environment (KEY=VALUE) and waits until it serves.
+func (rs *replicaSet) startWith(extra ...string) string {
+	rs.t.Helper()
 	rs.mu.Lock()
 	rs.n++
 	n := rs.n
@@ -177,6 +188,7 @@ func (rs *replicaSet) start() string {
 	cmd := exec.Command(rs.bin, "serve")
 	cmd.Env = append(slices.Clone(rs.env), fmt.Sprintf("T3CODE_MCP_PORT=%d", port),
 		"T3CODE_MCP_STATE_DIR="+filepath.Join(rs.dir, fmt.Sprintf("replica%d", n)))
+	cmd.Env = append(cmd.Env, extra...)
 	logf, err := os.Create(filepath.Join(rs.dir, fmt.Sprintf("replica%d.log", n)))
 	if err != nil {
 		rs.t.Fatal(err)
@@ -195,13 +207,23 @@ func (rs *replicaSet) start() string {
 }
 
 // kill ends a replica with SIGKILL: no lease released, no claim given back.
-func (rs *replicaSet) kill(base string) {
+func (rs *replicaSet) kill(base string) { _ = rs.signal(base, syscall.SIGKILL) }
+
+// stop ends a replica with SIGTERM and waits for it to exit: leases and claims released.
+func (rs *replicaSet) stop(base string) {
+	if err := rs.signal(base, syscall.SIGTERM); err != nil {
+		rs.t.Errorf("replica %s after SIGTERM: %v", base, err)
+	}
+}
+
+// signal sends sig to a replica and waits for it to exit.
+func (rs *replicaSet) signal(base string, sig syscall.Signal) error {
 	rs.mu.Lock()
 	cmd := rs.live[base]
 	delete(rs.live, base)
 	rs.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	_ = cmd.Wait()
+	_ = cmd.Process.Signal(sig)
+	return cmd.Wait()
 }
 
 func (rs *replicaSet) bases() []string {
@@ -255,7 +277,9 @@ func (rs *replicaSet) awaitHolder(not string) string {
 }
 
 // awaitDelivered waits until every expected event has arrived.
-func awaitDelivered(t *testing.T, rec *countingReceiver, want map[string]string, limit time.Duration) {
+func awaitDelivered(t *testing.T, rec interface {
+	missing(map[string]string) []string
+}, want map[string]string, limit time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {

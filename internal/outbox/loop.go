@@ -64,6 +64,8 @@ type wakeAt struct {
 	at  time.Time
 	s   *stream
 	gen uint64
+	// claim: a claim retry (claim.go): the head is looked at again, but it is not due by it.
+	claim bool
 }
 
 // wakeHeap is a min-heap of wake-ups by time; stale entries (gen changed) are skipped on pop.
@@ -91,6 +93,12 @@ type loop struct {
 	// be completed from T3 first). Both hold at most a few more than their slots.
 	toDeliver []*stream
 	toEnrich  []*stream
+	// claimed holds, when replicas share the queue, the ready streams whose heads this turn
+	// claimed (claim.go); dispatch looks at them instead of ready.
+	claimed []*stream
+	// skipped counts the events found delivered by another replica since skipLogged.
+	skipped    int
+	skipLogged time.Time
 	// ahead holds streams with events behind a complete head that still need enrichment; spare
 	// enrichment slots work on them, so that a stream's next events are complete by the time
 	// they become its head (a delivery worker never waits on T3 for them).
@@ -133,7 +141,7 @@ type loop struct {
 
 func (o *Outbox) newLoop(ctx context.Context) *loop {
 	return &loop{
-		o: o, ctx: ctx, streams: map[string]*stream{},
+		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(),
 		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
 		// ever blocks on a loop that is busy elsewhere.
 		freed:       make(chan struct{}, o.cfg.Concurrency),
@@ -161,6 +169,9 @@ func (o *Outbox) Run(ctx context.Context) {
 	defer func() {
 		cancel()
 		l.settle()
+		if o.claimer != nil {
+			o.releaseClaims()
+		}
 	}()
 
 	l.rebuild()
@@ -336,10 +347,12 @@ func (l *loop) makeReady(s *stream) {
 
 // schedule wakes s at wall time at, or after the real time d at the latest (the clock-step
 // guard).
-func (l *loop) schedule(s *stream, at time.Time, d time.Duration) {
+func (l *loop) schedule(s *stream, at time.Time, d time.Duration) { l.wakeAt(s, at, d, false) }
+
+func (l *loop) wakeAt(s *stream, at time.Time, d time.Duration, claim bool) {
 	s.gen++
-	heap.Push(&l.wall, wakeAt{at: at, s: s, gen: s.gen})
-	heap.Push(&l.mono, wakeAt{at: time.Now().Add(max(0, d)), s: s, gen: s.gen})
+	heap.Push(&l.wall, wakeAt{at: at, s: s, gen: s.gen, claim: claim})
+	heap.Push(&l.mono, wakeAt{at: time.Now().Add(max(0, d)), s: s, gen: s.gen, claim: claim})
 }
 
 // due makes ready the streams whose wake-up came, by either clock.
@@ -358,7 +371,7 @@ func (l *loop) due(now time.Time) {
 			w.s.gen++ // the entry in the other heap is stale now
 			// By the monotonic clock a retry this process scheduled is due even when the wall
 			// clock, stepped back, says it lies in the future.
-			w.s.due = true
+			w.s.due = w.s.due || !w.claim
 			l.makeReady(w.s)
 		}
 	}
@@ -378,13 +391,18 @@ func (l *loop) dispatch(now time.Time) {
 	// Heads put back count: while only enrichment has room, look at no more of them than it has
 	// slots, so that a turn stays O(slots), not O(ready streams).
 	putBack := 0
-	for n := len(l.ready); n > 0 && len(l.ready) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
+	src := &l.ready
+	if l.o.claimer != nil {
+		l.claimReady(now)
+		src = &l.claimed
+	}
+	for n := len(*src); n > 0 && len(*src) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
 		deliverRoom := l.inflight+len(l.toDeliver) < cfg.Concurrency
 		enrichRoom := cfg.Enricher != nil && l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
 		if !deliverRoom && !enrichRoom {
 			break
 		}
-		s := pop(&l.ready)
+		s := pop(src)
 		s.ready = false
 		if !l.lookAt(s, now) {
 			continue
@@ -430,7 +448,7 @@ func (l *loop) dispatch(now time.Time) {
 		}
 	}
 	// Drop the consumed front of the queues' backing arrays now and then.
-	for _, q := range []*[]*stream{&l.ready, &l.toDeliver, &l.toEnrich, &l.ahead} {
+	for _, q := range []*[]*stream{&l.ready, &l.toDeliver, &l.toEnrich, &l.ahead, &l.claimed} {
 		if cap(*q) > 1024 && len(*q) < cap(*q)/4 {
 			*q = slices.Clone(*q)
 		}
@@ -461,7 +479,7 @@ func (l *loop) lookAt(s *stream, now time.Time) bool {
 		if errors.Is(err, store.ErrNotPending) {
 			// Not pending any more (never the case while this process is the only writer):
 			// drop it rather than block the stream.
-			l.o.log.Warn("outbox: a queued event is no longer pending; skipping it", "stream", s.name, "err", err)
+			l.notPending(s.name, s.queue[0], err)
 			s.queue = s.queue[1:]
 			s.known = max(0, s.known-1)
 			s.newHead()
@@ -587,7 +605,7 @@ func (l *loop) finish(r outcome) {
 	case r.cancelled:
 		// Shutting down: nothing happened that needs a record (beyond an enriched body).
 	case r.err != nil && (errors.Is(r.err, store.ErrNotPending) || errors.Is(r.err, store.ErrNotFound)):
-		log.Warn("outbox: the event is no longer pending; skipping it", "err", r.err)
+		l.notPending(s.name, r.job.seq, r.err)
 		l.advance(s, r.job.seq)
 	case r.err != nil:
 		// Not recorded (or not even read): the event stays pending as it was and is attempted again (at least once,
@@ -624,7 +642,7 @@ func (l *loop) finishEnrich(s *stream, r outcome) {
 	switch {
 	case r.cancelled:
 	case r.err != nil && (errors.Is(r.err, store.ErrNotPending) || errors.Is(r.err, store.ErrNotFound)):
-		l.o.log.Warn("outbox: the event is no longer pending; skipping it", "stream", s.name, "seq", r.job.seq, "err", r.err)
+		l.notPending(s.name, r.job.seq, r.err)
 		l.advance(s, r.job.seq)
 	case r.err != nil:
 		l.o.log.Error("outbox: reading the event to complete it", "stream", s.name, "seq", r.job.seq, "err", r.err)

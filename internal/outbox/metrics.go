@@ -16,6 +16,8 @@ type Metrics struct {
 	lag         prometheus.Histogram
 	enrichments *prometheus.CounterVec
 	recordBatch prometheus.Histogram
+	// skipped counts queued events a replica found delivered (or given up) by another replica.
+	skipped prometheus.Counter
 }
 
 // Label values.
@@ -69,9 +71,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Delivery outcomes recorded per store transaction (group commit: one fsync per batch).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
 		}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "t3code_mcp_outbox_skipped_total",
+			Help: "Queued events this replica skipped because another replica delivered them or gave up on them (PostgreSQL replicas; 0 with bbolt).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch} {
+		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch, m.skipped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -132,8 +132,12 @@ type Config struct {
 	Metrics    *Metrics         // default unregistered metrics
 
 	// Claimant names this outbox in delivery claims when the Queue is shared by replicas
-	// (store.Claimer, PostgreSQL); default a random id per outbox.
+	// (store.Claimer, PostgreSQL): the replica's id (internal/lease); default a random id.
 	Claimant string
+	// ClaimTTL is how long a delivery claim lasts unless renewed (T3CODE_MCP_CLAIM_TTL, default
+	// DefaultClaimTTL): a replica that died holding a claim is taken over after it. It must
+	// outlast one attempt (Timeout) and its record; see claim.go.
+	ClaimTTL time.Duration
 }
 
 // Outbox delivers the store's pending events. Create it with New, run it with Run.
@@ -149,7 +153,7 @@ type Outbox struct {
 	redact  *strings.Replacer
 	wake    chan struct{}
 	running sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
-	// claimer is q when replicas share it: an event is claimed before each attempt (claim.go).
+	// claimer is q when replicas share it: heads are claimed before they are worked on (claim.go).
 	claimer store.Claimer
 }
 
@@ -191,6 +195,9 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	}
 	if cfg.EnrichTimeout <= 0 {
 		cfg.EnrichTimeout = DefaultEnrichTimeout
+	}
+	if cfg.ClaimTTL <= 0 {
+		cfg.ClaimTTL = DefaultClaimTTL
 	}
 	if cfg.Backoff == nil {
 		cfg.Backoff = DefaultBackoff

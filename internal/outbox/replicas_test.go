@@ -57,6 +57,24 @@ func newSharedReceiver(t *testing.T) *sharedReceiver {
 	return r
 }
 
+// commitStreams commits per events on each of streams streams (m/t0…), interleaved; event
+// ev-S-NN is stream S's NNth, its body {"stream":…,"n":NN}.
+func commitStreams(t *testing.T, st *pgstore.Store, streams, per int) []store.Event {
+	t.Helper()
+	var evs []store.Event
+	for n := range per {
+		for s := range streams {
+			stream := fmt.Sprintf("m/t%d", s)
+			evs = append(evs, store.Event{ID: fmt.Sprintf("ev-%d-%02d", s, n), Stream: stream,
+				Body: fmt.Appendf(nil, `{"stream":%q,"n":%d}`, stream, n), CreatedAt: time.Now()})
+		}
+	}
+	if err := st.Commit(store.Batch{Events: evs}); err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
 func (r *sharedReceiver) distinct() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -78,24 +96,10 @@ func TestReplicasShareDeliveryOnPostgreSQL(t *testing.T) {
 	}
 	a, b := open(), open()
 	const streams, per = 4, 15
-	var evs []store.Event
-	for n := range per {
-		for s := range streams {
-			stream := fmt.Sprintf("m/t%d", s)
-			evs = append(evs, store.Event{ID: fmt.Sprintf("ev-%d-%02d", s, n), Stream: stream,
-				Body: fmt.Appendf(nil, `{"stream":%q,"n":%d}`, stream, n), CreatedAt: time.Now()})
-		}
-	}
-	if err := a.Commit(store.Batch{Events: evs}); err != nil {
-		t.Fatal(err)
-	}
+	commitStreams(t, a, streams, per)
 	// A replica that died holding the first stream's head: its claim has expired.
-	dead, err := a.Get("ev-0-00")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := a.Claim(dead.Seq, "dead-replica", -time.Second); err != nil || !ok {
-		t.Fatalf("the dead replica's claim: %v %v", ok, err)
+	if cs, err := a.ClaimHeads([]string{"m/t0"}, "dead-replica", -time.Second); err != nil || !cs[0].Claimed {
+		t.Fatalf("the dead replica's claim: %+v %v", cs, err)
 	}
 
 	rc := newSharedReceiver(t)
@@ -140,6 +144,135 @@ func TestReplicasShareDeliveryOnPostgreSQL(t *testing.T) {
 				t.Errorf("stream %s delivered out of order: %v", s, order)
 				break
 			}
+		}
+	}
+	if n := claims(t, a, ""); n != 0 {
+		t.Errorf("%d claims left after both replicas stopped", n)
+	}
+}
+
+// claims counts the claims on pending events (of claimant, or of anyone when it is "").
+func claims(t *testing.T, s *pgstore.Store, claimant string) int {
+	t.Helper()
+	var n int
+	err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM t3_events
+		WHERE state = 'pending' AND claimed_by IS NOT NULL AND ($1 = '' OR claimed_by = $1)`, claimant).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestStoppedReplicaReleasesItsClaims: a replica whose outbox stops (SIGTERM) while it holds the
+// heads of every stream — its requests hanging at the receiver — releases its claims, so another
+// replica delivers those events at once, not after the claims' TTL (an hour here), with the same
+// webhook ids; each stream's events still in order.
+func TestStoppedReplicaReleasesItsClaims(t *testing.T) {
+	url := pgtest.New(t)
+	st, err := pgstore.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	const streams, per = 3, 2
+	evs := commitStreams(t, st, streams, per)
+
+	// The receiver holds every request until its client gives up while hold is set.
+	var mu sync.Mutex
+	hold, held := true, map[string]int{}
+	release := make(chan struct{})
+	got := map[string]int{}
+	var order []string
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		id := req.Header.Get("webhook-id")
+		mu.Lock()
+		h := hold
+		if h {
+			held[id]++
+		} else {
+			got[id]++
+			order = append(order, id)
+		}
+		mu.Unlock()
+		if h {
+			select {
+			case <-req.Context().Done():
+			case <-release:
+			}
+		}
+	}))
+	t.Cleanup(rc.Close)
+	t.Cleanup(func() { close(release) }) // runs first: no request stays held
+	count := func(m map[string]int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(m)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute) // a bound against hanging, not a measurement
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctxA, stopA := context.WithCancel(context.Background())
+	a, err := New(st, Config{URL: rc.URL, Claimant: "replica-a", ClaimTTL: time.Hour, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doneA := make(chan struct{})
+	go func() { defer close(doneA); a.Run(ctxA) }()
+	defer func() { stopA(); <-doneA }() // before the receiver's Close, which waits for its requests
+	waitFor("replica a to send every stream's head", func() bool { return count(held) == streams })
+	if n := claims(t, st, "replica-a"); n != streams {
+		t.Fatalf("replica a holds %d claims, want %d (one per stream's head)", n, streams)
+	}
+	stopA()
+	<-doneA
+	if n := claims(t, st, ""); n != 0 {
+		t.Fatalf("%d claims left after replica a stopped", n)
+	}
+
+	mu.Lock()
+	hold = false
+	mu.Unlock()
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	b, err := New(st, Config{URL: rc.URL, Claimant: "replica-b", ClaimTTL: time.Hour, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doneB := make(chan struct{})
+	go func() { defer close(doneB); b.Run(ctxB) }()
+	waitFor("replica b to deliver every event", func() bool {
+		p, _, _, err := st.Counts()
+		return err == nil && p == 0
+	})
+	stopB()
+	<-doneB
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range evs {
+		if got[e.ID] != 1 {
+			t.Errorf("%s delivered %d times by replica b, want 1", e.ID, got[e.ID])
+		}
+	}
+	for id := range held {
+		if got[id] != 1 {
+			t.Errorf("%s, held by replica a when it stopped, was not delivered again under its webhook-id", id)
+		}
+	}
+	pos := map[string]int{}
+	for i, id := range order {
+		pos[id] = i
+	}
+	for s := range streams {
+		if pos[fmt.Sprintf("ev-%d-00", s)] > pos[fmt.Sprintf("ev-%d-01", s)] {
+			t.Errorf("stream m/t%d delivered out of order: %v", s, order)
 		}
 	}
 }

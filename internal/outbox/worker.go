@@ -79,9 +79,6 @@ func (o *Outbox) work(ctx context.Context, j job) outcome {
 		enriched, e.Body, e.Enrich = body, body, false
 	}
 
-	if o.claimer != nil && !o.claim(e, &out) {
-		return out
-	}
 	r := o.attempt(ctx, j.client, e)
 	if !r.ok && r.network && ctx.Err() != nil {
 		// Shutting down: not the receiver's fault, not an attempt. The enriched body is kept,

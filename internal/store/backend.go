@@ -89,13 +89,29 @@ type Store interface {
 var _ Store = (*Bolt)(nil)
 
 // Claimer is implemented by a store that several replicas deliver from (PostgreSQL): before an
-// attempt, a replica claims the event, so that no two replicas send one event at the same time.
-// The bbolt store, which one process owns, has no claims (its outbox is the only deliverer).
+// attempt (or the enrichment that precedes it), a replica claims the event, so that no two
+// replicas send one event at the same time. The bbolt store, which one process owns, has no
+// claims (its outbox is the only deliverer).
 type Claimer interface {
-	// Claim claims pending event seq for claimant for ttl (by the store's clock). It succeeds
-	// only for its stream's head (so per-stream order holds across replicas) that no other
-	// claimant holds, or whose claim expired (its holder died): that claim is taken over. A
-	// claimant may renew its own claim. It returns false when another claimant holds it or an
-	// earlier event of its stream is still pending, and ErrNotPending when it is not pending.
-	Claim(seq uint64, claimant string, ttl time.Duration) (bool, error)
+	// ClaimHeads claims, in one round trip, the head (oldest pending event) of each of the
+	// streams for claimant for ttl (by the store's clock). A head is claimed when no other
+	// claimant holds it, or when its claim expired (its holder died: taken over); a claimant
+	// renews its own claims so. Only heads are claimable, so per-stream order holds across
+	// replicas. It answers one HeadClaim per stream, in the order given.
+	ClaimHeads(streams []string, claimant string, ttl time.Duration) ([]HeadClaim, error)
+	// ReleaseClaims ends every claim claimant holds (a replica shutting down), so that the
+	// other replicas take its heads at once; it returns how many it released.
+	ReleaseClaims(claimant string) (int, error)
+}
+
+// HeadClaim is ClaimHeads' answer for one stream.
+type HeadClaim struct {
+	Stream string
+	// Head is the sequence number of the stream's oldest pending event; 0 when the stream has
+	// none (every event the caller knew of was delivered or given up, by another replica).
+	Head uint64
+	// Claimed: the head is the caller's now, and Event holds it with its body. False with a
+	// Head: another claimant holds it (or is recording its outcome right now).
+	Claimed bool
+	Event   Event
 }

@@ -29,32 +29,36 @@ func benchCommit(b *testing.B, n int) {
 func BenchmarkCommitEvent(b *testing.B)    { benchCommit(b, 1) }
 func BenchmarkCommitEvents64(b *testing.B) { benchCommit(b, 64) }
 
-// BenchmarkRecord32Claimed: claim 32 heads, then record them delivered in one transaction (a
-// replica's delivery path).
+// BenchmarkRecord32Claimed: claim 32 heads (one ClaimHeads), then record them delivered in one
+// transaction (a replica's delivery path).
 func BenchmarkRecord32Claimed(b *testing.B) {
 	s, _ := open(b)
 	const n = 32
+	streams := make([]string, n)
+	for j := range streams {
+		streams[j] = fmt.Sprintf("m/t%d", j)
+	}
 	i := 0
 	for b.Loop() {
 		b.StopTimer()
 		evs := make([]store.Event, n)
 		for j := range evs {
-			evs[j] = storetest.Ev(fmt.Sprintf("e%d", i+j), fmt.Sprintf("m/t%d", j))
+			evs[j] = storetest.Ev(fmt.Sprintf("e%d", i+j), streams[j])
 		}
 		if err := s.Commit(store.Batch{Events: evs}); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		ops := make([]store.Op, n)
-		for j := range evs {
-			e, err := s.Get(evs[j].ID)
-			if err != nil {
-				b.Fatal(err)
+		cs, err := s.ClaimHeads(streams, "bench", time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ops := make([]store.Op, 0, n)
+		for _, c := range cs {
+			if !c.Claimed {
+				b.Fatalf("%s not claimed", c.Stream)
 			}
-			if ok, err := s.Claim(e.Seq, "bench", time.Minute); err != nil || !ok {
-				b.Fatal(ok, err)
-			}
-			ops[j] = store.Op{ID: e.ID, Kind: store.OpDelivered, At: time.Now()}
+			ops = append(ops, store.Op{ID: c.Event.ID, Kind: store.OpDelivered, At: time.Now()})
 		}
 		if _, err := s.Record(ops); err != nil {
 			b.Fatal(err)

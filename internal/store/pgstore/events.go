@@ -24,12 +24,12 @@ const (
 	withBody = header + `, body`
 )
 
-// scanEvent reads a row of header (and body when withBody).
-func scanEvent(row pgx.Row, body bool) (store.Event, error) {
+// scanEvent reads a row of header (and body when withBody), after the columns lead names.
+func scanEvent(row pgx.Row, body bool, lead ...any) (store.Event, error) {
 	var e store.Event
 	var seq int64
 	var next, delivered, dead *time.Time
-	dst := []any{&seq, &e.ID, &e.Stream, &e.State, &e.Enrich, &e.CreatedAt, &e.EnqueuedAt, &e.Attempts, &next, &e.LastError, &delivered, &dead}
+	dst := append(lead, &seq, &e.ID, &e.Stream, &e.State, &e.Enrich, &e.CreatedAt, &e.EnqueuedAt, &e.Attempts, &next, &e.LastError, &delivered, &dead)
 	if body {
 		dst = append(dst, &e.Body)
 	}
@@ -527,31 +527,69 @@ func (s *Store) Prune(deliveredBefore time.Time) (int, error) {
 
 var _ store.Claimer = (*Store)(nil)
 
-// Claim claims pending event seq for claimant for ttl, by the database's clock (store.Claimer).
-// The row is locked with FOR UPDATE SKIP LOCKED: a replica never waits on another's claim, it
-// moves on to other streams.
-func (s *Store) Claim(seq uint64, claimant string, ttl time.Duration) (bool, error) {
+// claimHeads is ClaimHeads' query: the head of each stream asked for (an index probe of
+// t3_events_pending each), those of them free (unclaimed, claimed by $2 or expired) locked with
+// FOR UPDATE SKIP LOCKED — a row another replica is claiming or recording right now is passed
+// over, never waited for — and claimed by $2, all in one statement. One row per stream asked for,
+// in its order: the stream, its head (0: none pending), whether it was claimed, and the claimed
+// event (header and body; neutral values when not claimed).
+const claimHeads = `WITH heads AS (
+		SELECT w.ord, w.stream, h.seq
+		FROM unnest($1::text[]) WITH ORDINALITY AS w(stream, ord)
+		LEFT JOIN LATERAL (
+			SELECT e.seq FROM t3_events e
+			WHERE e.stream = w.stream COLLATE "C" AND e.state = 'pending'
+			ORDER BY e.seq LIMIT 1) h ON true
+	), free AS (
+		SELECT e.seq FROM t3_events e JOIN heads ON e.seq = heads.seq
+		WHERE e.state = 'pending' AND (e.claimed_by IS NULL OR e.claimed_by = $2 OR e.claim_until < now())
+		FOR UPDATE OF e SKIP LOCKED
+	), claimed AS (
+		UPDATE t3_events e SET claimed_by = $2, claim_until = now() + make_interval(secs => $3)
+		FROM free WHERE e.seq = free.seq
+		RETURNING e.seq, e.id, e.stream, e.state, e.enrich, e.created_at, e.enqueued_at, e.attempts,
+			e.next_attempt, e.last_error, e.delivered_at, e.dead_at, e.body
+	)
+	SELECT h.stream, coalesce(h.seq, 0), c.seq IS NOT NULL,
+		coalesce(c.seq, 0), coalesce(c.id, ''), coalesce(c.stream, ''), coalesce(c.state, ''), coalesce(c.enrich, false),
+		coalesce(c.created_at, 'epoch'), coalesce(c.enqueued_at, 'epoch'), coalesce(c.attempts, 0), c.next_attempt,
+		coalesce(c.last_error, ''), c.delivered_at, c.dead_at, coalesce(c.body, ''::bytea)
+	FROM heads h LEFT JOIN claimed c ON c.seq = h.seq
+	ORDER BY h.ord`
+
+// ClaimHeads claims the head of each of streams for claimant for ttl, by the database's clock, in
+// one statement (store.Claimer).
+func (s *Store) ClaimHeads(streams []string, claimant string, ttl time.Duration) ([]store.HeadClaim, error) {
+	if len(streams) == 0 {
+		return nil, nil
+	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	var got int64
-	err := s.pool.QueryRow(ctx, `WITH c AS (
-			SELECT e.seq FROM t3_events e
-			WHERE e.seq = $1 AND e.state = 'pending'
-			  AND (e.claimed_by IS NULL OR e.claimed_by = $2 OR e.claim_until < now())
-			  AND NOT EXISTS (SELECT 1 FROM t3_events p WHERE p.stream = e.stream AND p.state = 'pending' AND p.seq < e.seq)
-			FOR UPDATE SKIP LOCKED)
-		UPDATE t3_events e SET claimed_by = $2, claim_until = now() + make_interval(secs => $3)
-		FROM c WHERE e.seq = c.seq RETURNING e.seq`, int64(seq), claimant, ttl.Seconds()).Scan(&got)
-	if err == nil {
-		return true, nil
+	rows, err := s.pool.Query(ctx, claimHeads, streams, claimant, ttl.Seconds())
+	if err != nil {
+		return nil, s.redact(err)
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return false, s.redact(err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.HeadClaim, error) {
+		var c store.HeadClaim
+		var head int64
+		e, err := scanEvent(r, true, &c.Stream, &head, &c.Claimed)
+		c.Head = uint64(head)
+		if c.Claimed {
+			c.Event = e
+		}
+		return c, err
+	})
+	return out, s.redact(err)
+}
+
+// ReleaseClaims ends claimant's claims on pending events (a replica shutting down).
+func (s *Store) ReleaseClaims(claimant string) (int, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, `UPDATE t3_events SET claimed_by = NULL, claim_until = NULL
+		WHERE state = 'pending' AND claimed_by = $1`, claimant)
+	if err != nil {
+		return 0, s.redact(err)
 	}
-	var state string
-	err = s.pool.QueryRow(ctx, `SELECT state FROM t3_events WHERE seq = $1`, int64(seq)).Scan(&state)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && state != store.StatePending) {
-		return false, fmt.Errorf("store: event #%d: %w", seq, store.ErrNotPending)
-	}
-	return false, s.redact(err)
+	return int(tag.RowsAffected()), nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	neturl "net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -232,9 +233,10 @@ func TestFencedBatchFailsAlone(t *testing.T) {
 	}
 }
 
-// TestClaim: only a stream's head is claimable, by one claimant at a time; a claim ends with the
-// event's final outcome, and an expired claim (a dead replica's) is taken over.
-func TestClaim(t *testing.T) {
+// TestClaimHeads: only a stream's head is claimable, by one claimant at a time, all the streams
+// asked for in one call; a claim ends with the event's final outcome, an expired claim (a dead
+// replica's) is taken over, and a released one (a replica stopped) at once.
+func TestClaimHeads(t *testing.T) {
 	s, _ := open(t)
 	if err := s.Commit(store.Batch{Events: []store.Event{storetest.Ev("a1", "a"), storetest.Ev("a2", "a"), storetest.Ev("b1", "b")}}); err != nil {
 		t.Fatal(err)
@@ -246,66 +248,148 @@ func TestClaim(t *testing.T) {
 		}
 		return e.Seq
 	}
-	claim := func(id, who string, ttl time.Duration) bool {
+	// claim claims the heads of streams for who and returns, per stream, the claimed event's id
+	// ("" when not claimed) after checking the reported head.
+	claim := func(who string, ttl time.Duration, streams ...string) []string {
 		t.Helper()
-		ok, err := s.Claim(seq(id), who, ttl)
+		cs, err := s.ClaimHeads(streams, who, ttl)
 		if err != nil {
-			t.Fatalf("Claim(%s, %s): %v", id, who, err)
+			t.Fatalf("ClaimHeads(%v, %s): %v", streams, who, err)
 		}
-		return ok
+		if len(cs) != len(streams) {
+			t.Fatalf("ClaimHeads(%v): %d answers", streams, len(cs))
+		}
+		ids := make([]string, len(cs))
+		for i, c := range cs {
+			if c.Stream != streams[i] {
+				t.Fatalf("answer %d is for %q, want %q", i, c.Stream, streams[i])
+			}
+			if c.Claimed {
+				ids[i] = c.Event.ID
+				if c.Event.Seq != c.Head || c.Event.Stream != c.Stream || string(c.Event.Body) != string(storetest.Ev(c.Event.ID, c.Stream).Body) || c.Event.State != store.StatePending {
+					t.Fatalf("claimed event: %+v (head %d)", c.Event, c.Head)
+				}
+			}
+		}
+		return ids
 	}
-	if claim("a2", "A", time.Minute) {
-		t.Fatal("a2 was claimed while a1, ahead of it in its stream, is pending")
+	got := claim("A", time.Minute, "a", "b", "none")
+	if !slices.Equal(got, []string{"a1", "b1", ""}) {
+		t.Fatalf("A's first claims: %q, want a1, b1 and nothing of an unknown stream", got)
 	}
-	if !claim("a1", "A", time.Minute) || claim("a1", "B", time.Minute) || !claim("a1", "A", time.Minute) {
-		t.Fatal("a1: A claims, B is refused, A renews")
+	if got := claim("B", time.Minute, "a", "b"); !slices.Equal(got, []string{"", ""}) {
+		t.Fatalf("B claimed %q, held by A", got)
+	}
+	if got := claim("A", time.Minute, "a"); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("A's renewal: %q", got)
 	}
 	if errs, err := s.Record([]store.Op{{ID: "a1", Kind: store.OpDelivered, At: storetest.T0}}); err != nil || errs[0] != nil {
 		t.Fatal(err, errs)
 	}
-	if _, err := s.Claim(seq("a1"), "B", time.Minute); !errors.Is(err, store.ErrNotPending) {
-		t.Fatalf("claim of a delivered event: %v", err)
+	// a1 is delivered: a2 is the head now, free (a final outcome ends a claim).
+	cs, err := s.ClaimHeads([]string{"a"}, "B", time.Minute)
+	if err != nil || len(cs) != 1 || !cs[0].Claimed || cs[0].Head != seq("a2") {
+		t.Fatalf("a2, now its stream's head: %+v %v", cs, err)
 	}
-	if !claim("a2", "B", time.Minute) {
-		t.Fatal("a2, now its stream's head, could not be claimed")
+	// A claims c1 and dies: its claim is past its expiry already, and B takes it over.
+	if err := s.Commit(store.Batch{Events: []store.Event{storetest.Ev("c1", "c"), storetest.Ev("d1", "d")}}); err != nil {
+		t.Fatal(err)
 	}
-	// A claims b1 and dies: its claim is already past its expiry, and B takes it over.
-	if !claim("b1", "A", -time.Second) || !claim("b1", "B", time.Minute) || claim("b1", "A", time.Minute) {
-		t.Fatal("b1: A's expired claim was not taken over by B")
+	if got := claim("A", -time.Second, "c"); got[0] != "c1" {
+		t.Fatal("A could not claim c1")
+	}
+	if got := claim("B", time.Minute, "c"); got[0] != "c1" {
+		t.Fatal("A's expired claim of c1 was not taken over by B")
+	}
+	// A replica stopping releases its claims: the others take them at once.
+	if got := claim("A", time.Minute, "d"); got[0] != "d1" {
+		t.Fatal("A could not claim d1")
+	}
+	if n, err := s.ReleaseClaims("A"); err != nil || n != 2 { // b1, d1
+		t.Fatalf("ReleaseClaims(A) = %d, %v; want 2", n, err)
+	}
+	if got := claim("C", time.Minute, "b", "d", "c"); !slices.Equal(got, []string{"b1", "d1", ""}) {
+		t.Fatalf("after A released: C claimed %q, want b1 and d1 (c1 is B's)", got)
 	}
 	// A retry keeps the claim; a dead letter ends it, and a requeued event is claimable again.
+	if errs, err := s.Record([]store.Op{{ID: "b1", Kind: store.OpRetry, Next: storetest.T0, Error: "x"}}); err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	if got := claim("D", time.Minute, "b"); got[0] != "" {
+		t.Fatal("a retry ended C's claim of b1")
+	}
 	if errs, err := s.Record([]store.Op{{ID: "b1", Kind: store.OpDead, At: storetest.T0, Error: "x"}}); err != nil || errs[0] != nil {
 		t.Fatal(err, errs)
+	}
+	if cs, err := s.ClaimHeads([]string{"b"}, "D", time.Minute); err != nil || cs[0].Head != 0 || cs[0].Claimed {
+		t.Fatalf("a stream whose only event is dead: %+v %v", cs, err)
 	}
 	if _, err := s.Requeue(storetest.T0, "b1"); err != nil {
 		t.Fatal(err)
 	}
-	if !claim("b1", "C", time.Minute) {
+	if got := claim("D", time.Minute, "b"); got[0] != "b1" {
 		t.Fatal("a requeued event kept its old claim")
 	}
+}
 
-	// Many claimants at once: exactly one wins.
-	if err := s.Commit(store.Batch{Events: []store.Event{storetest.Ev("c1", "c")}}); err != nil {
+// TestClaimHeadsConcurrently: many claimants asking for the same streams at once never claim one
+// head twice, and every free head is claimed by someone.
+func TestClaimHeadsConcurrently(t *testing.T) {
+	s, _ := open(t)
+	var evs []store.Event
+	var streams []string
+	for i := range 40 {
+		st := fmt.Sprintf("m/t%d", i)
+		streams = append(streams, st)
+		evs = append(evs, storetest.Ev(fmt.Sprintf("e%d-1", i), st), storetest.Ev(fmt.Sprintf("e%d-2", i), st))
+	}
+	if err := s.Commit(store.Batch{Events: evs}); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	wins := 0
+	owner := map[string]string{}
 	for i := range 8 {
+		who := fmt.Sprintf("r%d", i)
 		wg.Go(func() {
-			ok, err := s.Claim(seq("c1"), fmt.Sprintf("r%d", i), time.Minute)
+			order := slices.Clone(streams)
+			if i%2 == 1 {
+				slices.Reverse(order) // lock rows in another order: SKIP LOCKED never waits
+			}
+			cs, err := s.ClaimHeads(order, who, time.Minute)
 			if err != nil {
 				t.Error(err)
+				return
 			}
-			if ok {
-				mu.Lock()
-				wins++
-				mu.Unlock()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range cs {
+				if !c.Claimed {
+					continue
+				}
+				if !strings.HasSuffix(c.Event.ID, "-1") {
+					t.Errorf("%s claimed %s, not its stream's head", who, c.Event.ID)
+				}
+				if prev, ok := owner[c.Event.ID]; ok {
+					t.Errorf("%s claimed by %s and %s", c.Event.ID, prev, who)
+				}
+				owner[c.Event.ID] = who
 			}
 		})
 	}
 	wg.Wait()
-	if wins != 1 {
-		t.Fatalf("%d claimants won c1, want 1", wins)
+	// A head passed over because another claimant had it locked is free or held now: one more
+	// round by a ninth claimant finds every head held.
+	cs, err := s.ClaimHeads(streams, "late", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Claimed {
+			t.Errorf("%s was still free after 8 claimants asked for it", c.Event.ID)
+		}
+	}
+	if len(owner) != len(streams) {
+		t.Fatalf("%d of %d heads claimed", len(owner), len(streams))
 	}
 }
