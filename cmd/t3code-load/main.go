@@ -9,6 +9,7 @@
 //	t3code-load -phases outage -outage 10m -outage-rate 100   the 60,000-event backlog, the slow way
 //	t3code-load -short -phases soak -soak-duration 15m          state file and RSS over time, short retention
 //	t3code-load -database-url postgres://… -replicas 3   the same on PostgreSQL, three replicas
+//	t3code-load -database-url postgres://… -replicas 3 -replica-env T3CODE_MCP_LEASE_TTL=1500ms
 //
 // The -json report's field names are stable (docs/benchmarks.md lists them; a test fails when one
 // changes): compare runs with it.
@@ -36,6 +37,23 @@ import (
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// envList is a repeated -replica-env KEY=VALUE flag.
+type envList []string
+
+func (l *envList) String() string { return strings.Join(*l, " ") }
+
+func (l *envList) Set(kv string) error {
+	k, _, ok := strings.Cut(kv, "=")
+	switch {
+	case !ok || k == "":
+		return fmt.Errorf("%q: want KEY=VALUE", kv)
+	case k == "T3CODE_MCP_HOST" || k == "T3CODE_MCP_PORT":
+		return fmt.Errorf("%s: the harness picks each connector's listen address (127.0.0.1, a free port)", k)
+	}
+	*l = append(*l, kv)
+	return nil
+}
 
 // options is the command line: how to run the harness, and the profile's figures a flag
 // overrides (over; zero means the profile's value).
@@ -92,6 +110,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&c.SoakSample, "soak-sample", 0, "soak phase: how often RSS, heap, state file and tracked threads are sampled (full 30s, short 5s)")
 	fs.StringVar(&c.DatabaseURL, "database-url", "", "run the connector on this PostgreSQL database (postgres://…, an empty one) instead of a bbolt file")
 	fs.IntVar(&c.Replicas, "replicas", 1, "connectors sharing -database-url (lease per machine, any replica delivers); the first one is measured")
+	fs.Var((*envList)(&c.ReplicaEnv), "replica-env", "KEY=VALUE added to every connector's environment (each replica, the first included), over the harness's own; repeat it: -replica-env T3CODE_MCP_LEASE_TTL=1500ms -replica-env T3CODE_MCP_CLAIM_TTL=10s")
 	fs.BoolVar(&c.NoHook, "no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
 	fs.DurationVar(&c.Timeout, "timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
@@ -153,7 +172,7 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 		cfg.Pollers = c.Pollers
 	}
 	cfg.NoHook = c.NoHook
-	cfg.DatabaseURL, cfg.Replicas = c.DatabaseURL, c.Replicas
+	cfg.DatabaseURL, cfg.Replicas, cfg.ReplicaEnv = c.DatabaseURL, c.Replicas, c.ReplicaEnv
 	cfg.Timeout = c.Timeout
 	cfg.WorkDir = o.dir
 	if !o.quiet {

@@ -12,7 +12,8 @@ import (
 // The flags override the profile's figures they name, and only those.
 func TestFlagsOverrideTheProfile(t *testing.T) {
 	o, err := parse([]string{"-short", "-q", "-m", "3", "-e", "7.5", "-drain", "9s", "-script", "fail", "-phases", "latency,outage",
-		"-poll", "2s:5", "-thread-items", "-1", "-replicas", "1", "-no-hook"}, io.Discard)
+		"-poll", "2s:5", "-thread-items", "-1", "-replicas", "1", "-no-hook",
+		"-replica-env", "T3CODE_MCP_LEASE_TTL=1500ms", "-replica-env", "T3CODE_MCP_CLAIM_TTL=10s"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,6 +23,7 @@ func TestFlagsOverrideTheProfile(t *testing.T) {
 	want.Phases = []string{"latency", "outage"}
 	want.Pollers, _ = loadtest.ParsePollers("2s:5")
 	want.BigThreadItems, want.Replicas, want.NoHook = -1, 1, true
+	want.ReplicaEnv = []string{"T3CODE_MCP_LEASE_TTL=1500ms", "T3CODE_MCP_CLAIM_TTL=10s"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("config\n got %+v\nwant %+v", got, want)
 	}
@@ -38,9 +40,11 @@ func TestFlagsOverrideTheProfile(t *testing.T) {
 	}
 }
 
-// -replicas without a database and a malformed -poll are refused before anything runs.
+// -replicas without a database, a malformed -poll and a -replica-env that is no KEY=VALUE or
+// names the listen address are refused before anything runs.
 func TestBadFlagsAreRefused(t *testing.T) {
-	for _, args := range [][]string{{"-replicas", "2"}, {"-poll", "bogus"}, {"-m", "x"}} {
+	for _, args := range [][]string{{"-replicas", "2"}, {"-poll", "bogus"}, {"-m", "x"}, {"-replica-env", "T3CODE_MCP_CLAIM_TTL"},
+		{"-replica-env", "=1"}, {"-replica-env", "T3CODE_MCP_PORT=9"}} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("%v: accepted", args)
 		}

@@ -124,6 +124,10 @@ type Config struct {
 	// agents talk to and whose CPU and memory are reported; the others detect the machines whose
 	// leases they hold and deliver events like it.
 	Replicas int
+	// ReplicaEnv (KEY=VALUE) is added to the environment of every connector the harness starts
+	// (each replica, the first included), after the harness's own settings, which it overrides:
+	// T3CODE_MCP_LEASE_TTL=1500ms, T3CODE_MCP_CLAIM_TTL=10s, …
+	ReplicaEnv []string
 
 	// InProcess runs the connector inside this process instead of the binary, for profiling
 	// (its CPU and memory figures then include the harness). Binary is not needed.

@@ -190,6 +190,9 @@ type healthBody struct {
 		Enabled bool `json:"enabled"`
 		Pending int  `json:"pending"`
 		Dead    int  `json:"dead_letters"`
+		// Lookups: watched threads whose events wait for a read of T3 (this replica's
+		// machines only: each replica looks up the machines whose lease it holds).
+		Lookups int `json:"threads_awaiting_lookup"`
 	} `json:"events"`
 }
 

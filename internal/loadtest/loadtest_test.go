@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -184,5 +186,56 @@ func TestDist(t *testing.T) {
 	}
 	if z := dist(nil); z.N != 0 || z.String() != "no samples" {
 		t.Fatalf("empty dist = %+v", z)
+	}
+}
+
+// TestTinyReplicas runs the throughput phase at the tiny scale on PostgreSQL with two replicas of
+// the binary, each given -replica-env settings: both replicas start with them (their logs say so),
+// the phase drains (nothing pending, no look-up left on either replica) and no settled run is
+// lost.
+func TestTinyReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the connector binary")
+	}
+	cfg := Tiny()
+	cfg.DatabaseURL = pgtest.New(t)
+	cfg.Replicas = 2
+	cfg.ReplicaEnv = []string{"T3CODE_MCP_CLAIM_TTL=17s", "T3CODE_MCP_LEASE_TTL=2500ms"}
+	cfg.Phases = []string{"throughput"}
+	cfg.Binary = buildConnector(t)
+	cfg.WorkDir = t.TempDir()
+	cfg.Timeout = 2 * time.Minute
+	var progress strings.Builder
+	cfg.Progress = &progress
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	logs, _ := filepath.Glob(filepath.Join(cfg.WorkDir, "*", "connector.log"))
+	logs = append(logs, filepath.Join(cfg.WorkDir, "connector.log"))
+	started := 0
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), "lease_ttl=2.5s claim_ttl=17s") {
+			started++
+		}
+	}
+	if started != cfg.Replicas {
+		t.Errorf("%d of %d replicas logged the -replica-env settings (logs %v)", started, cfg.Replicas, logs)
+	}
+	tp := rep.Throughput
+	if tp == nil || tp.Settled <= 0 || tp.Drained <= 0 || tp.Left != 0 {
+		t.Fatalf("throughput phase: %+v\n%s\nprogress:\n%s", tp, rep.Text(), progress.String())
+	}
+	if len(rep.Accounting) == 0 {
+		t.Fatal("no accounting")
+	}
+	for _, a := range rep.Accounting {
+		if a.Lost != 0 || a.Pending != 0 || a.Delivered != a.Settled {
+			t.Errorf("accounting: %+v", a)
+		}
 	}
 }

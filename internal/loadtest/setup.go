@@ -165,7 +165,10 @@ func (h *harness) startReplicas(ctx context.Context, env []string) error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		c, err := startConnector(h.cfg.Binary, dir, append(slices.Clone(env), "T3CODE_MCP_STATE_DIR="+filepath.Join(dir, "state")))
+		// Its own state directory, unless the caller's environment names one.
+		renv := append([]string{"T3CODE_MCP_STATE_DIR=" + filepath.Join(dir, "state")}, env...)
+		renv = slices.DeleteFunc(renv, func(kv string) bool { return kv == "T3CODE_MCP_STATE_DIR="+h.state })
+		c, err := startConnector(h.cfg.Binary, dir, renv)
 		if err != nil {
 			return err
 		}
@@ -199,6 +202,7 @@ func (h *harness) startConnector(ctx context.Context) error {
 	if h.cfg.DatabaseURL != "" {
 		env = append(env, "T3CODE_MCP_DATABASE_URL="+h.cfg.DatabaseURL)
 	}
+	env = append(env, h.cfg.ReplicaEnv...) // last: the caller's values win
 	t0 := time.Now()
 	var err error
 	if h.cfg.InProcess {

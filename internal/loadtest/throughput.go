@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -53,15 +54,18 @@ func (h *harness) throughput(ctx context.Context) error {
 	if err := h.idle(ctx); err != nil {
 		return err
 	}
+	// Drained: nothing pending in the outbox (shared by the replicas) and no watched thread
+	// waiting for a look-up on any replica (each looks up the machines whose lease it holds; an
+	// event still to be looked up is not in the outbox yet).
 	drainStart := time.Now()
 	for time.Since(drainStart) < cfg.Drain && !cfg.NoHook {
-		hb, err := h.conn.health(ctx)
+		pending, lookups, err := h.backlog(ctx)
 		if err != nil {
 			h.warn("throughput phase: /healthz while draining: %v", err)
 			break
 		}
-		rep.Left = hb.Events.Pending
-		if hb.Events.Pending == 0 {
+		rep.Left = pending
+		if pending == 0 && lookups == 0 {
 			rep.Drained = time.Since(drainStart)
 			break
 		}
@@ -77,4 +81,20 @@ func (h *harness) throughput(ctx context.Context) error {
 		h.warn("throughput phase: %d settled runs have no webhook", missing)
 	}
 	return nil
+}
+
+// backlog is what is left to deliver: the outbox's pending events (one count, whichever replica
+// answers) and the watched threads awaiting a look-up, summed over every replica.
+func (h *harness) backlog(ctx context.Context) (pending, lookups int, err error) {
+	for i, c := range append([]*connector{h.conn}, h.extra...) {
+		hb, err := c.health(ctx)
+		if err != nil {
+			return 0, 0, fmt.Errorf("replica %d: %w", i+1, err)
+		}
+		if i == 0 {
+			pending = hb.Events.Pending
+		}
+		lookups += hb.Events.Lookups
+	}
+	return pending, lookups, nil
 }

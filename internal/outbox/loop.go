@@ -176,7 +176,7 @@ func (o *Outbox) Run(ctx context.Context) {
 
 	l.rebuild()
 
-	var lastPrune time.Time
+	var lastPrune, lastGauges time.Time
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -190,7 +190,11 @@ func (o *Outbox) Run(ctx context.Context) {
 		l.scan()
 		l.due(now)
 		l.dispatch(now)
-		o.updateGauges()
+		// From a shared database (replicas) the gauges are a query: once a poll at most.
+		if o.claimer == nil || now.Sub(lastGauges) >= pollEvery || now.Before(lastGauges) {
+			o.updateGauges()
+			lastGauges = now
+		}
 		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && len(l.toDeliver) == 0 && o.burst != o.client {
 			o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
 		}

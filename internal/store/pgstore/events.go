@@ -236,15 +236,22 @@ func insertEvents(ctx context.Context, tx pgx.Tx, evs []store.Event) (int, error
 
 // addCounts changes the event counts by d (states with 0 are left alone).
 func addCounts(ctx context.Context, tx pgx.Tx, d map[string]int) error {
+	var batch pgx.Batch
+	queueCounts(&batch, d)
+	if batch.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, &batch).Close()
+}
+
+// queueCounts queues the updates of the event counts by d, always in the same order of states
+// (pending, delivered, dead), so that two transactions lock the count rows in one order.
+func queueCounts(batch *pgx.Batch, d map[string]int) {
 	for _, state := range []string{store.StatePending, store.StateDelivered, store.StateDead} {
-		if d[state] == 0 {
-			continue
-		}
-		if _, err := tx.Exec(ctx, `UPDATE t3_event_counts SET n = n + $2 WHERE state = $1`, state, d[state]); err != nil {
-			return err
+		if d[state] != 0 {
+			batch.Queue(`UPDATE t3_event_counts SET n = n + $2 WHERE state = $1`, state, d[state])
 		}
 	}
-	return nil
 }
 
 // ---- reading the queue ----
@@ -436,12 +443,11 @@ func (s *Store) Record(ops []store.Op) (errs []error, err error) {
 				WHERE seq = $1`,
 				int64(e.Seq), e.State, e.Enrich, e.Attempts, null(e.NextAttempt), e.LastError, null(e.DeliveredAt), null(e.DeadAt), bodies[e.ID])
 		}
-		if batch.Len() > 0 {
-			if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
-				return err
-			}
+		queueCounts(&batch, d) // in the same round trip
+		if batch.Len() == 0 {
+			return nil
 		}
-		return addCounts(ctx, tx, d)
+		return tx.SendBatch(ctx, &batch).Close()
 	})
 	if err != nil {
 		return nil, err
