@@ -98,6 +98,24 @@ func TestTinyRun(t *testing.T) {
 	}
 }
 
+// runTiny runs the harness at the tiny scale against the built binary, with the config changed
+// by set; a failed run fails the test.
+func runTiny(t *testing.T, set func(*Config)) (Config, *Report, *strings.Builder) {
+	t.Helper()
+	cfg := Tiny()
+	set(&cfg)
+	cfg.Binary = buildConnector(t)
+	cfg.WorkDir = t.TempDir()
+	cfg.Timeout = 2 * time.Minute
+	progress := &strings.Builder{}
+	cfg.Progress = progress
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	return cfg, rep, progress
+}
+
 // TestTinySoak runs the soak phase alone for a few seconds with a one-second retention: it
 // checks that the connector was sampled, that threads were churned through t3_watch and that
 // every soak run's event arrived; whether memory stayed flat is for the long run to say.
@@ -105,17 +123,7 @@ func TestTinySoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the connector binary")
 	}
-	cfg := Tiny()
-	cfg.Phases = []string{"soak"}
-	cfg.Binary = buildConnector(t)
-	cfg.WorkDir = t.TempDir()
-	cfg.Timeout = 2 * time.Minute
-	var progress strings.Builder
-	cfg.Progress = &progress
-	rep, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
-	}
+	cfg, rep, progress := runTiny(t, func(cfg *Config) { cfg.Phases = []string{"soak"} })
 	s := rep.Soak
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -197,20 +205,12 @@ func TestTinyReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the connector binary")
 	}
-	cfg := Tiny()
-	cfg.DatabaseURL = pgtest.New(t)
-	cfg.Replicas = 2
-	cfg.ReplicaEnv = []string{"T3CODE_MCP_CLAIM_TTL=17s", "T3CODE_MCP_LEASE_TTL=2500ms"}
-	cfg.Phases = []string{"throughput"}
-	cfg.Binary = buildConnector(t)
-	cfg.WorkDir = t.TempDir()
-	cfg.Timeout = 2 * time.Minute
-	var progress strings.Builder
-	cfg.Progress = &progress
-	rep, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
-	}
+	cfg, rep, progress := runTiny(t, func(cfg *Config) {
+		cfg.DatabaseURL = pgtest.New(t)
+		cfg.Replicas = 2
+		cfg.ReplicaEnv = []string{"T3CODE_MCP_CLAIM_TTL=17s", "T3CODE_MCP_LEASE_TTL=2500ms"}
+		cfg.Phases = []string{"throughput"}
+	})
 	logs, _ := filepath.Glob(filepath.Join(cfg.WorkDir, "*", "connector.log"))
 	logs = append(logs, filepath.Join(cfg.WorkDir, "connector.log"))
 	started := 0
