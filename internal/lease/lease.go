@@ -409,8 +409,21 @@ type Querier interface {
 // FOR SHARE, so a takeover (which updates the row) waits until this transaction ends: the commit
 // lands entirely before the new holder's tenure or fails here.
 func CheckFence(ctx context.Context, tx Querier, machine string, token int64) error {
+	return fenced(tx.QueryRow(ctx, fenceQuery, machine), machine, token)
+}
+
+// QueueFence queues CheckFence's check in a batch of a commit's statements (sent in one round
+// trip with them): the batch's Close returns its error, and the transaction must then roll back,
+// undoing whatever the batch wrote after it.
+func QueueFence(b *pgx.Batch, machine string, token int64) {
+	b.Queue(fenceQuery, machine).QueryRow(func(row pgx.Row) error { return fenced(row, machine, token) })
+}
+
+const fenceQuery = `SELECT token FROM t3_machine_leases WHERE machine = $1 FOR SHARE`
+
+func fenced(row pgx.Row, machine string, token int64) error {
 	var cur int64
-	err := tx.QueryRow(ctx, `SELECT token FROM t3_machine_leases WHERE machine = $1 FOR SHARE`, machine).Scan(&cur)
+	err := row.Scan(&cur)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && cur != token) {
 		return fmt.Errorf("machine %q (token %d): %w", machine, token, ErrFenced)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/lease"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -80,65 +81,67 @@ func limitArg(limit int) any {
 // Commit writes a batch in one transaction: all of it or none of it.
 func (s *Store) Commit(b store.Batch) error { return s.CommitBatches([]store.Batch{b}) }
 
-// CommitBatches writes several batches in one transaction: all of them or none of them.
+// CommitBatches writes several batches in one transaction: all of them or none of them. However
+// many batches, it takes three round trips besides BEGIN and COMMIT: the fence checks and the
+// thread and detector writes of every batch, pipelined; the event inserts under the event-insert
+// lock, pipelined; the counts (a batch's prune reads and locks rows first: it adds its own).
 func (s *Store) CommitBatches(bs []store.Batch) error {
 	for _, b := range bs {
 		if err := store.Validate(b); err != nil {
 			return err
 		}
+		for k := range b.Detector {
+			if k == "" {
+				return errors.New("store: a detector key must not be empty")
+			}
+		}
 	}
 	return s.tx(func(ctx context.Context, tx pgx.Tx) error {
-		locked := false
-		added := 0
+		var writes, inserts pgx.Batch
+		var evs []store.Event
 		for _, b := range bs {
 			if f := b.Fence; f != nil {
-				// Wraps store.ErrFenced when the lease moved on; the batch fails (alone, in a Group).
-				if err := lease.CheckFence(ctx, tx, f.Machine, f.Token); err != nil {
-					return err
-				}
+				// Wraps store.ErrFenced when the lease moved on; the batch fails (alone, in a
+				// Group), and what the pipeline wrote after the check is rolled back with it.
+				lease.QueueFence(&writes, f.Machine, f.Token)
 			}
 			for k, v := range b.Detector {
-				if k == "" {
-					return errors.New("store: a detector key must not be empty")
-				}
-				var err error
 				if v == nil {
-					_, err = tx.Exec(ctx, `DELETE FROM t3_detector WHERE key = $1`, []byte(k))
+					writes.Queue(`DELETE FROM t3_detector WHERE key = $1`, []byte(k))
 				} else {
-					_, err = tx.Exec(ctx, `INSERT INTO t3_detector (key, value) VALUES ($1, $2)
+					writes.Queue(`INSERT INTO t3_detector (key, value) VALUES ($1, $2)
 						ON CONFLICT (key) DO UPDATE SET value = excluded.value`, []byte(k), v)
-				}
-				if err != nil {
-					return err
 				}
 			}
 			for _, t := range b.Threads {
-				if err := putThread(ctx, tx, t); err != nil {
-					return err
-				}
+				queueThread(&writes, t)
 			}
 			if len(b.DeleteThreads) > 0 {
-				if _, err := tx.Exec(ctx, `DELETE FROM t3_threads WHERE id = ANY($1)`, b.DeleteThreads); err != nil {
+				writes.Queue(`DELETE FROM t3_threads WHERE id = ANY($1)`, b.DeleteThreads)
+			}
+			if len(b.PruneStates) > 0 || len(b.PruneThreads) > 0 {
+				// A prune reads and locks rows before it deletes: it runs once what is queued
+				// before it is written.
+				if err := flush(ctx, tx, &writes); err != nil {
+					return err
+				}
+				if err := prune(ctx, tx, b); err != nil {
 					return err
 				}
 			}
-			if err := prune(ctx, tx, b); err != nil {
-				return err
-			}
-			if len(b.Events) == 0 {
-				continue
-			}
-			if !locked {
-				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(eventsLock)); err != nil {
-					return err
-				}
-				locked = true
-			}
-			n, err := insertEvents(ctx, tx, b.Events)
-			if err != nil {
-				return err
-			}
-			added += n
+			evs = append(evs, b.Events...)
+		}
+		if err := flush(ctx, tx, &writes); err != nil {
+			return err
+		}
+		if len(evs) == 0 {
+			return nil
+		}
+		inserts.Queue(`SELECT pg_advisory_xact_lock($1)`, int64(eventsLock))
+		added := 0
+		queueInserts(&inserts, evs, &added)
+		if err := tx.SendBatch(ctx, &inserts).Close(); err != nil {
+			return err
 		}
 		return addCounts(ctx, tx, map[string]int{store.StatePending: added})
 	})
@@ -207,11 +210,20 @@ func prune(ctx context.Context, tx pgx.Tx, b store.Batch) error {
 	return nil
 }
 
-// insertEvents appends evs in slice order, skipping ids already stored; it returns how many it
-// inserted. One round trip for all of them.
-func insertEvents(ctx context.Context, tx pgx.Tx, evs []store.Event) (int, error) {
+// flush sends what b holds in one round trip and empties it.
+func flush(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+	if b.Len() == 0 {
+		return nil
+	}
+	err := tx.SendBatch(ctx, b).Close()
+	*b = pgx.Batch{}
+	return err
+}
+
+// queueInserts queues the inserts of evs in slice order, skipping ids already stored; *added
+// counts the rows inserted once the batch is read.
+func queueInserts(batch *pgx.Batch, evs []store.Event, added *int) {
 	now := time.Now()
-	var batch pgx.Batch
 	for _, e := range evs {
 		created := e.CreatedAt
 		if created.IsZero() {
@@ -219,19 +231,11 @@ func insertEvents(ctx context.Context, tx pgx.Tx, evs []store.Event) (int, error
 		}
 		batch.Queue(`INSERT INTO t3_events (seq, id, stream, state, body, enrich, created_at, enqueued_at)
 			VALUES (nextval('t3_events_seq'), $1, $2, 'pending', $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING`,
-			e.ID, e.Stream, e.Body, e.Enrich, created)
+			e.ID, e.Stream, e.Body, e.Enrich, created).Exec(func(tag pgconn.CommandTag) error {
+			*added += int(tag.RowsAffected())
+			return nil
+		})
 	}
-	br := tx.SendBatch(ctx, &batch)
-	n := 0
-	for range evs {
-		tag, err := br.Exec()
-		if err != nil {
-			br.Close()
-			return 0, err
-		}
-		n += int(tag.RowsAffected())
-	}
-	return n, br.Close()
 }
 
 // addCounts changes the event counts by d (states with 0 are left alone).

@@ -140,10 +140,15 @@ func (s *Store) PutThread(t store.Thread) error {
 }
 
 func putThread(ctx context.Context, tx pgx.Tx, t store.Thread) error {
-	_, err := tx.Exec(ctx, `INSERT INTO t3_threads (id, machine, data) VALUES ($1, $2, $3)
-		ON CONFLICT (id) DO UPDATE SET machine = excluded.machine, data = excluded.data`, t.ID, t.Machine, t)
+	_, err := tx.Exec(ctx, upsertThread, t.ID, t.Machine, t)
 	return err
 }
+
+// queueThread queues putThread's upsert in a batch.
+func queueThread(b *pgx.Batch, t store.Thread) { b.Queue(upsertThread, t.ID, t.Machine, t) }
+
+const upsertThread = `INSERT INTO t3_threads (id, machine, data) VALUES ($1, $2, $3)
+	ON CONFLICT (id) DO UPDATE SET machine = excluded.machine, data = excluded.data`
 
 // GetThread returns a tracked thread.
 func (s *Store) GetThread(id string) (store.Thread, bool, error) {
