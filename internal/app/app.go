@@ -88,6 +88,10 @@ type Settings struct {
 	// Audit log (docs/guardrails.md): <StateDir>/audit.log, rotated by size.
 	AuditMaxBytes int64 // T3CODE_MCP_AUDIT_MAX_BYTES (10 MiB)
 	AuditKeep     int   // T3CODE_MCP_AUDIT_KEEP (3 rotated files)
+	// AuditRetention (T3CODE_MCP_AUDIT_RETENTION, 0: kept): with PostgreSQL, the shared audit
+	// table's records are deleted this long after they were written (audit.KeepFor, every
+	// PruneInterval, by every replica: idempotent).
+	AuditRetention time.Duration
 }
 
 // defaultStateDir is where state lives when T3CODE_MCP_STATE_DIR is unset.
@@ -181,6 +185,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	intVar("T3CODE_MCP_AUDIT_MAX_BYTES", &auditMax, audit.DefaultMaxBytes)
 	s.AuditMaxBytes = int64(auditMax)
 	intVar("T3CODE_MCP_AUDIT_KEEP", &s.AuditKeep, audit.DefaultKeep)
+	durVar("T3CODE_MCP_AUDIT_RETENTION", &s.AuditRetention, 0)
 	if err := checkDatabaseURL(s.DatabaseURL); err != nil {
 		errs = append(errs, err)
 	}
@@ -427,6 +432,13 @@ func (a *App) Run(ctx context.Context) {
 	if a.replication != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.replication.run(ctx) }()
+	}
+	if p, ok := a.Store.(audit.Pruner); ok && a.Settings.AuditRetention > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			audit.KeepFor(ctx, p, a.Settings.AuditRetention, a.Settings.PruneInterval, a.Log)
+		}()
 	}
 	wg.Wait()
 }

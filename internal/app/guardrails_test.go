@@ -673,16 +673,17 @@ func TestAuditSettingsFromEnv(t *testing.T) {
 	env := map[string]string{}
 	get := func(k string) string { return env[k] }
 	s, err := app.SettingsFromEnv(get)
-	if err != nil || s.AuditMaxBytes != audit.DefaultMaxBytes || s.AuditKeep != audit.DefaultKeep {
+	if err != nil || s.AuditMaxBytes != audit.DefaultMaxBytes || s.AuditKeep != audit.DefaultKeep || s.AuditRetention != 0 {
 		t.Fatalf("defaults: %+v %v", s, err)
 	}
-	env["T3CODE_MCP_AUDIT_MAX_BYTES"], env["T3CODE_MCP_AUDIT_KEEP"] = "2048", "7"
-	if s, err = app.SettingsFromEnv(get); err != nil || s.AuditMaxBytes != 2048 || s.AuditKeep != 7 {
+	env["T3CODE_MCP_AUDIT_MAX_BYTES"], env["T3CODE_MCP_AUDIT_KEEP"], env["T3CODE_MCP_AUDIT_RETENTION"] = "2048", "7", "2160h"
+	if s, err = app.SettingsFromEnv(get); err != nil || s.AuditMaxBytes != 2048 || s.AuditKeep != 7 || s.AuditRetention != 2160*time.Hour {
 		t.Fatalf("set: %+v %v", s, err)
 	}
-	env["T3CODE_MCP_AUDIT_MAX_BYTES"], env["T3CODE_MCP_AUDIT_KEEP"] = "10MB", "-1"
+	env["T3CODE_MCP_AUDIT_MAX_BYTES"], env["T3CODE_MCP_AUDIT_KEEP"], env["T3CODE_MCP_AUDIT_RETENTION"] = "10MB", "-1", "90d"
 	_, err = app.SettingsFromEnv(get)
-	if err == nil || !strings.Contains(err.Error(), "T3CODE_MCP_AUDIT_MAX_BYTES") || !strings.Contains(err.Error(), "T3CODE_MCP_AUDIT_KEEP") {
+	if err == nil || !strings.Contains(err.Error(), "T3CODE_MCP_AUDIT_MAX_BYTES") || !strings.Contains(err.Error(), "T3CODE_MCP_AUDIT_KEEP") ||
+		!strings.Contains(err.Error(), "T3CODE_MCP_AUDIT_RETENTION") {
 		t.Fatalf("bad values: %v", err)
 	}
 }

@@ -10,7 +10,10 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
 )
 
-var _ audit.Table = (*Store)(nil)
+var (
+	_ audit.Table  = (*Store)(nil)
+	_ audit.Pruner = (*Store)(nil)
+)
 
 // ErrNoAuditTable: the database's schema predates the audit table (a connector of this version
 // migrates it at start).
@@ -40,6 +43,17 @@ func (s *Store) AppendAudit(ctx context.Context, recs []audit.Record) error {
 		SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[])
 		ON CONFLICT (digest) DO NOTHING`, at, tool, machine, thread, replica, lines, digests)
 	return s.redact(err)
+}
+
+// PruneAudit deletes the audit records written before before and returns how many
+// (audit.KeepFor, T3CODE_MCP_AUDIT_RETENTION). Any replica may run it at any time: rows past a
+// cutoff are deleted once, whoever gets there first (the index on at finds them).
+func (s *Store) PruneAudit(ctx context.Context, before time.Time) (int, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM t3_audit WHERE at < $1`, before)
+	if err != nil {
+		return 0, s.redact(err)
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // ScanAudit calls fn with the stored audit records f matches, oldest first (the Source of

@@ -3,7 +3,9 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,5 +112,62 @@ func TestSchemaReadOnly(t *testing.T) {
 	openURL(t, url)
 	if sc, err = s.Schema(ctx); err != nil || sc.Version != pgstore.Latest() || len(sc.Pending) != 0 {
 		t.Fatalf("after Open: %+v %v", sc, err)
+	}
+}
+
+// pruneOnce is a replica's audit.KeepFor that stops after its first prune (the one at start).
+type pruneOnce struct {
+	*pgstore.Store
+	cancel context.CancelFunc
+	n      int
+}
+
+func (p *pruneOnce) PruneAudit(ctx context.Context, before time.Time) (int, error) {
+	defer p.cancel()
+	n, err := p.Store.PruneAudit(ctx, before)
+	p.n = n
+	return n, err
+}
+
+// TestAuditRetention: T3CODE_MCP_AUDIT_RETENTION on the shared table — two replicas prune at
+// once (audit.KeepFor, at start): the records older than the retention are deleted once between
+// them, the newer ones are all kept, and pruning again deletes nothing.
+func TestAuditRetention(t *testing.T) {
+	ctx := context.Background()
+	_, url := open(t)
+	r1, r2 := openURL(t, url), openURL(t, url)
+	now := time.Now()
+	var recs []audit.Record
+	for i, age := range []time.Duration{100 * time.Hour, 72 * time.Hour, 49 * time.Hour, 47 * time.Hour, time.Minute} {
+		recs = append(recs, audit.Record{Time: now.Add(-age), Tool: "t3_dispatch", Machine: "mac", Thread: "th-" + string(rune('a'+i)), Replica: "A"})
+	}
+	if err := r1.AppendAudit(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	ps := []*pruneOnce{{Store: r1}, {Store: r2}}
+	for _, p := range ps {
+		pctx, cancel := context.WithCancel(ctx)
+		p.cancel = cancel
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			audit.KeepFor(pctx, p, 48*time.Hour, time.Hour, slog.New(slog.DiscardHandler))
+		}()
+	}
+	wg.Wait()
+	if got := ps[0].n + ps[1].n; got != 3 {
+		t.Fatalf("the replicas pruned %d and %d records, want 3 between them", ps[0].n, ps[1].n)
+	}
+	_, left := scanAudit(t, r2, audit.Filter{})
+	var threads []string
+	for _, r := range left {
+		threads = append(threads, r.Thread)
+	}
+	if !slices.Equal(threads, []string{"th-d", "th-e"}) {
+		t.Fatalf("records left %v, want the two within the retention (th-d, th-e)", threads)
+	}
+	if n, err := r2.PruneAudit(ctx, now.Add(-48*time.Hour)); err != nil || n != 0 {
+		t.Fatalf("pruning again = %d, %v; want nothing", n, err)
 	}
 }
