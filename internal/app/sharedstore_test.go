@@ -2,8 +2,10 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/audit"
@@ -83,4 +85,42 @@ func TestDispatchIdempotencyKeyAcrossConnectors(t *testing.T) {
 	if ids := h1.fake.ThreadIDs(); !slices.Equal(ids, []string{tid}) {
 		t.Fatalf("T3 has threads %v, want only %s", ids, tid)
 	}
+}
+
+// TestAuditTableRetention: a connector on PostgreSQL with T3CODE_MCP_AUDIT_RETENTION prunes the
+// shared audit table at start: the record older than the retention goes, the newer one stays.
+func TestAuditTableRetention(t *testing.T) {
+	leakCheck(t)
+	dbURL := pgtest.New(t)
+	ctx := context.Background()
+	db, err := pgstore.Open(ctx, dbURL) // migrates
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	now := time.Now()
+	if err := db.AppendAudit(ctx, []audit.Record{
+		{Time: now.Add(-100 * time.Hour), Tool: "t3_dispatch", Machine: "mac", Thread: "old"},
+		{Time: now.Add(-time.Hour), Tool: "t3_dispatch", Machine: "mac", Thread: "new"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	threads := func() []string {
+		var out []string
+		if _, err := db.ScanAudit(ctx, audit.Filter{}, func(_ []byte, r audit.Record) error {
+			out = append(out, r.Thread)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	h := newHarness(t, harnessOpts{settings: func(s *app.Settings) { s.DatabaseURL, s.AuditRetention = dbURL, 48*time.Hour }})
+	eventually(t, time.Minute, "the connector pruned the record past the retention", func() bool {
+		return len(threads()) == 1
+	}, func() string { return fmt.Sprint(threads()) })
+	if got := threads(); got[0] != "new" {
+		t.Fatalf("audit table after the prune: %v, want the record within the retention", got)
+	}
+	h.stop()
 }
