@@ -6,8 +6,9 @@ import (
 )
 
 // Delivery by several replicas (a store.Claimer queue, PostgreSQL): each replica's loop keeps
-// its own in-memory streams (every replica's commits reach them through the scan), and at each
-// turn it claims the heads of the ready streams it has room for, all in one query
+// its own in-memory streams (every replica's commits reach them through the scan), and when fewer
+// claimed heads wait than it has free slots it claims the heads of that many ready streams and a
+// slot set more, all in one query
 // (store.Claimer.ClaimHeads), before it enriches or sends any of them. The store grants a claim
 // only for a stream's head that no live claimant holds, so one event is never sent by two
 // replicas at the same time and a stream's events go out in order whichever replica sends them.
@@ -42,9 +43,23 @@ func (l *loop) claimReady(now time.Time) {
 	if cfg.Enricher != nil {
 		room += cfg.EnrichConcurrency - l.enriching - len(l.toEnrich)
 	}
-	batch := l.claimed
-	l.claimed = nil
-	for len(batch) < room && len(l.ready) > 0 {
+	// Claimed heads still waiting for a slot keep their claim until it is a third through its
+	// TTL, then it is renewed with this turn's claims. A turn claims only when fewer heads wait
+	// than there are free slots, and then a slot set ahead (Concurrency more), so that the turns
+	// that follow a freed slot or two start their heads without a query.
+	var batch, fresh []*stream
+	for _, s := range l.claimed {
+		if now.Sub(s.claimedAt) < cfg.ClaimTTL/3 && !now.Before(s.claimedAt) {
+			fresh = append(fresh, s)
+		} else {
+			batch = append(batch, s)
+		}
+	}
+	l.claimed = fresh
+	if len(batch) == 0 && len(fresh) >= room {
+		return
+	}
+	for len(batch)+len(fresh) < room+cfg.Concurrency && len(l.ready) > 0 {
 		s := pop(&l.ready)
 		if len(s.queue) == 0 {
 			s.ready = false
@@ -103,6 +118,7 @@ func (l *loop) claimReady(now time.Time) {
 		e.Body = nil
 		s.head = &e
 		s.ready = true
+		s.claimedAt = now
 		l.claimed = append(l.claimed, s)
 	}
 	l.skip(skipped)

@@ -44,6 +44,9 @@ type stream struct {
 	// (no answer, a 5xx without Retry-After); it is in loop.outageWaiters.
 	waitsOutOutage bool
 
+	// claimedAt is when this replica last claimed the head (replicas: claim.go).
+	claimedAt time.Time
+
 	bo  backoff.BackOff // delivery delays of the current head, created at its first dispatch
 	ebo backoff.BackOff // enrichment delays of the current head
 }
@@ -96,6 +99,8 @@ type loop struct {
 	// claimed holds, when replicas share the queue, the ready streams whose heads this turn
 	// claimed (claim.go); dispatch looks at them instead of ready.
 	claimed []*stream
+	// scanDue: replicas scan for new events only when they may have come (see Run).
+	scanDue bool
 	// skipped counts the events found delivered by another replica since skipLogged.
 	skipped    int
 	skipLogged time.Time
@@ -141,7 +146,7 @@ type loop struct {
 
 func (o *Outbox) newLoop(ctx context.Context) *loop {
 	return &loop{
-		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(),
+		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(), scanDue: true,
 		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
 		// ever blocks on a loop that is busy elsewhere.
 		freed:       make(chan struct{}, o.cfg.Concurrency),
@@ -187,7 +192,12 @@ func (o *Outbox) Run(ctx context.Context) {
 			lastPrune = now
 			o.prune(now)
 		}
-		l.scan()
+		// From a shared database (replicas) the scan is a query: it runs when new events may
+		// have come (a Notify, the poll timer, a full scan before), not after every outcome.
+		if l.o.claimer == nil || l.scanDue || l.more {
+			l.scanDue = false
+			l.scan()
+		}
 		l.due(now)
 		l.dispatch(now)
 		// From a shared database (replicas) the gauges are a query: once a poll at most.
@@ -278,7 +288,9 @@ func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan tim
 	case <-l.enrichFreed:
 		l.enriching--
 	case <-wake:
+		l.scanDue = true
 	case <-timer:
+		l.scanDue = true
 	}
 	return true
 }
