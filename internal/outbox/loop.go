@@ -686,7 +686,12 @@ func (l *loop) finishAhead(s *stream, r outcome) {
 		// The head's own enrichment tries again, with backoff and the partial body, when this
 		// event is the head; until the head moves on nothing more is tried ahead.
 		s.aheadFail = true
-		if r.err != nil {
+		switch {
+		case r.err != nil && l.o.claimer != nil && errors.Is(r.err, store.ErrNotPending):
+			// Another replica delivered it meanwhile: normal with replicas; the claim of the
+			// stream's head drops it from the queue.
+			l.o.log.Debug("outbox: an event to complete ahead of delivery was delivered by another replica", "stream", s.name, "seq", r.job.seq)
+		case r.err != nil:
 			l.o.log.Warn("outbox: completing an event ahead of delivery", "stream", s.name, "seq", r.job.seq, "err", r.err)
 		}
 	case r.body == nil: // complete in the store already
