@@ -259,7 +259,11 @@ func New(s Settings, o Options) (*App, error) {
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines})
+	wm, err := watch.NewMetrics(a.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines, WatchMetrics: wm})
 	if s.HookURL != "" {
 		if err := a.newEvents(replicaID); err != nil {
 			a.Close()
@@ -301,7 +305,11 @@ func (a *App) newEvents(replicaID string) error {
 	}
 	// One group committer for the store: the detector's chunks and, with bbolt, the outbox's
 	// delivery records share its transactions and fsyncs.
-	group := store.NewGroup(st)
+	gm, err := store.NewGroupMetrics(a.Registry)
+	if err != nil {
+		return err
+	}
+	group := store.NewGroup(st).WithMetrics(gm)
 	var queue outbox.Queue = st
 	if group.SharesRecords() {
 		queue = groupRecords{st, group}
@@ -316,8 +324,12 @@ func (a *App) newEvents(replicaID string) error {
 	a.Outbox = ob
 	// The detector reads threads through the fleet (look-ups, off the
 	// Ack path) and the fleet hands it every chunk from Start on.
+	em, err := events.NewMetrics(a.Registry)
+	if err != nil {
+		return err
+	}
 	do := events.Options{
-		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: ob.Notify, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
+		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: ob.Notify, Metrics: em, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
 	}
 	if p, ok := any(st).(pooled); ok {
 		// Replicas share the store: each machine's events are detected by its lease holder.

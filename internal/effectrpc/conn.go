@@ -126,6 +126,7 @@ type call struct {
 // event is a Chunk (values) or the terminal Exit (end).
 type event struct {
 	values []jx.Raw
+	read   time.Time // when the frame that carried it was read off the socket
 	end    bool
 	value  jx.Raw // success value of the Exit
 	err    error  // failure of the Exit
@@ -277,6 +278,20 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 // sending an Interrupt when ctx ends, onChunk's error (after an Interrupt) when
 // it fails, and an error wrapping ErrClosed when the socket goes away.
 func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk func(values []jx.Raw) error) error {
+	return c.StreamChunks(ctx, method, payload, func(ch Chunk) error { return onChunk(ch.Values) })
+}
+
+// Chunk is one Chunk message of a stream.
+type Chunk struct {
+	Values []jx.Raw
+	// Read is when the frame that carried it was read off the socket: the time it then waited
+	// for the handler (behind the previous chunk) and the handler's own time are measured from
+	// it (the watcher's chunk histograms).
+	Read time.Time
+}
+
+// StreamChunks is Stream with each chunk's read time.
+func (c *Conn) StreamChunks(ctx context.Context, method string, payload any, onChunk func(Chunk) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -292,7 +307,7 @@ func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk f
 		if ev.end {
 			return ev.err
 		}
-		if err := onChunk(ev.values); err != nil {
+		if err := onChunk(Chunk{Values: ev.values, Read: ev.read}); err != nil {
 			c.abandon(cl)
 			return err
 		}
@@ -457,6 +472,7 @@ func (c *Conn) readLoop(limit int64) {
 			c.fail(fmt.Errorf("%w: %s", ErrClosed, describeReadErr(err, limit)))
 			return
 		}
+		read := time.Now()
 		data := buf.Bytes()
 		if c.tap != nil {
 			c.tap("recv", data)
@@ -469,7 +485,7 @@ func (c *Conn) readLoop(limit int64) {
 		// frame's buffer can serve the next frame.
 		putFrameBuf(buf)
 		for _, m := range msgs {
-			c.handle(m)
+			c.handle(m, read)
 		}
 	}
 }
@@ -520,7 +536,7 @@ func describeReadErr(err error, limit int64) string {
 	return "socket lost: " + err.Error()
 }
 
-func (c *Conn) handle(m inbound) {
+func (c *Conn) handle(m inbound, read time.Time) {
 	if m.err != nil {
 		if m.requestID == "" {
 			c.log.Warn("effectrpc: undecodable message from T3", "tag", m.tag, "err", m.err)
@@ -544,7 +560,7 @@ func (c *Conn) handle(m inbound) {
 			c.log.Debug("effectrpc: Chunk for an unknown request", "id", id)
 			return
 		}
-		cl.push(event{values: m.msg.Chunk.Values})
+		cl.push(event{values: m.msg.Chunk.Values, read: read})
 	case t3rpc.ExitServerMessage:
 		id := idKey(m.msg.Exit.RequestId)
 		cl := c.lookup(id, true)

@@ -121,6 +121,7 @@ type Detector struct {
 	tracked   Tracked
 	read      Reader
 	notify    func()
+	m         *Metrics // nil: none
 	log       *slog.Logger
 	now       func() time.Time
 	retention time.Duration
@@ -170,8 +171,10 @@ type Options struct {
 	Read Reader
 	// Notify is called after events were committed (wakes the outbox).
 	Notify func()
-	Logger *slog.Logger
-	Now    func() time.Time
+	// Metrics, when set, times each event from T3 to durable.
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
 	// Retention: tracked threads nobody watches are forgotten this long after
 	// their last update (default DefaultRetention); see Prune.
 	Retention time.Duration
@@ -221,7 +224,7 @@ func New(o Options) *Detector {
 	if o.PruneEvery <= 0 {
 		o.PruneEvery = DefaultPruneEvery
 	}
-	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, log: o.Logger, now: o.Now,
+	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, m: o.Metrics, log: o.Logger, now: o.Now,
 		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]cached{}, locks: map[string]*sync.Mutex{},
 		lease: o.Lease, rows: o.Rows, claim: o.ClaimRemoved, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
@@ -552,6 +555,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		d.lookups.add(k)
 	}
 	if len(evs) > 0 {
+		d.m.committed(evs, time.Now())
 		for _, e := range evs {
 			d.log.Info("event recorded", "id", e.ID, "stream", e.Stream)
 		}

@@ -49,6 +49,8 @@ type Options struct {
 	Tokens map[string]string
 	// MinBackoff/MaxBackoff of reconnects (tests shorten them).
 	MinBackoff, MaxBackoff time.Duration
+	// WatchMetrics, when set, times every machine's shell-stream chunks.
+	WatchMetrics *watch.Metrics
 }
 
 // Fleet is every configured machine.
@@ -112,7 +114,7 @@ func New(cfg *config.Config, threads TrackedThreads, o Options) *Fleet {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
 		} else {
 			m.client = c
-			m.watcher = watch.New(mc.Name, m.connect, watch.Options{Logger: o.Logger, Sink: ws, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff})
+			m.watcher = watch.New(mc.Name, m.connect, watch.Options{Logger: o.Logger, Sink: ws, MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, Metrics: o.WatchMetrics})
 		}
 		f.machines = append(f.machines, m)
 		f.byName[mc.Name] = m

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/stages"
 )
 
 // Metrics are the outbox's Prometheus metrics. Receiver errors (the webhook endpoint answered with
@@ -18,6 +20,9 @@ type Metrics struct {
 	recordBatch prometheus.Histogram
 	// skipped counts queued events a replica found delivered (or given up) by another replica.
 	skipped prometheus.Counter
+	// firstAttempt and attempt: the last stages of an event's latency (internal/stages).
+	firstAttempt prometheus.Histogram
+	attempt      prometheus.Histogram
 }
 
 // Label values.
@@ -75,9 +80,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "t3code_mcp_outbox_skipped_total",
 			Help: "Queued events this replica skipped because another replica delivered them or gave up on them (PostgreSQL replicas; 0 with bbolt).",
 		}),
+		firstAttempt: stages.Histogram("t3code_mcp_outbox_first_attempt_lag_seconds",
+			"Time from a transition in T3 (its time, T3's clock) to its event's first delivery attempt starting (enrichment, when the event needed it, included)."),
+		attempt: stages.Histogram("t3code_mcp_outbox_attempt_seconds",
+			"Duration of one delivery attempt: the POST to the webhook receiver until its answer (or failure)."),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch, m.skipped} {
+		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch, m.skipped, m.firstAttempt, m.attempt} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/t3code-mcp/t3code-mcp/internal/stages"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
@@ -79,7 +80,12 @@ func (o *Outbox) work(ctx context.Context, j job) outcome {
 		enriched, e.Body, e.Enrich = body, body, false
 	}
 
+	start := time.Now()
+	if e.Attempts == 0 {
+		o.m.firstAttempt.Observe(max(0, start.Sub(e.CreatedAt).Seconds()))
+	}
 	r := o.attempt(ctx, j.client, e)
+	stages.ObserveSince(o.m.attempt, start)
 	if !r.ok && r.network && ctx.Err() != nil {
 		// Shutting down: not the receiver's fault, not an attempt. The enriched body is kept,
 		// though: the receiver may have seen it, and a retry must send the same bytes.

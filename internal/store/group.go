@@ -1,6 +1,9 @@
 package store
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Group commits the batches of many concurrent callers together: one
 // transaction and one fsync for every batch waiting when the previous commit
@@ -22,6 +25,8 @@ type Group struct {
 
 	// Stats: transactions written and batches they held (benchmarks, tests).
 	txs, batches uint64
+
+	m *GroupMetrics // nil: none
 }
 
 type groupReq struct {
@@ -30,6 +35,7 @@ type groupReq struct {
 	ops  []Op
 	errs []error
 	done chan error
+	at   time.Time // when it was queued (the metrics' wait)
 }
 
 // OpsCommitter is a Store that can apply outbox ops (Record) in the same transaction as batches
@@ -43,6 +49,12 @@ type OpsCommitter interface {
 // NewGroup returns the group committer of s. A store should have one (more
 // would only split the groups).
 func NewGroup(s Store) *Group { return &Group{s: s} }
+
+// WithMetrics makes g observe its transactions on m; call it before the first Commit.
+func (g *Group) WithMetrics(m *GroupMetrics) *Group {
+	g.m = m
+	return g
+}
 
 // Commit writes b, grouped with the batches of other callers, and returns when
 // it is durable. A batch that fails on its own (an invalid event) fails alone:
@@ -84,6 +96,9 @@ func (g *Group) Record(ops []Op) ([]error, error) {
 }
 
 func (g *Group) enqueue(r *groupReq) {
+	if g.m != nil {
+		r.at = time.Now()
+	}
 	g.mu.Lock()
 	g.pending = append(g.pending, r)
 	if !g.writing {
@@ -131,11 +146,14 @@ func (g *Group) write() {
 		}
 		var err error
 		var errs []error
+		start := time.Now()
+		g.m.started(reqs, start)
 		if hasOps {
 			errs, err = g.s.(OpsCommitter).CommitBatchesAndOps(bs, ops)
 		} else {
 			err = g.s.CommitBatches(bs)
 		}
+		g.m.committed(start)
 		if err != nil && len(reqs) > 1 {
 			// One batch (or the disk) failed the group: write each alone, so
 			// every caller gets its own answer.

@@ -8,6 +8,7 @@ import (
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 )
 
 // BenchmarkApplyChunkLagging is one chunk of a machine the connector lags behind: 1,024 shell
@@ -40,7 +41,7 @@ func BenchmarkApplyChunkLagging(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		w.status.Cursor = 0 // the same items apply again
-		if _, err := w.applyChunk(ctx, values); err != nil {
+		if _, err := w.applyChunk(ctx, effectrpc.Chunk{Values: values}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
@@ -123,7 +124,7 @@ func TestRowRoundTrip(t *testing.T) {
 		}
 		w := New("m", nil, Options{})
 		item := `{"kind":"thread.updated","sequence":` + strconv.Itoa(i+1) + `,"location":"active","thread":` + string(raw) + `}`
-		if _, err := w.applyChunk(context.Background(), []jx.Raw{jx.Raw(item)}); err != nil {
+		if _, err := w.applyChunk(context.Background(), effectrpc.Chunk{Values: []jx.Raw{jx.Raw(item)}}); err != nil {
 			t.Fatalf("row %d: %v", i, err)
 		}
 		want.LatestVisibleMessage = t3rpc.OptNilVisibleMessage{}
@@ -152,7 +153,7 @@ func TestRowReuse(t *testing.T) {
 	apply := func(seq int, raw string) {
 		t.Helper()
 		item := `{"kind":"thread.updated","sequence":` + strconv.Itoa(seq) + `,"location":"active","thread":` + raw + `}`
-		if _, err := w.applyChunk(context.Background(), []jx.Raw{jx.Raw(item)}); err != nil {
+		if _, err := w.applyChunk(context.Background(), effectrpc.Chunk{Values: []jx.Raw{jx.Raw(item)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -227,7 +228,7 @@ func BenchmarkRetainedPerThread(b *testing.B) {
 	for b.Loop() {
 		before := heap()
 		w := New("m", nil, Options{})
-		if _, err := w.applyChunk(context.Background(), []jx.Raw{item}); err != nil {
+		if _, err := w.applyChunk(context.Background(), effectrpc.Chunk{Values: []jx.Raw{item}}); err != nil {
 			b.Fatal(err)
 		}
 		after := heap()

@@ -71,6 +71,8 @@ type Options struct {
 	// OnItemsApplied, when set, is called after each chunk is applied (load
 	// harness and metrics hook). It must not block.
 	OnItemsApplied func(n int, cursor int64)
+	// Metrics, when set, times every chunk (shared by the fleet's watchers).
+	Metrics *Metrics
 }
 
 // Status is the machine's connection state as the watcher sees it.
@@ -213,9 +215,9 @@ func (w *Watcher) session(ctx context.Context) (bool, error) {
 		}
 	}
 	synced := false
-	err = conn.Stream(ctx, "orchestration.subscribeShell", &in, func(values []jx.Raw) error {
-		return gp.chunk(ctx, values, func() error {
-			s, err := w.applyChunk(ctx, values)
+	err = conn.StreamChunks(ctx, "orchestration.subscribeShell", &in, func(ch effectrpc.Chunk) error {
+		return gp.chunk(ctx, ch.Values, func() error {
+			s, err := w.applyChunk(ctx, ch)
 			if s {
 				synced = true
 			}
@@ -230,8 +232,10 @@ func (w *Watcher) session(ctx context.Context) (bool, error) {
 
 // applyChunk decodes and applies one chunk, then hands the change to the sink.
 // It returns true once the stream reported synchronized.
-func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error) {
-	items, err := decodeItems(values)
+func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, error) {
+	m := w.opts.Metrics
+	m.started(ch.Read, len(ch.Values))
+	items, err := decodeItems(ch.Values)
 	if err != nil {
 		return false, err
 	}
@@ -280,6 +284,7 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 	}
 	w.mu.Unlock()
 
+	m.applied(ch.Read)
 	if w.opts.OnItemsApplied != nil {
 		w.opts.OnItemsApplied(len(items), change.Cursor)
 	}
@@ -288,6 +293,7 @@ func (w *Watcher) applyChunk(ctx context.Context, values []jx.Raw) (bool, error)
 			return syncedNow, err
 		}
 	}
+	m.durable(ch.Read)
 	return syncedNow, nil
 }
 
