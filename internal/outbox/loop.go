@@ -127,13 +127,16 @@ type loop struct {
 	// inflight counts the workers (at most Concurrency: the bound on requests in flight); a
 	// worker frees its slot once its outcome is handed to the recorder, so the next stream's
 	// request does not wait for this one's fsync. unsettled counts the outcomes not yet back
-	// from the recorder (their streams are busy until then).
+	// from the recorder (their streams are busy until then; at most maxUnrecorded of them are
+	// deliveries).
 	inflight  int
 	unsettled int
 	jobs      sync.WaitGroup
 	freed     chan struct{} // worker → loop: a slot is free
-	toRec     chan outcome  // workers → recorder
-	fromRec   chan outcome  // recorder → loop
+	toRec     *mailbox      // workers → recorder
+	fromRec   *mailbox      // recorder → loop
+	recorded  []outcome     // take's buffer for fromRec
+	recStop   chan struct{} // closed by settle: the recorder returns once its mailbox is empty
 	recDone   chan struct{}
 
 	// Enrichment jobs (at most EnrichConcurrency) come back on fromEnrich with the body in
@@ -147,11 +150,13 @@ type loop struct {
 func (o *Outbox) newLoop(ctx context.Context) *loop {
 	return &loop{
 		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(), scanDue: true,
-		// Every outcome in flight fits in either channel, so neither a worker nor the recorder
-		// ever blocks on a loop that is busy elsewhere.
+		// Every slot freed fits in the channel, and the mailboxes never block, so neither a
+		// worker nor the recorder ever waits for a loop that is busy elsewhere, nor a worker
+		// for the recorder.
 		freed:       make(chan struct{}, o.cfg.Concurrency),
-		toRec:       make(chan outcome, o.cfg.Concurrency),
-		fromRec:     make(chan outcome, o.cfg.Concurrency),
+		toRec:       newMailbox(),
+		fromRec:     newMailbox(),
+		recStop:     make(chan struct{}),
 		recDone:     make(chan struct{}),
 		enrichFreed: make(chan struct{}, o.cfg.EnrichConcurrency),
 		fromEnrich:  make(chan outcome, o.cfg.EnrichConcurrency),
@@ -170,7 +175,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	l := o.newLoop(ctx)
-	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec) }()
+	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec, l.recStop) }()
 	defer func() {
 		cancel()
 		l.settle()
@@ -223,7 +228,7 @@ func (l *loop) settle() {
 		l.take(nil, nil, nil) // outcomes and freed slots only
 	}
 	l.jobs.Wait()
-	close(l.toRec)
+	close(l.recStop)
 	<-l.recDone
 }
 
@@ -270,17 +275,13 @@ func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan tim
 	select {
 	case <-done:
 		return false
-	case r := <-l.fromRec:
-		l.finish(r)
-		// Take every outcome already recorded before the next turn.
-		for drained := false; !drained; {
-			select {
-			case r := <-l.fromRec:
-				l.finish(r)
-			default:
-				drained = true
-			}
+	case <-l.fromRec.ready:
+		// Every outcome recorded so far, before the next turn.
+		l.recorded = l.fromRec.take(l.recorded[:0], 0)
+		for _, r := range l.recorded {
+			l.finish(r)
 		}
+		clear(l.recorded)
 	case r := <-l.fromEnrich:
 		l.finish(r)
 	case <-l.freed:
@@ -413,7 +414,7 @@ func (l *loop) dispatch(now time.Time) {
 		src = &l.claimed
 	}
 	for n := len(*src); n > 0 && len(*src) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
-		deliverRoom := l.inflight+len(l.toDeliver) < cfg.Concurrency
+		deliverRoom := l.inflight+len(l.toDeliver) < cfg.Concurrency && l.unsettled < maxUnrecorded
 		enrichRoom := cfg.Enricher != nil && l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
 		if !deliverRoom && !enrichRoom {
 			break
@@ -440,7 +441,7 @@ func (l *loop) dispatch(now time.Time) {
 			putBack++
 		}
 	}
-	for l.inflight < cfg.Concurrency && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
+	for l.inflight < cfg.Concurrency && l.unsettled < maxUnrecorded && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
 		s := pop(&l.toDeliver)
 		s.ready = false
 		l.startDelivery(s)
@@ -550,7 +551,9 @@ func (l *loop) startDelivery(s *stream) {
 	}
 	go func() {
 		defer l.jobs.Done()
-		l.toRec <- l.o.work(l.ctx, j)
+		r := l.o.work(l.ctx, j)
+		r.job.body = nil // sent: what is still to store is in the op
+		l.toRec.put(r)
 		l.freed <- struct{}{}
 	}()
 	l.maybeAhead(s) // its next events can be completed while this one is sent

@@ -63,7 +63,10 @@ const (
 	snippetBytes = 256         // how much of a failing response body goes into LastError
 	drainBytes   = 64 << 10    // read this much of a response so the connection is reused
 	scanLimit    = 4096        // newly committed events taken into the queues per loop turn
-	maxBatch     = 512         // outcomes recorded in one transaction at most
+	maxBatch     = 2048        // outcomes recorded in one transaction at most
+	// maxUnrecorded bounds the outcomes handed to the recorder and not yet back (their memory,
+	// and the ops of the next transactions): past it no delivery starts until some come back.
+	maxUnrecorded = 2 * maxBatch
 )
 
 // Enricher completes an event's body before delivery. Events committed in the watcher's Ack path

@@ -42,16 +42,23 @@ func (s *slowEnricher) Enrich(ctx context.Context, e store.Event) ([]byte, error
 
 func (s *slowEnricher) Partial(e store.Event, _ error) []byte { return e.Body }
 
-// benchDeliverWith is benchDeliver with events committed for enrichment (facts only) when en is
-// not nil.
-func benchDeliverWith(b *testing.B, events, streams int, en *slowEnricher) {
-	var got atomic.Int64
+// countingReceiver is a local receiver that answers 204 at once and counts the requests; it is
+// closed when b ends.
+func countingReceiver(b *testing.B) (*httptest.Server, *atomic.Int64) {
+	got := new(atomic.Int64)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		got.Add(1)
 		w.WriteHeader(http.StatusNoContent)
 	}))
-	defer srv.Close()
+	b.Cleanup(srv.Close)
+	return srv, got
+}
+
+// benchDeliverWith is benchDeliver with events committed for enrichment (facts only) when en is
+// not nil.
+func benchDeliverWith(b *testing.B, events, streams int, en *slowEnricher) {
+	srv, got := countingReceiver(b)
 	body := []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1","summary":"Done: fix the flaky test"}`)
 	if en != nil {
 		body = []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1"}`)

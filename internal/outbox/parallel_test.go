@@ -394,3 +394,58 @@ func TestOneFailingThreadKeepsItsBackoff(t *testing.T) {
 		t.Fatalf("the failing thread was tried %d times within its hour of backoff", n)
 	}
 }
+
+// heldRecords is a store whose Record waits until release is closed: a record queued behind a
+// long group commit (the detector's transactions under a heavy commit load).
+type heldRecords struct {
+	store.Store
+	release chan struct{}
+}
+
+func (q heldRecords) Record(ops []store.Op) ([]error, error) {
+	<-q.release
+	return q.Store.Record(ops)
+}
+
+// TestSlowRecordDoesNotHoldBackRequests: while the outbox's records wait for a slow commit, the
+// request slots keep working through the other threads (a worker hands its outcome over and
+// frees its slot; the recorder takes everything that gathered meanwhile in its next
+// transaction), and a thread whose event is not recorded yet sends nothing more of its own.
+// Before, a bounded hand-off of Concurrency outcomes filled and every worker waited for the
+// record: delivery ran at the outcomes one commit could take, not at the requests' pace.
+func TestSlowRecordDoesNotHoldBackRequests(t *testing.T) {
+	rc := newReceiver(t)
+	q := heldRecords{release: make(chan struct{})}
+	h := startOn(t, t.TempDir(), Config{URL: rc.srv.URL, Concurrency: 2}, func(st store.Store) Queue {
+		q.Store = st
+		return q
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(q.release) }) }
+	t.Cleanup(release) // runs before the outbox is stopped, which waits for its records
+	const single = 20  // threads of one event each: 10 times the request slots
+	evs := backlog(single, 1)
+	evs = append(evs, mkEvent("m/multi", 1), mkEvent("m/multi", 2), mkEvent("m/multi", 3))
+	h.commit(t, evs...)
+	eventually(t, "every thread's first event sent while no record is done", func() bool {
+		seen := map[string]bool{}
+		for _, r := range rc.requests() {
+			seen[r.Stream] = true
+		}
+		return len(seen) == single+1
+	})
+	for _, r := range rc.requests() {
+		if r.Stream == "m/multi" && r.N != 1 {
+			t.Fatalf("m/multi sent event %d before its first was recorded", r.N)
+		}
+	}
+	if p, _, _ := h.counts(); p != single+3 {
+		t.Fatalf("pending = %d while records wait, want %d", p, single+3)
+	}
+	release()
+	eventually(t, "all delivered", func() bool { _, _, dl := h.counts(); return dl == single+3 })
+	if got := rc.acceptedBy("m/multi"); !reflect.DeepEqual(got, seq(3)) {
+		t.Fatalf("m/multi order = %v", got)
+	}
+	checkOrder(t, rc, single, 1)
+}
