@@ -346,6 +346,10 @@ func (a *App) newDeps() {
 	s, st, fl := a.Settings, a.Store, a.Fleet
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
+	waitResult := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "t3code_mcp_wait_result_seconds",
+		Help:    "t3_wait results by stage, once the wait was over: read (the result's read of the thread from T3), render, answered (the whole result, until handed to the MCP SDK).",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}}, []string{"stage"})
+	a.Registry.MustRegister(waitResult)
 	a.Push = tools.NewPush()
 	a.Deps = &tools.Deps{Fleet: fl, Threads: st, Keys: store.DispatchKeys{Store: st}, Push: a.Push, Logger: a.Log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		IdempotencyRetention: s.IdempotencyRetention,
@@ -355,6 +359,9 @@ func (a *App) newDeps() {
 				outcome = "error"
 			}
 			toolCalls.WithLabelValues(tool, outcome).Inc()
+		},
+		OnWaitResult: func(stage tools.WaitStage, d time.Duration) {
+			waitResult.WithLabelValues(string(stage)).Observe(d.Seconds())
 		}}
 	if a.Detector != nil { // a nil *Detector in the interface would not be a nil Tracker
 		a.Deps.Tracker = detectorTracker{a.Detector}

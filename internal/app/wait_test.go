@@ -82,6 +82,12 @@ func TestDispatchAndWaitReadCounts(t *testing.T) {
 	if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
 		t.Fatalf("dispatch + wait read %+v, want exactly one bounded read", got)
 	}
+	// The result's stages are in /metrics: its one read, the render, the whole result.
+	for _, stage := range []string{"read", "render", "answered"} {
+		if got := h.metric(`t3code_mcp_wait_result_seconds_count{stage="` + stage + `"}`); got != "1" {
+			t.Errorf("t3code_mcp_wait_result_seconds_count{stage=%q} = %q after one wait, want 1", stage, got)
+		}
+	}
 
 	// A wait on the settled run returns at once with one bounded read too.
 	before = readsOf(h.fake)

@@ -2,10 +2,12 @@ package fleet_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
@@ -92,5 +95,106 @@ func TestThreadLookupNamesEachMachinesState(t *testing.T) {
 	}
 	if strings.Count(err.Error(), `"notoken"`) != 1 {
 		t.Errorf("the machine is named more than once: %v", err)
+	}
+}
+
+// countingProxy forwards TCP connections to target and counts them: how many
+// connections a client opened to a machine.
+type countingProxy struct {
+	ln       net.Listener
+	accepted atomic.Int64
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func newCountingProxy(t *testing.T, target string) *countingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &countingProxy{ln: ln}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.accepted.Add(1)
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+// TestReadsKeepTheirConnections: a machine's reads reuse kept-alive
+// connections. Four reads at once, three times over, open four connections;
+// with http.DefaultTransport's two idle connections per host (the clients'
+// transport before the fleet had its own) every round after the first
+// dialled two again, a fifth of a t3_wait result's read under load.
+func TestReadsKeepTheirConnections(t *testing.T) {
+	fk := t3fake.StartT(t, t3fake.Options{})
+	tid := fk.AddThread(fk.AddProject("p", "/srv/p"), "t", "idle")
+	proxy := newCountingProxy(t, strings.TrimPrefix(fk.URL(), "http://"))
+	cfg := &config.Config{Machines: []config.Machine{{Name: "m", URL: "http://" + proxy.ln.Addr().String(), Projects: []string{"*"}}}}
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	f := fleet.New(cfg, st, fleet.Options{Logger: slog.New(slog.DiscardHandler), Tokens: map[string]string{"m": fk.Token()}})
+	m, err := f.Machine("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const route = "GET /api/orchestration/threads/{id}/bounded"
+	const inFlight, rounds = 4, 3
+	for round := 1; round <= rounds; round++ {
+		fk.HangThreadReads(tid, true) // all inFlight reads are in the fake at once
+		errs := make(chan error, inFlight)
+		for range inFlight {
+			go func() {
+				_, err := m.RecentKeep(context.Background(), tid, t3.Keep{Runs: 1})
+				errs <- err
+			}()
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for fk.Stats().HTTPRequests[route] < int64(round*inFlight) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d reads reached the machine", round, fk.Stats().HTTPRequests[route])
+			}
+			time.Sleep(time.Millisecond)
+		}
+		fk.HangThreadReads(tid, false)
+		for range inFlight {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := proxy.accepted.Load(); n != inFlight {
+		t.Errorf("%d rounds of %d reads at once opened %d connections, want %d", rounds, inFlight, n, inFlight)
 	}
 }

@@ -14,6 +14,19 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
+// stateKeep is what state decodes of a bounded read: the turns shown and the
+// row's pending request (one this connector answered is not shown).
+func (d *Deps) stateKeep(shell t3rpc.ThreadShell, turns int) t3.Keep {
+	if turns <= 0 {
+		turns = 3 // Render's default
+	}
+	keep := t3.Keep{Runs: turns}
+	if pr, ok := threadstate.PendingRequest(&shell); ok && !d.answered.snapshot()[pr.ID] {
+		keep.RequestIDs = []string{pr.ID}
+	}
+	return keep
+}
+
 // state renders a found thread's current state from its projection and its
 // (fresher) shell row. p is a projection already read for this call (nil:
 // one bounded read now that decodes only the runs shown, t3.Keep).
@@ -32,11 +45,7 @@ func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell
 	}
 	runCount := -1
 	if p == nil {
-		keep := t3.Keep{Runs: turns}
-		if meta.PendingRequestID != "" {
-			keep.RequestIDs = []string{meta.PendingRequestID}
-		}
-		rec, err := f.Machine.RecentKeep(ctx, shell.ID, keep)
+		rec, err := f.Machine.RecentKeep(ctx, shell.ID, d.stateKeep(shell, turns))
 		if err != nil {
 			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
 		}

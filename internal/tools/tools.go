@@ -148,6 +148,10 @@ type Deps struct {
 	DefaultOrigin string
 	// OnCall, when set, observes every call (metrics).
 	OnCall func(tool string, d time.Duration, isError bool)
+	// OnWaitResult, when set, observes how long each stage of a t3_wait
+	// result took once its wait was over (metrics; stage is one of the
+	// WaitStage constants).
+	OnWaitResult func(stage WaitStage, d time.Duration)
 	// Audit, when set, gets one record per call of a mutating tool
 	// (t3_dispatch, t3_answer, t3_interrupt).
 	Audit Auditor

@@ -65,6 +65,7 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 			}
 			return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, f.Shell.ID, err)
 		}
+		over := time.Now()
 		// Render with a context of its own: a timeout must still report state.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 		defer rcancel()
@@ -78,7 +79,30 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		}
 		out := mcptools.WaitOutput{Reason: mcptools.WaitReason(r.Reason), State: st}
 		setRun(&out, r)
-		return Result{Structured: &out, Text: reasonText(r) + ": " + stateText(st)}, nil
+		res := Result{Structured: &out, Text: reasonText(r) + ": " + stateText(st)}
+		d.observeWait(WaitAnswered, time.Since(over))
+		return res, nil
+	}
+}
+
+// WaitStage names a stage of a t3_wait result, after its wait was over
+// (Deps.OnWaitResult; the t3code_mcp_wait_result_seconds histogram's label).
+type WaitStage string
+
+const (
+	// WaitRead is the result's read of the thread from T3 (none when the
+	// wait's own read is still fresh).
+	WaitRead WaitStage = "read"
+	// WaitRender is rendering the thread's state from what was read.
+	WaitRender WaitStage = "render"
+	// WaitAnswered is the whole result: from the moment the waiter saw its
+	// run settle (or ask, or time out) to the result handed to the MCP SDK.
+	WaitAnswered WaitStage = "answered"
+)
+
+func (d *Deps) observeWait(stage WaitStage, dur time.Duration) {
+	if d.OnWaitResult != nil {
+		d.OnWaitResult(stage, dur)
 	}
 }
 
@@ -178,12 +202,24 @@ func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
 	return rec.Projection, err
 }
 
-// state renders the wait's result; p is the wait's last read (nil: none).
+// state renders the wait's result; p is the wait's last read (nil: none,
+// the thread is read now: the result's one bounded read).
 func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
+	if p == nil {
+		start := time.Now()
+		rec, err := f.Machine.RecentKeep(ctx, shell.ID, d.stateKeep(shell, 3))
+		if err != nil {
+			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+		}
+		d.observeWait(WaitRead, time.Since(start))
+		p, w.runCount = rec.Projection, rec.RunCount
+	}
+	start := time.Now()
 	st, err := d.state(ctx, f, shell, 3, p)
-	if err == nil && p != nil && w.runCount >= 0 {
+	if err == nil && w.runCount >= 0 {
 		st.RunCount.SetTo(w.runCount) // the thread's runs, not only those decoded
 	}
+	d.observeWait(WaitRender, time.Since(start))
 	return st, err
 }
 

@@ -43,6 +43,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 		}
 		return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, first.f.Shell.ID, first.err)
 	}
+	over := time.Now()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 	defer rcancel()
 	shell := first.r.Shell
@@ -59,6 +60,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	if first.r.Reason == wait.Timeout {
 		text = fmt.Sprintf("timeout: none of the %d threads settled or asked; showing %s", len(found), stateText(st))
 	}
+	d.observeWait(WaitAnswered, time.Since(over))
 	return Result{Structured: &out, Text: text}, nil
 }
 
