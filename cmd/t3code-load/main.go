@@ -29,6 +29,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -61,6 +62,7 @@ type options struct {
 	short, quiet, inProcess                              bool
 	bin, dir, jsonOut                                    string
 	cpuProfile, blockProfile, memProfile, harnessProfile string
+	profilePhase                                         string
 	phases, pollers                                      string
 	over                                                 loadtest.Config
 }
@@ -80,6 +82,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.blockProfile, "blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile once the connector is synced and idle, and FILE.backlog when the outage phase's receiver comes back (implies -inprocess)")
 	fs.StringVar(&o.harnessProfile, "harness-cpuprofile", "", "write a CPU profile of the harness alone (fakes, clients, receiver); the connector stays the binary")
+	fs.StringVar(&o.profilePhase, "profile-phase", "", "the CPU profile (-cpuprofile or -harness-cpuprofile) covers only this phase (thread, latency, compare, throughput, outage or soak), not the set-up and the others")
 
 	// Zero means the profile's value.
 	c := &o.over
@@ -131,6 +134,19 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.phases != "" {
 		c.Phases = strings.Split(o.phases, ",")
+	}
+	if o.profilePhase != "" {
+		err := error(nil)
+		switch {
+		case o.cpuProfile == "" && o.harnessProfile == "":
+			err = errors.New("t3code-load: -profile-phase needs -cpuprofile or -harness-cpuprofile")
+		case !slices.Contains(loadtest.PhaseNames, o.profilePhase):
+			err = fmt.Errorf("t3code-load: -profile-phase %q: not one of %s", o.profilePhase, strings.Join(loadtest.PhaseNames, ", "))
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return nil, err
+		}
 	}
 	return o, nil
 }
@@ -202,8 +218,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 
 	// The harness holds every fake machine's state: collect its garbage less often, so that its
-	// own GC disturbs the timings less (memory here is not what is measured).
-	debug.SetGCPercent(400)
+	// own GC disturbs the timings less (memory here is not what is measured). GOGC set in the
+	// environment wins (for measuring the harness's own costs).
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
 
 	stopProfiles, err := o.startProfiles(&cfg, stderr)
 	if err != nil {
@@ -283,12 +302,37 @@ func (o *options) startProfiles(cfg *loadtest.Config, stderr io.Writer) (stop fu
 			stop()
 			return nil, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			stop()
-			return nil, err
+		if o.profilePhase == "" {
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+				stop()
+				return nil, err
+			}
+			stops = append(stops, func() { f.Close() }, pprof.StopCPUProfile)
+			return stop, nil
 		}
-		stops = append(stops, func() { f.Close() }, pprof.StopCPUProfile)
+		// One phase only: started as it begins, stopped as it ends (or when the run stops).
+		var running bool
+		cfg.OnPhase = func(name string, begin bool) {
+			switch {
+			case name != o.profilePhase:
+			case begin && !running:
+				if err := pprof.StartCPUProfile(f); err != nil {
+					fmt.Fprintln(stderr, "-profile-phase:", err)
+					return
+				}
+				running = true
+			case !begin && running:
+				pprof.StopCPUProfile()
+				running = false
+			}
+		}
+		stops = append(stops, func() {
+			if running {
+				pprof.StopCPUProfile()
+			}
+			f.Close()
+		})
 	}
 	return stop, nil
 }

@@ -138,6 +138,9 @@ type Config struct {
 	// AtBacklog, when set, is called in the outage phase as the receiver comes back, with the
 	// outbox at its fullest (a heap profile of an in-process connector under lag is taken here).
 	AtBacklog func()
+	// OnPhase, when set, is called as each phase begins (begin true) and ends (t3code-load's
+	// -profile-phase starts and stops the CPU profile here, so that it holds one phase only).
+	OnPhase func(name string, begin bool)
 }
 
 // Full is the profile of `make load`: the targets' scale.
@@ -256,6 +259,9 @@ func (c Config) withDefaults() Config {
 }
 
 var allPhases = []string{"thread", "latency", "compare", "throughput", "outage", "soak"}
+
+// PhaseNames are the phases, in the order they run.
+var PhaseNames = slices.Clone(allPhases)
 
 // runs says whether phase is to run: the soak runs only when asked for by name (it is long).
 func (c Config) runs(phase string) bool {

@@ -157,27 +157,34 @@ func (c *connector) cpu() (time.Duration, error) { return procCPU(c.pid) }
 
 // procCPU reads utime+stime from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, error) {
+	cpu, _, err := procStat(pid)
+	return cpu, err
+}
+
+// procStat reads utime+stime and the minor page faults (minflt) from /proc/<pid>/stat.
+func procStat(pid int) (cpu time.Duration, minflt int64, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name (field 2) is in parentheses and may hold spaces: split after it.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, errors.New("malformed /proc/pid/stat")
+		return 0, 0, errors.New("malformed /proc/pid/stat")
 	}
 	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	// f[0] is field 3 (state); minflt is field 10, utime and stime are fields 14 and 15.
 	if len(f) < 13 {
-		return 0, errors.New("short /proc/pid/stat")
+		return 0, 0, errors.New("short /proc/pid/stat")
 	}
+	mf, err0 := strconv.ParseInt(f[7], 10, 64)
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
+	if err := errors.Join(err0, err1, err2); err != nil {
+		return 0, 0, err
 	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
+	return time.Duration(ut+st) * time.Second / clockTicks, mf, nil
 }
 
 type healthBody struct {

@@ -138,7 +138,14 @@ func (h *harness) run(ctx context.Context) error {
 		if !h.cfg.runs(p.name) || (p.name == "thread" && h.big == nil) {
 			continue
 		}
-		if err := p.run(ctx); err != nil {
+		if h.cfg.OnPhase != nil {
+			h.cfg.OnPhase(p.name, true)
+		}
+		err := p.run(ctx)
+		if h.cfg.OnPhase != nil {
+			h.cfg.OnPhase(p.name, false)
+		}
+		if err != nil {
 			return fmt.Errorf("%s phase: %w", p.name, err)
 		}
 	}
@@ -221,23 +228,25 @@ func (h *harness) settledCount() int {
 type usageMark struct {
 	at       time.Time
 	cpu, own time.Duration
+	faults   int64 // the harness's minor page faults
 }
 
 func (h *harness) mark() usageMark {
 	cpu, _ := h.conn.cpu()
-	own, _ := procCPU(os.Getpid())
+	own, faults, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), cpu, own}
+	return usageMark{time.Now(), cpu, own, faults}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
 	cpu, _ := h.conn.cpu()
-	own, _ := procCPU(os.Getpid())
+	own, faults, _ := procStat(os.Getpid())
 	rss, _, _ := h.conn.memory()
-	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg()}
+	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
+		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults}
 	if u.Wall > 0 {
 		u.Cores = u.CPU.Seconds() / u.Wall.Seconds()
-		u.HarnessCores = (own - m.own).Seconds() / u.Wall.Seconds()
+		u.HarnessCores = u.HarnessCPU.Seconds() / u.Wall.Seconds()
 	}
 	return u
 }

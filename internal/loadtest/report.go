@@ -93,11 +93,16 @@ type Usage struct {
 	// over the same window: it shares the machine's cores with the connector.
 	HarnessCores float64 `json:"harness_cores"`
 	LoadAvg      string  `json:"loadavg"` // 1-minute load average at the end (other work on the machine counts)
+	// HarnessCPU is the harness process's CPU (utime+stime) over the window, and HarnessFaults
+	// its minor page faults: memory it touched for the first time, which on this machine costs
+	// more than most of its work.
+	HarnessCPU    time.Duration `json:"harness_cpu_ns"`
+	HarnessFaults int64         `json:"harness_minor_faults"`
 }
 
 func (u Usage) String() string {
-	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile; load average %s",
-		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.LoadAvg)
+	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile (%d minor page faults); load average %s",
+		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.HarnessFaults, u.LoadAvg)
 }
 
 // Startup is the connector's start.
@@ -160,6 +165,9 @@ type Throughput struct {
 	Skipped   int           `json:"skipped"`
 	Behind    int           `json:"behind"` // offered runs the harness's fakes could not start in time
 	Usage     Usage         `json:"usage"`
+	// HarnessPerRun is the harness's CPU per run settled in the window (Usage.HarnessCPU over
+	// Settled × the window): what driving one run costs the fakes, clients and receiver together.
+	HarnessPerRun time.Duration `json:"harness_cpu_per_run_ns"`
 }
 
 // Outage is the outage phase: the webhook receiver down while runs settle, then the drain.
@@ -271,6 +279,7 @@ func (r *Report) Text() string {
 			t.Backlog, drained, t.Left, t.Dropped, t.Skipped, t.Behind)
 		p("           event latency: %s", t.Events)
 		p("           connector: %s", t.Usage)
+		p("           harness: %.1f µs CPU per settled run", float64(t.HarnessPerRun)/float64(time.Microsecond))
 	}
 	if o := r.Outage; o != nil {
 		p("outage     receiver down %.1f s at %.0f runs/s offered on %d threads: %d runs settled, %d deliveries refused; backlog %d (%d before)",

@@ -42,6 +42,9 @@ func (h *harness) throughput(ctx context.Context) error {
 	}
 	rep.Usage = h.usageSince(u)
 	rep.Settled = float64(settled) / wall
+	if settled > 0 {
+		rep.HarnessPerRun = rep.Usage.HarnessCPU / time.Duration(settled)
+	}
 	rep.Delivered = float64(recv1-recv0) / wall
 	rep.Committed = float64((recv1+hb1.Events.Pending)-(recv0+hb0.Events.Pending)) / wall
 	rep.Backlog = hb1.Events.Pending

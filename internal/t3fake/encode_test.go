@@ -214,3 +214,81 @@ func TestEventPayloadsAreTakenAtEmit(t *testing.T) {
 		t.Errorf("command item statuses in the events: %s, want %s", got, want)
 	}
 }
+
+// TestShellRowCacheFollowsChanges pins that the row cache (rows.go) never sends a stale part: two
+// threads run interleaved (their caches move through the free list from one thread to the
+// other), and between rows every cached part changes in turn (title, project, modes, model
+// selection with and without options, branch, worktree, the run ids, the visible message, a last
+// error). Every row must be what encoding the row with the generated encoder gives.
+func TestShellRowCacheFollowsChanges(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("payments", "/srv/payments")
+	a := s.AddThread(pid, "Thread \"a\"", "idle")
+	b := s.AddThread(pid, "Thread b\n", "idle")
+	edits := []func(sh *t3rpc.ThreadShell){
+		func(sh *t3rpc.ThreadShell) { sh.Title += " (renamed)" },
+		func(sh *t3rpc.ThreadShell) { sh.ProjectId = "project-other" },
+		func(sh *t3rpc.ThreadShell) { sh.RuntimeMode = optStr("approval-required") },
+		func(sh *t3rpc.ThreadShell) { sh.InteractionMode = t3rpc.OptString{} },
+		func(sh *t3rpc.ThreadShell) {
+			ms := sh.ModelSelection.Value
+			ms.Options = []t3rpc.ModelOption{{ID: "effort", Value: t3rpc.NewStringModelOptionValue("high")}}
+			sh.ModelSelection = t3rpc.NewOptModelSelection(ms)
+		},
+		func(sh *t3rpc.ThreadShell) {
+			sh.ModelSelection = t3rpc.NewOptModelSelection(t3rpc.ModelSelection{InstanceId: "codex", Model: "gpt-5.1"})
+		},
+		func(sh *t3rpc.ThreadShell) { sh.ModelSelection = t3rpc.OptModelSelection{} },
+		func(sh *t3rpc.ThreadShell) { sh.Branch = optNilStr("feature/x") },
+		func(sh *t3rpc.ThreadShell) { sh.WorktreePath = optNilStr("/srv/payments-x") },
+		func(sh *t3rpc.ThreadShell) { sh.LatestRunId = optNilStr(sh.LatestRunId.Value + "-other") },
+		func(sh *t3rpc.ThreadShell) { sh.ActiveRunId = null() },
+		func(sh *t3rpc.ThreadShell) {
+			v := sh.LatestVisibleMessage.Value
+			v.Text += " and more"
+			sh.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(v)
+		},
+		func(sh *t3rpc.ThreadShell) {
+			v := sh.LatestVisibleMessage.Value
+			v.UpdatedAt = optStr("2026-12-01T00:00:00.000Z")
+			sh.LatestVisibleMessage = t3rpc.NewOptNilVisibleMessage(v)
+		},
+		func(sh *t3rpc.ThreadShell) {
+			sh.LatestVisibleMessage = t3rpc.OptNilVisibleMessage{Set: true, Null: true}
+		},
+		func(sh *t3rpc.ThreadShell) { sh.LastError = jx.Raw(`"provider gone"`) },
+		func(sh *t3rpc.ThreadShell) { sh.ActivityRunStatus = optNilStr("running") },
+	}
+	check := func(tid string) {
+		t.Helper()
+		s.mu.Lock()
+		th := s.threadByID[tid]
+		s.publishShell(th)
+		got := s.log[len(s.log)-1].shell
+		item := t3rpc.ShellStreamItem{Kind: "thread.updated", Sequence: optI64(s.head), Location: optStr("active"),
+			Thread: t3rpc.NewOptThreadShell(th.shell)}
+		s.mu.Unlock()
+		if want := encode(&item); !bytes.Equal(got, want) {
+			t.Fatalf("%s: row\n%s\nwant\n%s", tid, got, want)
+		}
+	}
+	for round := range 3 {
+		for _, tid := range []string{a, b} {
+			if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d on %s", round, tid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, edit := range edits {
+			tid := []string{a, b}[i%2]
+			check(tid)
+			s.mu.Lock()
+			edit(&s.threadByID[tid].shell)
+			s.mu.Unlock()
+			check(tid)
+			s.Step()
+		}
+		s.StepAll()
+		check(a)
+		check(b)
+	}
+}

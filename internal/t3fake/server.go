@@ -109,6 +109,10 @@ type Server struct {
 	tsText  string
 	prompts map[string]promptFacts // facts' cache. Guarded by mu.
 	slab    slab                   // bytes of shell items. Guarded by mu.
+	// Row caches (rows.go): the spare one encodes idle threads' rows; freeRows are those no
+	// thread holds. Guarded by mu.
+	spareRows rowCache
+	freeRows  []*rowCache
 	// stepDelay, replayLimit, historyPage and ticketTTL are opts with defaults applied.
 	stepDelay   time.Duration
 	replayLimit int

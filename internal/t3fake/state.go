@@ -33,7 +33,8 @@ type thread struct {
 	active      *run   // the run that keeps the thread busy (until completed/interrupted/failed)
 	queued      []*run // runs dispatched while another was active, in order (fixture 21)
 	runCount    int64
-	archived    bool // thread.archive: its row moves to the archive list
+	archived    bool      // thread.archive: its row moves to the archive list
+	rows        *rowCache // the encoded parts of its rows, while a run is active (rows.go)
 }
 
 // newest is the thread's latest run (nil before the first).
@@ -233,7 +234,9 @@ func (s *Server) publishShell(th *thread) {
 		location = "archive" // recorded (23): archived rows keep coming, marked so
 	}
 	// Encoded from th.shell in place: a ShellStreamItem holding a copy of the row is a kilobyte,
-	// and one per step on the heap was a tenth of the fake's cost per run.
+	// and one per step on the heap was a tenth of the fake's cost per run. The parts of the row
+	// that repeat come from its row cache (rows.go).
+	rc := s.rowsOf(th)
 	s.shellItemFunc(th.id, true, func(e *jx.Encoder, seq int64) {
 		e.ObjStart()
 		e.FieldStart("kind")
@@ -243,9 +246,10 @@ func (s *Server) publishShell(th *thread) {
 		e.FieldStart("location")
 		e.Str(location)
 		e.FieldStart("thread")
-		th.shell.Encode(e)
+		rc.encodeShell(e, &th.shell)
 		e.ObjEnd()
 	}, "thread.updated")
+	s.releaseRows(th)
 }
 
 // shellItem logs and fans out one shell item. With sameSeq it rides on the newest log entry (the
