@@ -175,19 +175,22 @@ func (r recorder) Do(req *http.Request) (*http.Response, error) {
 	if x, ok := req.Context().Value(exchangeKey{}).(*exchange); ok {
 		x.status = resp.StatusCode
 		if resp.StatusCode == http.StatusOK && x.keep != nil {
-			buf, err := readBody(resp.Body, resp.ContentLength)
+			b, runs, err := trimBoundedFrom(resp.Body, *x.keep, 0)
 			_ = resp.Body.Close()
-			if err != nil {
-				putBody(buf)
+			switch {
+			case err == nil:
+				x.runs, x.trimmed = runs, true
+				resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+				return resp, nil
+			case errors.Is(err, errShape):
+				// Not a bounded snapshot as the trimmer knows it, and what was
+				// read of it is gone: read it again, whole, for the generated
+				// decoder to decode or to say what is wrong with it.
+				x.keep = nil
+				return r.Do(req)
+			default:
 				return nil, err
 			}
-			b := buf.Bytes()
-			if t, runs, err := trimBounded(b, *x.keep); err == nil {
-				b, x.runs, x.trimmed = t, runs, true
-				putBody(buf) // the trimmed body is a copy
-			} // else the generated decoder reports what is wrong with the body (in buf, not pooled again)
-			resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-			return resp, nil
 		}
 		if resp.StatusCode != http.StatusOK {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))

@@ -2,12 +2,14 @@ package t3
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
+	"math/bits"
 	"slices"
 	"strconv"
-	"sync"
 )
 
 // Keep says which part of a bounded thread read (GET …/threads/{id}/bounded)
@@ -34,39 +36,73 @@ var errShape = errors.New("bounded body: not the shape of a bounded thread snaps
 // trimBounded rewrites a bounded thread body to the part k keeps, in the
 // same shape (a BoundedThreadSnapshot, keys in T3's order, kept elements byte
 // for byte as T3 sent them), and returns how many runs the thread has in all.
-// Nothing skipped is decoded: a small scanner jumps over values (over strings
-// with bytes.IndexByte, where nearly all of a thread's bytes are) and looks
-// only at the keys that decide (ids, ordinal, status). An error means body
+// Nothing skipped is decoded: a small scanner jumps over values (over strings,
+// where nearly all of a thread's bytes are, eight bytes at a time) and looks
+// only at the keys that decide (ids, ordinal, status), an element of the big
+// arrays in one loop (fields). An error means body
 // is not a JSON object of that shape; the caller then decodes the body as it
 // came and reports what is wrong with it.
 func trimBounded(body []byte, k Keep) (out []byte, runs int, err error) {
-	t := trimmer{k: k}
 	s := scanner{b: body}
+	return s.trim(k)
+}
+
+// trimBoundedFrom is trimBounded of the body r streams: it is scanned as it
+// arrives, in a window of the body that holds only what is still to be
+// copied out (the field or element being scanned, the runs kept so far), not
+// in a buffer of the whole body, which at 50,000 turn items is 16 MiB read,
+// kept and scanned again after it has left the processor's caches. The body
+// is read to its end. window is the window's first size (it grows when one
+// value needs more); 0 means a pooled buffer. A read error is returned as it
+// is; errShape means the body is not a bounded snapshot (what was read of it
+// is gone: the caller reads it again to report what is wrong).
+func trimBoundedFrom(r io.Reader, k Keep, window int) (out []byte, runs int, err error) {
+	var buf *[]byte
+	if window <= 0 {
+		buf = getWindow()
+		defer func() { putWindow(buf) }()
+	} else {
+		b := make([]byte, 0, window)
+		buf = &b
+	}
+	s := scanner{b: (*buf)[:0], src: &source{r: r}}
+	out, runs, err = s.trim(k)
+	*buf = s.b[:0] // the window as it grew
+	if s.src.err != nil {
+		return nil, 0, s.src.err
+	}
+	return out, runs, err
+}
+
+// trim is trimBounded of the body s scans.
+func (s *scanner) trim(k Keep) (out []byte, runs int, err error) {
+	t := trimmer{k: k}
 	out = make([]byte, 0, 4096)
 	out = append(out, '{')
 	first := true
 	err = s.obj(func(key []byte) error {
-		start := s.i
 		if !first {
 			out = append(out, ',')
 		}
 		first = false
 		out = append(append(append(out, '"'), key...), '"', ':')
 		if string(key) != "projection" {
+			start := s.retain()
 			if err := s.skip(); err != nil {
 				return err
 			}
-			out = append(out, body[start:s.i]...)
+			out = append(out, s.from(start)...)
 			return nil
 		}
 		var err error
-		out, err = t.projection(out, &s)
+		out, err = t.projection(out, s)
 		return err
 	})
 	if err != nil {
 		return nil, 0, err
 	}
-	if s.ws(); s.i != len(body) {
+	s.release()
+	if s.ws(); s.i != len(s.b) {
 		return nil, 0, errShape // trailing data
 	}
 	out = append(out, '}')
@@ -84,20 +120,20 @@ type trimmer struct {
 	runIDs, msgIDs, checkpointIDs map[string]bool
 }
 
+// span is a part of the body by position in the body (scanner.pos).
 type span struct{ start, end int }
 
 // projection appends the trimmed projection object; s is at its value. The
 // runs decide what else is kept. T3 sends them before the messages,
 // checkpoints and requests, which are then filtered in the same pass; a
-// field that needs the runs and comes before them is skipped, remembered and
-// filtered once the runs are known. Each field's output is a piece: its
-// kept bytes, or a span of the body copied as it is.
+// field that needs the runs and comes before them is copied, and filtered
+// once the runs are known. Each field's output is a piece: its kept bytes,
+// or its bytes as they came.
 func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 	type piece struct {
-		key      []byte
-		val      span   // the field's value in the body
-		filtered []byte // the value to write instead, once filtered
-		deferred bool   // filter val once the runs are known
+		key      string
+		val      []byte // the field's output
+		deferred bool   // val is the field as it came: filter it once the runs are known
 	}
 	var pieces []piece
 	t.runIDs, t.msgIDs, t.checkpointIDs = map[string]bool{}, map[string]bool{}, map[string]bool{}
@@ -106,25 +142,28 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 	}
 	runsKnown := false
 	err := s.obj(func(key []byte) error {
-		start := s.i
 		var err error
-		p := piece{key: key}
-		switch string(key) {
+		p := piece{key: string(key)} // key is in the window, which moves while the value is read
+		switch p.key {
 		case "runs":
-			p.filtered, err = t.keepRuns(s)
+			p.val, err = t.keepRuns(s)
 			runsKnown = true
 		case "messages", "checkpoints":
 			if !runsKnown {
+				start := s.retain()
 				err, p.deferred = s.skip(), true
+				p.val = append([]byte(nil), s.from(start)...)
 				break
 			}
-			p.filtered, err = t.filterField(key, s)
+			p.val, err = t.filterField(p.key, s)
 		case "runtimeRequests": // kept by status and id, not by run
-			p.filtered, err = t.filterField(key, s)
+			p.val, err = t.filterField(p.key, s)
 		default:
+			start := s.retain()
 			err = s.skip()
+			p.val = append([]byte(nil), s.from(start)...)
 		}
-		p.val = span{start, s.i}
+		s.release()
 		pieces = append(pieces, p)
 		return err
 	})
@@ -137,26 +176,21 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 			out = append(out, ',')
 		}
 		out = append(append(append(out, '"'), p.key...), '"', ':')
-		switch {
-		case p.deferred:
-			sub := scanner{b: s.b[:p.val.end], i: p.val.start}
-			if p.filtered, err = t.filterField(p.key, &sub); err != nil {
+		if p.deferred {
+			sub := scanner{b: p.val}
+			if p.val, err = t.filterField(p.key, &sub); err != nil {
 				return nil, err
 			}
-			out = append(out, p.filtered...)
-		case p.filtered != nil:
-			out = append(out, p.filtered...)
-		default:
-			out = append(out, s.b[p.val.start:p.val.end]...)
 		}
+		out = append(out, p.val...)
 	}
 	return append(out, '}'), nil
 }
 
 // filterField filters the messages, checkpoints or runtime requests array at
 // s by what the kept runs need.
-func (t *trimmer) filterField(key []byte, s *scanner) ([]byte, error) {
-	switch string(key) {
+func (t *trimmer) filterField(key string, s *scanner) ([]byte, error) {
+	switch key {
 	case "messages":
 		return filter(s, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.msgIDs[string(id)]
@@ -182,32 +216,34 @@ type run struct {
 
 // keepRuns scans the runs array at s and returns it with only the kept runs
 // (the newest k.Runs and the named ones), in T3's order, recording in t what
-// they point at.
+// they point at. The window holds the body from the first kept run so far:
+// T3 lists runs oldest first, so that is the last few runs, not the array.
 func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
 	n := max(1, t.k.Runs)
-	var newest []run // the n newest so far, by ordinal ascending
+	newest := make([]run, 0, n) // the n newest so far, by ordinal ascending
 	var named []run
 	err := s.arr(func() error {
 		t.runs++
-		el := run{at: span{start: s.i}}
-		err := s.obj(func(key []byte) error {
-			switch string(key) {
-			case "ordinal":
-				o, err := s.int()
-				el.ordinal = o
-				return err
-			case "id":
-				id, ok, err := s.str()
-				el.named = el.named || ok && contains(t.k.RunIDs, id)
-				return err
-			case "userMessageId":
-				id, ok, err := s.str()
-				el.named = el.named || ok && contains(t.k.MessageIDs, id)
-				return err
-			}
-			return s.skip()
-		})
-		el.at.end = s.i
+		el := run{at: span{start: s.pos()}}
+		// Retain from the first kept run so far (named runs are in body order).
+		from := el.at.start
+		for _, r := range newest {
+			from = min(from, r.at.start)
+		}
+		if len(named) > 0 {
+			from = min(from, named[0].at.start)
+		}
+		s.keep = from
+		var at [3]span
+		err := s.fields(runKeys[:], at[:])
+		if err == nil {
+			el.ordinal = s.intAt(at[0])
+			id, idOK, err1 := s.strAt(at[1])
+			msg, msgOK, err2 := s.strAt(at[2])
+			el.named = idOK && contains(t.k.RunIDs, id) || msgOK && contains(t.k.MessageIDs, msg)
+			err = cmp.Or(err1, err2)
+		}
+		el.at.end = s.pos()
 		if err != nil {
 			return err
 		}
@@ -224,10 +260,16 @@ func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
 				}
 				return 0
 			})
-			newest = slices.Insert(newest, i, el)
-			if len(newest) > n {
-				newest = newest[1:]
+			if len(newest) < n {
+				newest = slices.Insert(newest, i, el) // within its capacity: no allocation
+				break
 			}
+			// Full: the oldest (newest[0]) drops out, those below i move down
+			// one. In place: T3 lists runs oldest first, so this runs for
+			// nearly every run, and a slice grown and resliced from the front
+			// allocated every few runs.
+			copy(newest[:i-1], newest[1:i])
+			newest[i-1] = el
 		}
 		return nil
 	})
@@ -237,7 +279,7 @@ func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
 	kept := make([]span, 0, len(newest)+len(named))
 	for _, r := range append(newest, named...) {
 		kept = append(kept, r.at)
-		if err := t.note(s.b, r.at); err != nil {
+		if err := t.note(s.in(r.at)); err != nil {
 			return nil, err
 		}
 	}
@@ -248,14 +290,14 @@ func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
 		if j > 0 {
 			out = append(out, ',')
 		}
-		out = append(out, s.b[r.start:r.end]...)
+		out = append(out, s.in(r)...)
 	}
 	return append(out, ']'), nil
 }
 
-// note records a kept run's id and what it points at.
-func (t *trimmer) note(b []byte, at span) error {
-	s := scanner{b: b[:at.end], i: at.start}
+// note records a kept run's id and what it points at; el is the run's object.
+func (t *trimmer) note(el []byte) error {
+	s := scanner{b: el}
 	return s.obj(func(key []byte) error {
 		var into map[string]bool
 		switch string(key) {
@@ -283,28 +325,16 @@ func filter(s *scanner, keep func(id, runID, status []byte) bool) ([]byte, error
 	out := make([]byte, 0, 64)
 	out = append(out, '[')
 	first := true
+	var at [3]span
 	err := s.arr(func() error {
-		start := s.i
-		var id, runID, status []byte
-		err := s.obj(func(key []byte) error {
-			var into *[]byte
-			switch string(key) {
-			case "id":
-				into = &id
-			case "runId":
-				into = &runID
-			case "status":
-				into = &status
-			default:
-				return s.skip()
-			}
-			v, ok, err := s.str()
-			if ok {
-				*into = v
-			}
+		start := s.retain()
+		if err := s.fields(filterKeys[:], at[:]); err != nil {
 			return err
-		})
-		if err != nil {
+		}
+		id, _, err1 := s.strAt(at[0])
+		runID, _, err2 := s.strAt(at[1])
+		status, _, err3 := s.strAt(at[2])
+		if err := cmp.Or(err1, err2, err3); err != nil {
 			return err
 		}
 		if keep(id, runID, status) {
@@ -312,12 +342,19 @@ func filter(s *scanner, keep func(id, runID, status []byte) bool) ([]byte, error
 				out = append(out, ',')
 			}
 			first = false
-			out = append(out, s.b[start:s.i]...)
+			out = append(out, s.from(start)...)
 		}
 		return nil
 	})
 	return append(out, ']'), err
 }
+
+// The keys whose values decide: of a run, and of a message, checkpoint or
+// runtime request.
+var (
+	runKeys    = [...]string{"ordinal", "id", "userMessageId"}
+	filterKeys = [...]string{"id", "runId", "status"}
+)
 
 // contains reports whether b is one of ids (without converting b).
 func contains(ids []string, b []byte) bool {
@@ -333,24 +370,115 @@ func contains(ids []string, b []byte) bool {
 // structure (brackets, strings, commas, colons); what it does not check (the
 // characters of numbers and literals, control characters in strings) the
 // caller's json.Valid of the much smaller output does.
+//
+// With a source, b is a window of the body, refilled as the scan reaches its
+// end (more): b[0] is the body's byte base, and bytes before keep, which the
+// trimmer moves forward as it copies out what it keeps, may be dropped to
+// make room. So positions that outlive a read of more input are body
+// positions (pos), and a slice of b is used before the scan moves on.
 type scanner struct {
-	b []byte
-	i int
+	b    []byte
+	i    int // the scan's index in b
+	base int // the body position of b[0]
+	keep int // the first body position still needed
+	src  *source
 }
 
+// source is the rest of a streamed body.
+type source struct {
+	r    io.Reader
+	err  error // a read error other than io.EOF
+	done bool
+}
+
+// pos is the scan's position in the body.
+func (s *scanner) pos() int { return s.base + s.i }
+
+// retain keeps the body from the scan's position on in the window, and returns that position.
+func (s *scanner) retain() int {
+	s.keep = s.pos()
+	return s.keep
+}
+
+// release lets the window drop everything before the scan's position.
+func (s *scanner) release() { s.keep = s.pos() }
+
+// from is the body from position start (retained) to the scan's position.
+func (s *scanner) from(start int) []byte { return s.b[start-s.base : s.i] }
+
+// in is the body's bytes at sp (retained).
+func (s *scanner) in(sp span) []byte { return s.b[sp.start-s.base : sp.end-s.base] }
+
+// Window sizes: reads of at most readBlock bytes, so that what was read is
+// scanned while it is still in the processor's cache; a window starts at
+// firstWindow and grows when a retained value needs more.
+const (
+	readBlock   = 64 << 10
+	firstWindow = 256 << 10
+)
+
+// more reads more of the body into the window, making room first by dropping
+// what is no longer needed or by growing it. It reports whether any was read.
+func (s *scanner) more() bool {
+	src := s.src
+	if src == nil || src.done {
+		return false
+	}
+	if len(s.b) == cap(s.b) {
+		if drop := s.keep - s.base; drop > 0 && drop >= len(s.b)/4 {
+			n := copy(s.b, s.b[drop:])
+			s.b, s.base, s.i = s.b[:n], s.base+drop, s.i-drop
+		} else {
+			b := make([]byte, len(s.b), max(2*cap(s.b), firstWindow))
+			copy(b, s.b)
+			s.b = b
+		}
+	}
+	for range 100 {
+		n, err := src.r.Read(s.b[len(s.b):min(cap(s.b), len(s.b)+readBlock)])
+		s.b = s.b[:len(s.b)+n]
+		if err != nil {
+			src.done = true
+			if err != io.EOF {
+				src.err = err
+			}
+			return n > 0
+		}
+		if n > 0 {
+			return true
+		}
+	}
+	src.done, src.err = true, io.ErrNoProgress
+	return false
+}
+
+// ws moves past whitespace (none, in T3's bodies: the first test is the
+// inlined fast path).
 func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
+	if s.i < len(s.b) && s.b[s.i] > ' ' {
+		return
+	}
+	s.wsSlow()
+}
+
+func (s *scanner) wsSlow() {
+	for {
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ' ', '\t', '\n', '\r':
+				s.i++
+			default:
+				return
+			}
+		}
+		if !s.more() {
 			return
 		}
 	}
 }
 
 // obj walks an object; fn is called at each value (s.i at its first byte)
-// and must consume it.
+// and must consume it. key is valid until fn reads on.
 func (s *scanner) obj(fn func(key []byte) error) error {
 	s.ws()
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
@@ -363,15 +491,21 @@ func (s *scanner) obj(fn func(key []byte) error) error {
 		return nil
 	}
 	for {
+		s.ws()
+		at := s.pos() + 1 // the key's first byte, when it has no escape
 		key, ok, err := s.str()
 		if err != nil || !ok {
 			return errShape
 		}
+		inWindow := len(key) > 0 && &key[0] == &s.b[at-s.base]
 		if s.ws(); s.i >= len(s.b) || s.b[s.i] != ':' {
 			return errShape
 		}
 		s.i++
 		s.ws()
+		if inWindow { // the window may have moved while reading on to the value
+			key = s.b[at-s.base : at-s.base+len(key)]
+		}
 		if err := fn(key); err != nil {
 			return err
 		}
@@ -426,38 +560,33 @@ func (s *scanner) arr(fn func() error) error {
 }
 
 // str reads a string value: its bytes, unescaped when it holds an escape
-// (rare in T3's ids). ok is false, and the value skipped, for any other type.
+// (rare in T3's ids), valid until the scan reads on. ok is false, and the
+// value skipped, for any other type.
 func (s *scanner) str() (v []byte, ok bool, err error) {
 	s.ws()
 	if s.i >= len(s.b) || s.b[s.i] != '"' {
 		return nil, false, s.skip()
 	}
-	start := s.i
+	start := s.pos()
 	if err := s.skipString(); err != nil {
 		return nil, false, err
 	}
-	raw := s.b[start+1 : s.i-1]
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return raw, true, nil
-	}
-	var u string
-	if err := json.Unmarshal(s.b[start:s.i], &u); err != nil {
-		return nil, false, errShape
-	}
-	return []byte(u), true, nil
+	v, err = unquote(s.from(start))
+	return v, err == nil, err
 }
 
-// int reads an integer value (0, skipped, for any other type).
-func (s *scanner) int() (int64, error) {
-	start := s.i
-	if err := s.skip(); err != nil {
-		return 0, err
+// unquote is the content of a JSON string (quotes included in quoted): its
+// bytes as they are, or unescaped when it holds an escape.
+func unquote(quoted []byte) ([]byte, error) {
+	raw := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw, nil
 	}
-	v, err := strconv.ParseInt(string(s.b[start:s.i]), 10, 64)
-	if err != nil {
-		return 0, nil // not an integer: the decoder of the output says so if it matters
+	var u string
+	if err := json.Unmarshal(quoted, &u); err != nil {
+		return nil, errShape
 	}
-	return v, nil
+	return []byte(u), nil
 }
 
 // skipString moves past the string starting at s.i. Most of a thread's
@@ -465,21 +594,40 @@ func (s *scanner) int() (int64, error) {
 // one by one, and only a longer string is searched with bytes.IndexByte,
 // whose call costs more than a short string's loop.
 func (s *scanner) skipString() error {
-	i := s.i + 1
-	for end := min(i+shortString, len(s.b)); i < end; i++ {
-		switch s.b[i] {
-		case '"':
-			s.i = i + 1
-			return nil
-		case '\\':
-			return s.skipEscaped(i)
-		}
+	i := quoteOrEscape(s.b, s.i+1)
+	if i < len(s.b) && s.b[i] == '"' {
+		s.i = i + 1
+		return nil
 	}
 	return s.skipEscaped(i)
 }
 
-// shortString is how many bytes of a string skipString looks at one by one.
-const shortString = 32
+// shortString is how many bytes of a string quoteOrEscape looks at, eight at
+// a time; a longer string is searched with bytes.IndexByte, whose call costs
+// more than a short string's loop.
+const shortString = 64
+
+// quoteOrEscape is the index of the first '"' or '\\' in b from i on, looking
+// at up to shortString bytes eight at a time (SWAR: a byte equal to c is a
+// zero byte of x^(c×0x01…01); the lowest byte flagged by the zero test is
+// exact); i+shortString or len(b), whichever is less, when there is none.
+func quoteOrEscape(b []byte, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	end := min(i+shortString, len(b))
+	for ; i+8 <= end; i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		q, e := x^(ones*'"'), x^(ones*'\\')
+		if m := ((q-ones)&^q | (e-ones)&^e) & highs; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < end; i++ {
+		if b[i] == '"' || b[i] == '\\' {
+			return i
+		}
+	}
+	return end
+}
 
 // skipEscaped moves past the string starting at s.i, searching from i (which
 // is past the opening quote) with bytes.IndexByte; a quote is the end unless
@@ -488,7 +636,14 @@ func (s *scanner) skipEscaped(i int) error {
 	for {
 		j := bytes.IndexByte(s.b[i:], '"')
 		if j < 0 {
-			return errShape
+			// The string goes on past the window: read on (the window may
+			// move; the string's start, s.i, stays in it).
+			off := len(s.b) - s.i
+			if !s.more() {
+				return errShape
+			}
+			i = s.i + off
+			continue
 		}
 		i += j
 		bs := 0
@@ -503,7 +658,131 @@ func (s *scanner) skipEscaped(i int) error {
 	}
 }
 
-// skip moves past one value.
+// fields moves past the object at s.i, as skip does, and sets at[k] to the
+// body positions of the value of its own key keys[k] when that value is a
+// string (quotes included) or a number or literal; {0, 0} when it has no such
+// value. It is one loop over the object's bytes, not a call per key and
+// value: the arrays a bounded body grows with (runs, messages, checkpoints,
+// requests) are thousands of objects of which two or three keys matter. Like
+// skip, it checks brackets and strings; the kept elements are checked by
+// json.Valid of the output.
+func (s *scanner) fields(keys []string, at []span) error {
+	clear(at)
+	if s.ws(); s.i >= len(s.b) || s.b[s.i] != '{' {
+		return errShape
+	}
+	depth := 0
+	expectKey := false // at depth 1, the next string is a key
+	want := -1         // the index in keys of the key whose value comes next
+	lit := -1          // the body position of a wanted number or literal being read
+	for {
+		b, i := s.b, s.i
+		for i < len(b) {
+			switch c := b[i]; c {
+			case '"':
+				start, plain := i, true
+				if j := quoteOrEscape(b, i+1); j < len(b) && b[j] == '"' {
+					i = j + 1
+				} else {
+					plain = false // long, escaped or cut by the window's end
+					s.i = i
+					at0 := s.pos()
+					if err := s.skipString(); err != nil {
+						return err
+					}
+					b, i = s.b, s.i
+					start = at0 - s.base
+				}
+				if depth != 1 {
+					continue
+				}
+				if lit >= 0 { // a number or literal run into a string: not JSON; take neither
+					lit, want = -1, -1
+				}
+				if expectKey {
+					expectKey, want = false, -1
+					key := b[start+1 : i-1]
+					if !plain && bytes.IndexByte(key, '\\') >= 0 {
+						var u string
+						if json.Unmarshal(b[start:i], &u) != nil {
+							return errShape
+						}
+						key = []byte(u)
+					}
+					for k, name := range keys {
+						if string(key) == name {
+							want = k
+							break
+						}
+					}
+				} else if want >= 0 {
+					at[want] = span{s.base + start, s.base + i}
+					want = -1
+				}
+				continue
+			case '{', '[':
+				depth++
+				expectKey = depth == 1 && c == '{'
+				want, lit = -1, -1
+			case '}', ']', ',', ' ', '\t', '\n', '\r':
+				if lit >= 0 { // lit is only ever set at depth 1 for a wanted key
+					at[want] = span{lit, s.base + i}
+					lit, want = -1, -1
+				}
+				switch c {
+				case ',':
+					expectKey = depth == 1
+				case '}', ']':
+					depth--
+					if depth == 0 {
+						s.i = i + 1
+						return nil
+					}
+				}
+			case ':':
+			default:
+				if want >= 0 && lit < 0 && depth == 1 {
+					lit = s.base + i
+				}
+			}
+			i++
+		}
+		s.i = i
+		if !s.more() {
+			return errShape
+		}
+	}
+}
+
+// strAt is the string at sp (fields): its bytes, unescaped when it holds an
+// escape, valid until the scan reads on; ok is false when sp is not a string.
+func (s *scanner) strAt(sp span) (v []byte, ok bool, err error) {
+	if sp.end == 0 {
+		return nil, false, nil
+	}
+	quoted := s.in(sp)
+	if quoted[0] != '"' {
+		return nil, false, nil
+	}
+	v, err = unquote(quoted)
+	return v, err == nil, err
+}
+
+// intAt is the integer at sp (fields); 0 for anything else.
+func (s *scanner) intAt(sp span) int64 {
+	if sp.end == 0 {
+		return 0
+	}
+	v, err := strconv.ParseInt(string(s.in(sp)), 10, 64)
+	if err != nil {
+		return 0 // not an integer: the decoder of the output says so if it matters
+	}
+	return v
+}
+
+// skip moves past one value. Objects and arrays, where nearly all of the
+// body is, are walked in a loop on local copies of the window and index,
+// with short strings skipped inline.
 func (s *scanner) skip() error {
 	s.ws()
 	if s.i >= len(s.b) {
@@ -514,96 +793,90 @@ func (s *scanner) skip() error {
 		return s.skipString()
 	case '{', '[':
 		depth := 0
-		for s.i < len(s.b) {
-			switch s.b[s.i] {
-			case '"':
-				if err := s.skipString(); err != nil {
-					return err
+		for {
+			b, i := s.b, s.i
+			for i < len(b) {
+				switch b[i] {
+				case '"':
+					if j := quoteOrEscape(b, i+1); j < len(b) && b[j] == '"' {
+						i = j + 1
+						continue
+					}
+					s.i = i // long, escaped or cut by the window's end
+					if err := s.skipString(); err != nil {
+						return err
+					}
+					b, i = s.b, s.i
+					continue
+				case '{', '[':
+					depth++
+				case '}', ']':
+					depth--
+					if depth == 0 {
+						s.i = i + 1
+						return nil
+					}
 				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					s.i++
-					return nil
-				}
+				i++
 			}
-			s.i++
-		}
-		return errShape
-	default:
-		start := s.i
-		for s.i < len(s.b) {
-			switch s.b[s.i] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				if s.i == start {
-					return errShape
-				}
-				return nil
-			case '"', '{', '[', ':':
+			s.i = i
+			if !s.more() {
 				return errShape
 			}
-			s.i++
 		}
-		if s.i == start {
+	default:
+		start := s.pos()
+		for {
+			for s.i < len(s.b) {
+				switch s.b[s.i] {
+				case ',', '}', ']', ' ', '\t', '\n', '\r':
+					if s.pos() == start {
+						return errShape
+					}
+					return nil
+				case '"', '{', '[', ':':
+					return errShape
+				}
+				s.i++
+			}
+			if !s.more() {
+				break
+			}
+		}
+		if s.pos() == start {
 			return errShape
 		}
 		return nil
 	}
 }
 
-// readBody reads a response body into a pooled buffer, grown to its announced
-// length at once. A body of megabytes read into a fresh slice (io.ReadAll,
-// or a buffer grown as it fills, when T3 sends it chunked, as it does for
-// thread reads) is allocated, cleared and copied several times over: that
-// was half of t3_thread's CPU at 5,000 items. Give the buffer back with
-// putBody once nothing refers to it.
-func readBody(r io.Reader, length int64) (*bytes.Buffer, error) {
-	b := getBody()
-	b.Reset()
-	if length > 0 && length < maxPooledBody {
-		b.Grow(int(length) + bytes.MinRead)
-	}
-	_, err := b.ReadFrom(r)
-	return b, err
-}
-
-// Body buffers: up to keptBodies of at most maxKeptBody are kept for good
-// (a sync.Pool empties at every garbage collection, and a t3_thread call now
-// and then found it empty and grew a new buffer through every size up to the
-// body's, which also made the collections it then waited for more frequent);
-// larger ones, up to maxPooledBody, go to a sync.Pool.
-var (
-	keptBody = make(chan *bytes.Buffer, keptBodies)
-	bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-)
+// Windows of streamed bodies: up to keptWindows of at most maxKeptWindow are
+// kept for good (a sync.Pool empties at every garbage collection, and a
+// t3_thread call then grew a new buffer); a window grows past firstWindow
+// only while one value to keep is larger.
+var keptWindow = make(chan *[]byte, keptWindows)
 
 const (
-	keptBodies    = 2
-	maxKeptBody   = 4 << 20  // a 5,000-item thread's bounded body is 1.6 MiB
-	maxPooledBody = 32 << 20 // bounds the buffers kept between reads
+	keptWindows   = 2
+	maxKeptWindow = 4 << 20
 )
 
-func getBody() *bytes.Buffer {
+func getWindow() *[]byte {
 	select {
-	case b := <-keptBody:
+	case b := <-keptWindow:
 		return b
 	default:
-		return bodyBufs.Get().(*bytes.Buffer)
+		b := make([]byte, 0, firstWindow)
+		return &b
 	}
 }
 
-func putBody(b *bytes.Buffer) {
-	switch {
-	case b.Cap() <= maxKeptBody:
-		select {
-		case keptBody <- b:
-		default:
-			bodyBufs.Put(b)
-		}
-	case b.Cap() <= maxPooledBody:
-		bodyBufs.Put(b)
+func putWindow(b *[]byte) {
+	if cap(*b) > maxKeptWindow {
+		return
+	}
+	select {
+	case keptWindow <- b:
+	default:
 	}
 }

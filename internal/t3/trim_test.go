@@ -1,13 +1,20 @@
 package t3
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/iotest"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 )
@@ -212,7 +219,13 @@ func FuzzTrimBounded(f *testing.F) {
 	}
 	f.Add(bigBounded(f, 12, true), 3)
 	f.Fuzz(func(t *testing.T, body []byte, runs int) {
-		out, n, err := trimBounded(body, Keep{Runs: runs % 8, RunIDs: []string{"run-3"}, MessageIDs: []string{"msg-1"}, RequestIDs: []string{"req-2"}})
+		k := Keep{Runs: runs % 8, RunIDs: []string{"run-3"}, MessageIDs: []string{"msg-1"}, RequestIDs: []string{"req-2"}}
+		out, n, err := trimBounded(body, k)
+		// Streamed in pieces through a small window, the body trims the same.
+		sout, sn, serr := trimStreamed(body, k, 16, 1+(runs%5+5)%5, 3, 64)
+		if (err == nil) != (serr == nil) || sn != n || !bytes.Equal(sout, out) {
+			t.Fatalf("streamed: %v, %d runs, %q; whole: %v, %d runs, %q", serr, sn, sout, err, n, out)
+		}
 		if err != nil {
 			return
 		}
@@ -269,5 +282,134 @@ func BenchmarkThreadBoundedDecode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// chunks reads r in pieces of the sizes in n, in turn: a body arriving in
+// pieces that cut keys, strings, numbers and escapes anywhere.
+type chunks struct {
+	r io.Reader
+	n []int
+	k int
+}
+
+func (c *chunks) Read(p []byte) (int, error) {
+	size := c.n[c.k%len(c.n)]
+	c.k++
+	return c.r.Read(p[:min(len(p), size)])
+}
+
+// trimStreamed is trimBoundedFrom of body arriving in pieces of the sizes in n, in a window of
+// window bytes at first.
+func trimStreamed(body []byte, k Keep, window int, n ...int) ([]byte, int, error) {
+	return trimBoundedFrom(&chunks{r: bytes.NewReader(body), n: n}, k, window)
+}
+
+// A body trimmed as it streams, in any pieces and in a window of any size, is
+// trimmed exactly as the whole body is, and the window holds only what is
+// still to be copied out: it stays far smaller than the body.
+func TestTrimBoundedStreamed(t *testing.T) {
+	keeps := []Keep{
+		{Runs: 3, RunIDs: []string{"run-10"}, MessageIDs: []string{"msg-20"}, RequestIDs: []string{"req-5"}},
+		{Runs: 1},
+		{Runs: 50},
+	}
+	bodies := [][]byte{bigBounded(t, 100, false), bigBounded(t, 100, true), fakeBounded(t, 40)}
+	for _, b := range fixtureBounded(t) {
+		if _, _, err := trimBounded(b, Keep{Runs: 1}); err == nil {
+			bodies = append(bodies, b)
+		}
+	}
+	for bi, body := range bodies {
+		for _, k := range keeps {
+			want, wantRuns, err := trimBounded(body, k)
+			if err != nil {
+				t.Fatalf("body %d: %v", bi, err)
+			}
+			for _, read := range [][]int{{1}, {7, 1, 3}, {4096}, {1 << 20}} {
+				for _, window := range []int{1, 64, 4096} {
+					got, runs, err := trimStreamed(body, k, window, read...)
+					if err != nil || runs != wantRuns || !bytes.Equal(got, want) {
+						t.Fatalf("body %d, keep %+v, reads %v, window %d: %d runs, %v\n got %.300s\nwant %.300s", bi, k, read, window, runs, err, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// The window stays small: a body of 10,000 runs (3.4 MB) is trimmed through
+// a window that never grows past 256 KiB, read in the sizes a socket gives.
+func TestTrimBoundedStreamedWindowStaysSmall(t *testing.T) {
+	body := fakeBounded(t, 2_000)
+	w := &window{r: bytes.NewReader(body)}
+	want, _, err := trimBounded(body, Keep{Runs: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := trimBoundedFrom(w, Keep{Runs: 3}, 16<<10)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("%v", err)
+	}
+	if len(body) < 1<<20 || w.max > 256<<10 {
+		t.Fatalf("body %d bytes read into reads of up to %d bytes", len(body), w.max)
+	}
+}
+
+// window records the largest read it was asked for: the window's free room.
+type window struct {
+	r   io.Reader
+	max int
+}
+
+func (w *window) Read(p []byte) (int, error) {
+	w.max = max(w.max, cap(p))
+	return w.r.Read(p)
+}
+
+// A read error in the middle of the body is returned as it is, not taken for
+// a body of the wrong shape.
+func TestTrimBoundedStreamedReadError(t *testing.T) {
+	body := bigBounded(t, 50, false)
+	broken := errors.New("connection reset")
+	r := io.MultiReader(bytes.NewReader(body[:len(body)/2]), iotest.ErrReader(broken))
+	if _, _, err := trimBoundedFrom(r, Keep{Runs: 3}, 0); !errors.Is(err, broken) {
+		t.Fatalf("err = %v", err)
+	}
+	if _, _, err := trimBoundedFrom(bytes.NewReader(body[:len(body)/2]), Keep{Runs: 3}, 0); !errors.Is(err, errShape) {
+		t.Fatalf("cut body: err = %v", err)
+	}
+}
+
+// Through the client: a bounded body streams through the trim (the read keeps
+// the newest runs and counts them all), and a body the trimmer refuses is read
+// a second time, whole, for the generated decoder to say what is wrong with it.
+func TestThreadRecentKeepStreamsAndRereadsRefusedBodies(t *testing.T) {
+	good := bigBounded(t, 40, false)
+	bad := []byte(`{"snapshotSequence":1,"projection":{"runs":[7]}}`)
+	var reads atomic.Int32
+	body := good
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reads.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		for b := body; len(b) > 0; b = b[min(len(b), 1000):] { // in pieces, chunked
+			_, _ = w.Write(b[:min(len(b), 1000)])
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer srv.Close()
+	c, err := NewClient("m", srv.URL, "tok", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.ThreadRecentKeep(tctx(t), "thread-big", Keep{Runs: 2})
+	if err != nil || rec.RunCount != 40 || len(rec.Projection.Runs) != 2 || rec.Projection.Runs[1].ID != "run-40" || reads.Load() != 1 {
+		t.Fatalf("good body: %v, %d runs of %d, %d reads", err, len(rec.Projection.Runs), rec.RunCount, reads.Load())
+	}
+	body = bad
+	_, err = c.ThreadRecentKeep(tctx(t), "thread-big", Keep{Runs: 2})
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeBadResponse || !strings.Contains(err.Error(), `machine "m"`) || reads.Load() != 3 {
+		t.Fatalf("bad body: %v (%d reads)", err, reads.Load())
 	}
 }
