@@ -555,11 +555,13 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		d.lookups.add(k)
 	}
 	if len(evs) > 0 {
+		// The outbox first: the log lines are writes of their own, and an event's delivery
+		// need not wait for them.
+		d.notify()
 		d.m.committed(evs, time.Now())
 		for _, e := range evs {
 			d.log.Info("event recorded", "id", e.ID, "stream", e.Stream)
 		}
-		d.notify()
 	}
 	return nil
 }
