@@ -44,7 +44,7 @@ type Settings struct {
 
 	HookURL, HookToken, HookSecret string        // T3CODE_MCP_HOOK_URL, _TOKEN, _SECRET
 	HookMaxAge                     time.Duration // T3CODE_MCP_HOOK_MAX_AGE (24h)
-	HookConcurrency                int           // T3CODE_MCP_HOOK_CONCURRENCY (32): threads delivered in parallel
+	HookConcurrency                int           // T3CODE_MCP_HOOK_CONCURRENCY (256): threads delivered in parallel at most (the outbox adapts below it)
 	HookEnrichConcurrency          int           // T3CODE_MCP_HOOK_ENRICH_CONCURRENCY (32): reads of T3 completing events in flight
 	HookEnrichTimeout              time.Duration // T3CODE_MCP_HOOK_ENRICH_TIMEOUT (2m): how long an event waits for its details from T3 before it goes out marked partial
 

@@ -39,13 +39,13 @@ const (
 // claimRetry) or with nothing pending any more (forgotten).
 func (l *loop) claimReady(now time.Time) {
 	cfg := l.o.cfg
-	room := cfg.Concurrency - l.inflight - len(l.toDeliver)
+	room := l.limit - l.inflight - len(l.toDeliver)
 	if cfg.Enricher != nil {
 		room += cfg.EnrichConcurrency - l.enriching - len(l.toEnrich)
 	}
 	// Claimed heads still waiting for a slot keep their claim until it is a third through its
 	// TTL, then it is renewed with this turn's claims. A turn claims only when fewer heads wait
-	// than there are free slots, and then a slot set ahead (Concurrency more), so that the turns
+	// than there are free slots, and then a slot set ahead (limit more), so that the turns
 	// that follow a freed slot or two start their heads without a query.
 	var batch, fresh []*stream
 	for _, s := range l.claimed {
@@ -59,7 +59,7 @@ func (l *loop) claimReady(now time.Time) {
 	if len(batch) == 0 && len(fresh) >= room {
 		return
 	}
-	for len(batch)+len(fresh) < room+cfg.Concurrency && len(l.ready) > 0 {
+	for len(batch)+len(fresh) < room+l.limit && len(l.ready) > 0 {
 		s := pop(&l.ready)
 		if len(s.queue) == 0 {
 			s.ready = false

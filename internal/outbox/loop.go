@@ -124,7 +124,17 @@ type loop struct {
 	outage        bool
 	outageWaiters []*stream
 
-	// inflight counts the workers (at most Concurrency: the bound on requests in flight); a
+	// limit is how many requests may be in flight now (see adapt): from the start value up to
+	// Concurrency while heads wait for a slot and the receiver accepts, halved when it fails.
+	// saturated: the last dispatch left heads waiting with every slot taken. tickets
+	// number the deliveries started; shrunkAt is the ticket issued when limit was last halved
+	// (the failures of requests started before it are of the same overload: one halving).
+	limit     int
+	saturated bool
+	tickets   uint64
+	shrunkAt  uint64
+
+	// inflight counts the workers (at most limit: the bound on requests in flight); a
 	// worker frees its slot once its outcome is handed to the recorder, so the next stream's
 	// request does not wait for this one's fsync. unsettled counts the outcomes not yet back
 	// from the recorder (their streams are busy until then; at most maxUnrecorded of them are
@@ -148,8 +158,9 @@ type loop struct {
 }
 
 func (o *Outbox) newLoop(ctx context.Context) *loop {
-	return &loop{
+	l := &loop{
 		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(), scanDue: true,
+		limit: min(o.cfg.Concurrency, startInFlight),
 		// Every slot freed fits in the channel, and the mailboxes never block, so neither a
 		// worker nor the recorder ever waits for a loop that is busy elsewhere, nor a worker
 		// for the recorder.
@@ -161,6 +172,8 @@ func (o *Outbox) newLoop(ctx context.Context) *loop {
 		enrichFreed: make(chan struct{}, o.cfg.EnrichConcurrency),
 		fromEnrich:  make(chan outcome, o.cfg.EnrichConcurrency),
 	}
+	o.m.inflightLimit.Set(float64(l.limit))
+	return l
 }
 
 // Run delivers events until ctx is done, then cancels the requests in flight, records the
@@ -414,7 +427,7 @@ func (l *loop) dispatch(now time.Time) {
 		src = &l.claimed
 	}
 	for n := len(*src); n > 0 && len(*src) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
-		deliverRoom := l.inflight+len(l.toDeliver) < cfg.Concurrency && l.unsettled < maxUnrecorded
+		deliverRoom := l.inflight+len(l.toDeliver) < l.limit && l.unsettled < maxUnrecorded
 		enrichRoom := cfg.Enricher != nil && l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
 		if !deliverRoom && !enrichRoom {
 			break
@@ -441,11 +454,13 @@ func (l *loop) dispatch(now time.Time) {
 			putBack++
 		}
 	}
-	for l.inflight < cfg.Concurrency && l.unsettled < maxUnrecorded && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
+	for l.inflight < l.limit && l.unsettled < maxUnrecorded && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
 		s := pop(&l.toDeliver)
 		s.ready = false
 		l.startDelivery(s)
 	}
+	// Every request slot taken and heads still waiting: the limit may grow (adapt).
+	l.saturated = l.inflight >= l.limit && (len(*src) > 0 || len(l.toDeliver) > 0)
 	for l.enriching < cfg.EnrichConcurrency && len(l.toEnrich) > 0 && l.ctx.Err() == nil {
 		s := pop(&l.toEnrich)
 		s.ready = false
@@ -543,8 +558,9 @@ func (l *loop) startDelivery(s *stream) {
 	s.busy = true
 	l.inflight++
 	l.unsettled++
+	l.tickets++
 	l.jobs.Add(1)
-	j := job{s: s, seq: s.queue[0], bo: s.bo, client: l.o.client, head: *s.head, body: s.body, enriched: s.enriched, ebo: s.ebo}
+	j := job{s: s, seq: s.queue[0], bo: s.bo, client: l.o.client, head: *s.head, body: s.body, enriched: s.enriched, ebo: s.ebo, ticket: l.tickets}
 	s.body = nil                   // the job's now; an enriched one comes back stored with the attempt's record
 	if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
 		j.client = l.o.burst
@@ -638,8 +654,12 @@ func (l *loop) finish(r outcome) {
 		l.advance(s, r.job.seq)
 		if r.delivered {
 			l.receiverUp()
+			l.adapt(true, r.job.ticket)
 		}
 	default: // retry
+		if r.overload {
+			l.adapt(false, r.job.ticket)
+		}
 		if len(s.queue) == 0 || s.queue[0] != r.job.seq {
 			l.makeReady(s) // the head changed meanwhile
 			return
@@ -732,6 +752,30 @@ const aheadBudget = 32 << 20
 
 // baseRequests is how many requests in flight use the base client's connections (see New).
 const baseRequests = 2
+
+// startInFlight is where the limit on requests in flight starts (Concurrency when lower), and
+// the least it is halved to: what a receiver is sent at once before it has shown it keeps up.
+const startInFlight = 32
+
+// adapt moves the limit on requests in flight with what the receiver shows: a delivery while
+// heads waited for a slot raises it by one (so it doubles over a round trip of full slots, up to
+// Concurrency); a failure that says the receiver is overloaded or down (no answer, 408, 429, 5xx)
+// halves it, down to startInFlight, once for the requests in flight then. So the requests in
+// flight follow the backlog while the receiver keeps up — a round trip made long by a busy host
+// no longer caps delivery at Concurrency/round trip — and fall back when it does not.
+func (l *loop) adapt(delivered bool, ticket uint64) {
+	cfg := l.o.cfg
+	switch {
+	case delivered && l.saturated && l.limit < cfg.Concurrency:
+		l.limit++
+	case !delivered && ticket > l.shrunkAt && l.limit > min(cfg.Concurrency, startInFlight):
+		l.limit = max(min(cfg.Concurrency, startInFlight), l.limit/2)
+		l.shrunkAt = l.tickets
+	default:
+		return
+	}
+	l.o.m.inflightLimit.Set(float64(l.limit))
+}
 
 // outageAfter is how many failed attempts in a row make an outage of the receiver.
 const outageAfter = 5

@@ -10,14 +10,16 @@ import (
 // a failure status) and network errors (no answer: dial, TLS, timeout) are separate label values
 // everywhere, because they call for different people: the receiver's owner or the network's.
 type Metrics struct {
-	pending     prometheus.Gauge
-	dead        prometheus.Gauge
-	deliveries  *prometheus.CounterVec
-	retries     *prometheus.CounterVec
-	deadLetters *prometheus.CounterVec
-	lag         prometheus.Histogram
-	enrichments *prometheus.CounterVec
-	recordBatch prometheus.Histogram
+	pending prometheus.Gauge
+	// inflightLimit is the delivery requests allowed in flight now (loop.adapt).
+	inflightLimit prometheus.Gauge
+	dead          prometheus.Gauge
+	deliveries    *prometheus.CounterVec
+	retries       *prometheus.CounterVec
+	deadLetters   *prometheus.CounterVec
+	lag           prometheus.Histogram
+	enrichments   *prometheus.CounterVec
+	recordBatch   prometheus.Histogram
 	// skipped counts queued events a replica found delivered (or given up) by another replica.
 	skipped prometheus.Counter
 	// firstAttempt and attempt: the last stages of an event's latency (internal/stages).
@@ -49,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "t3code_mcp_outbox_pending",
 			Help: "Events waiting for delivery (outbox depth).",
+		}),
+		inflightLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "t3code_mcp_outbox_inflight_limit",
+			Help: "Delivery requests allowed in flight now: grows while events wait for a request slot and the receiver accepts, up to T3CODE_MCP_HOOK_CONCURRENCY; halved when the receiver fails (no answer, 408, 429, 5xx).",
 		}),
 		dead: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "t3code_mcp_outbox_dead",
@@ -86,7 +92,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Duration of one delivery attempt: the POST to the webhook receiver until its answer (or failure)."),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.pending, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch, m.skipped, m.firstAttempt, m.attempt} {
+		for _, c := range []prometheus.Collector{m.pending, m.inflightLimit, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch, m.skipped, m.firstAttempt, m.attempt} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

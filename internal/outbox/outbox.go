@@ -9,8 +9,10 @@
 //
 // Order: events of one stream (one thread) are delivered strictly one after another, in insertion
 // order; a stream's next event starts only once the previous one's outcome (delivered or dead)
-// is durable. Different streams are delivered in parallel, up to Concurrency requests in flight,
-// so one slow or failing thread's events never hold back another thread's.
+// is durable. Different streams are delivered in parallel, up to a limit of requests in flight
+// that follows the backlog (from 32 up to Concurrency while events wait for a slot and the
+// receiver accepts them; halved when it fails), so one slow or failing thread's events never hold
+// back another thread's.
 //
 // Cost: the loop keeps every stream's queue of pending sequence numbers in memory (rebuilt from
 // the store's stream index at start, extended by a cursor over the events committed since), so a
@@ -46,9 +48,11 @@ import (
 
 // Defaults for Config's zero values.
 const (
-	DefaultMaxAge      = 24 * time.Hour
-	DefaultTimeout     = 10 * time.Second
-	DefaultConcurrency = 32
+	DefaultMaxAge  = 24 * time.Hour
+	DefaultTimeout = 10 * time.Second
+	// DefaultConcurrency bounds the requests in flight; the outbox starts at startInFlight (32)
+	// and goes up to it only while a backlog waits and the receiver keeps up (loop.adapt).
+	DefaultConcurrency = 256
 	// DefaultEnrichConcurrency is how many Enricher calls (reads of T3) may be in flight.
 	DefaultEnrichConcurrency = 32
 	DefaultRetention         = 24 * time.Hour
@@ -111,9 +115,12 @@ type Config struct {
 	Token  string // T3CODE_MCP_HOOK_TOKEN: sent as "Authorization: Bearer <Token>" when set
 	Secret string // T3CODE_MCP_HOOK_SECRET: "whsec_<base64>"; requests are signed when set
 
-	MaxAge      time.Duration // give up on an event failing this long after it was queued (default 24h)
-	Timeout     time.Duration // per request, and per Enrich call (default 10s)
-	Concurrency int           // T3CODE_MCP_HOOK_CONCURRENCY: streams delivered in parallel (default 32)
+	MaxAge  time.Duration // give up on an event failing this long after it was queued (default 24h)
+	Timeout time.Duration // per request, and per Enrich call (default 10s)
+	// Concurrency bounds the streams delivered in parallel, the requests in flight
+	// (T3CODE_MCP_HOOK_CONCURRENCY, default 256). Fewer are: up to 32 at first, more only
+	// while events wait for a slot and the receiver accepts them, halved again when it fails.
+	Concurrency int
 	// EnrichConcurrency bounds the Enricher calls in flight (T3CODE_MCP_HOOK_ENRICH_CONCURRENCY,
 	// default 32): heads being completed before delivery, and with the slots they leave, events
 	// behind a head completed ahead of it.

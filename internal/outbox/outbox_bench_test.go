@@ -42,12 +42,15 @@ func (s *slowEnricher) Enrich(ctx context.Context, e store.Event) ([]byte, error
 
 func (s *slowEnricher) Partial(e store.Event, _ error) []byte { return e.Body }
 
-// countingReceiver is a local receiver that answers 204 at once and counts the requests; it is
-// closed when b ends.
-func countingReceiver(b *testing.B) (*httptest.Server, *atomic.Int64) {
+// countingReceiver is a local receiver that answers 204 after delay and counts the requests; it
+// is closed when b ends.
+func countingReceiver(b *testing.B, delay time.Duration) (*httptest.Server, *atomic.Int64) {
 	got := new(atomic.Int64)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if delay > 0 {
+			time.Sleep(delay)
+		}
 		got.Add(1)
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -58,7 +61,7 @@ func countingReceiver(b *testing.B) (*httptest.Server, *atomic.Int64) {
 // benchDeliverWith is benchDeliver with events committed for enrichment (facts only) when en is
 // not nil.
 func benchDeliverWith(b *testing.B, events, streams int, en *slowEnricher) {
-	srv, got := countingReceiver(b)
+	srv, got := countingReceiver(b, 0)
 	body := []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1","summary":"Done: fix the flaky test"}`)
 	if en != nil {
 		body = []byte(`{"id":"evt","type":"thread.completed","machine":"load-007","thread_id":"thread-1"}`)

@@ -287,9 +287,10 @@ func TestBatchedRecordsSurviveCrash(t *testing.T) {
 			resent++ // an unrecorded delivery: sent once more, same webhook-id
 		}
 	}
-	// Unrecorded at the crash: the batch being written and the outcomes waiting for it, at most
-	// the workers' (8), the recorder's queue (8) and what it took from there (8).
-	if resent > 3*8 {
+	// Unrecorded at the crash: the batch being written and the outcomes waiting for it — at most
+	// one per stream, since a stream's next event waits for its previous one's record (and never
+	// more than maxUnrecorded).
+	if resent > min(streams, maxUnrecorded) {
 		t.Fatalf("%d events sent again: more than could be waiting for their record", resent)
 	}
 	t.Logf("%d of %d events sent again after the crash", resent, streams*per)
@@ -448,4 +449,53 @@ func TestSlowRecordDoesNotHoldBackRequests(t *testing.T) {
 		t.Fatalf("m/multi order = %v", got)
 	}
 	checkOrder(t, rc, single, 1)
+}
+
+// TestInFlightFollowsTheBacklog: the requests in flight start at startInFlight, grow while
+// events wait for a slot and the receiver accepts them (up to Concurrency), are halved back when
+// the receiver answers 503, and never exceed Concurrency; per-thread order holds throughout.
+func TestInFlightFollowsTheBacklog(t *testing.T) {
+	const (
+		limit   = startInFlight + 8 // Concurrency: the cap
+		streams = 100
+		quick   = limit // requests answered at once before the receiver starts holding them
+	)
+	rc := newReceiver(t)
+	var g inflightGauge
+	var n atomic.Int64
+	var status atomic.Int64
+	status.Store(http.StatusServiceUnavailable)
+	hold := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release)
+	rc.setHandle(func(_ http.ResponseWriter, r *http.Request, req request) int {
+		g.enter(req.Stream)
+		defer g.leave(req.Stream)
+		if n.Add(1) <= quick {
+			return http.StatusNoContent
+		}
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+		return int(status.Load())
+	})
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: limit})
+	eventually(t, "the limit at its start value", func() bool { return value(h.m.inflightLimit) == startInFlight })
+	h.commit(t, backlog(streams, 2)...)
+	// The first startInFlight requests are answered at once while the other threads wait: the
+	// limit grows, and the receiver then holds more requests than the start allowed.
+	eventually(t, "Concurrency requests held at once", func() bool { cur, _, _ := g.get(); return cur == limit })
+	if got := value(h.m.inflightLimit); got != limit {
+		t.Fatalf("in-flight limit with a backlog = %v, want %d", got, limit)
+	}
+	release() // every held request is answered 503: the receiver is overloaded
+	eventually(t, "the limit halved back to the start", func() bool { return value(h.m.inflightLimit) == startInFlight })
+	status.Store(http.StatusNoContent)
+	eventually(t, "all delivered", func() bool { _, _, dl := h.counts(); return dl == streams*2 })
+	if _, peak, streamPeak := g.get(); peak > limit || streamPeak != 1 {
+		t.Fatalf("peak requests in flight = %d (cap %d), per thread = %d (want 1)", peak, limit, streamPeak)
+	}
+	checkOrder(t, rc, streams, 2)
 }

@@ -21,6 +21,7 @@ type job struct {
 	seq     uint64
 	bo, ebo backoff.BackOff
 	client  *http.Client // the pool this request's connection comes from
+	ticket  uint64       // a delivery's number, in the order the loop started them (adapt)
 
 	enrich bool // complete the head's body (enrichHead)
 	ahead  bool // complete the body of an event behind the head and store it (enrichAhead)
@@ -44,7 +45,10 @@ type outcome struct {
 	delivered bool // the receiver accepted it (2xx)
 	// outage: a failed attempt that says nothing about this event (no answer, or a 5xx without
 	// Retry-After): when the receiver comes back, such retries need not wait for their backoff.
-	outage    bool
+	outage bool
+	// overload: the receiver failed in a way that says it is overloaded or down (no answer,
+	// 408, 429, 5xx): fewer requests in flight (loop.adapt).
+	overload  bool
 	cancelled bool   // shutdown interrupted the job
 	err       error  // reading the event, or recording the op, failed
 	body      []byte // an enrichment's complete body (enrichHead: nil means try again at retryAt)
@@ -226,6 +230,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 	out.event.Attempts, out.event.NextAttempt, out.event.LastError = attempt, next, r.msg
 	out.retryAt, out.retryIn = next, next.Sub(now)
 	out.outage = r.retryAfter < 0 && (r.network || r.status >= 500)
+	out.overload = true // every retryable failure: no answer, 408, 429, 5xx
 	return &store.Op{ID: e.ID, Kind: store.OpRetry, Next: next, Error: r.msg}
 }
 
