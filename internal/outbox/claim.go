@@ -16,8 +16,9 @@ import (
 // stream's head is now: the events before it, which another replica delivered meanwhile, are
 // dropped from the queue in one go.
 //
-// A claim is renewed whenever its head is dispatched again (after its enrichment, for a retry),
-// ends with the event's final outcome, and is released when Run returns (a replica stopped: the
+// A claim is renewed when its head is dispatched again (after its enrichment, for a retry) with
+// less than two thirds of its TTL left (the store answers a fresher claim of ours as it is, with no
+// write), ends with the event's final outcome, and is released when Run returns (a replica stopped: the
 // others take its heads at once); the claim of a replica that died expires after ClaimTTL and
 // another replica takes the event over (sending it again with the same webhook-id: at least once,
 // as always). The bbolt store has no claims: this file is not on its path.
@@ -43,8 +44,10 @@ func (l *loop) claimReady(now time.Time) {
 	if cfg.Enricher != nil {
 		room += cfg.EnrichConcurrency - l.enriching - len(l.toEnrich)
 	}
-	// Claimed heads still waiting for a slot keep their claim until it is a third through its
-	// TTL, then it is renewed with this turn's claims. A turn claims only when fewer heads wait
+	// Claimed heads still waiting for a slot (they stay in l.claimed: keepClaimed) are not asked
+	// for again until their claim is a third through its TTL, then it is renewed with this
+	// turn's claims (the store renews a claim of ours only then too: asked earlier, it answers
+	// without a write). A turn claims only when fewer heads wait
 	// than there are free slots, and then a slot set ahead (limit more), so that the turns
 	// that follow a freed slot or two start their heads without a query.
 	var batch, fresh []*stream
@@ -118,10 +121,21 @@ func (l *loop) claimReady(now time.Time) {
 		e.Body = nil
 		s.head = &e
 		s.ready = true
-		s.claimedAt = now
+		// When it was claimed for ClaimTTL, as the store's answer tells it: a head this loop
+		// already held comes back unrenewed while two thirds of its claim are left.
+		s.claimedAt = now.Add(min(c.Left, cfg.ClaimTTL) - cfg.ClaimTTL)
 		l.claimed = append(l.claimed, s)
 	}
 	l.skip(skipped)
+}
+
+// keepClaimed puts back a claimed head that must wait for a slot of the other kind: it keeps its
+// claim (and the body that came with it) and waits in l.claimed, at the back, rather than going
+// back to the ready queue to be claimed again at the next turn (a row update, and a WAL flush,
+// per head and turn: issue 16's 52 row updates per delivered event).
+func (l *loop) keepClaimed(s *stream) {
+	s.ready = true
+	l.claimed = append(l.claimed, s)
 }
 
 // notPending drops a queued event found no longer pending. With replicas that is another

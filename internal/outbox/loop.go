@@ -446,6 +446,9 @@ func (l *loop) dispatch(now time.Time) {
 		case l.needsEnrich(s) && enrichRoom:
 			s.ready = true
 			l.toEnrich = append(l.toEnrich, s)
+		case l.o.claimer != nil:
+			l.keepClaimed(s) // claim.go: it waits claimed, not claimed again next turn
+			putBack++
 		default:
 			if !s.enriched {
 				s.body = nil // read again when its turn comes: a waiting head holds no body

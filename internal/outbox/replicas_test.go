@@ -86,15 +86,7 @@ func (r *sharedReceiver) distinct() int {
 // events in order; an event claimed by a replica that died (its claim expired) is taken over.
 func TestReplicasShareDeliveryOnPostgreSQL(t *testing.T) {
 	url := pgtest.New(t)
-	open := func() *pgstore.Store {
-		s, err := pgstore.Open(context.Background(), url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	a, b := open(), open()
+	a, b := openShared(t, url), openShared(t, url)
 	const streams, per = 4, 15
 	commitStreams(t, a, streams, per)
 	// A replica that died holding the first stream's head: its claim has expired.
@@ -114,17 +106,7 @@ func TestReplicasShareDeliveryOnPostgreSQL(t *testing.T) {
 	}
 	defer func() { cancel(); wg.Wait() }()
 
-	deadline := time.Now().Add(2 * time.Minute) // a bound against hanging, not a measurement
-	settled := func() bool {
-		p, _, d, err := a.Counts()
-		return err == nil && p == 0 && d == streams*per && rc.distinct() == streams*per
-	}
-	for !settled() {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d events delivered", rc.distinct(), streams*per)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDelivered(t, a, rc, streams*per)
 	cancel()
 	wg.Wait()
 
@@ -168,12 +150,7 @@ func claims(t *testing.T, s *pgstore.Store, claimant string) int {
 // replica delivers those events at once, not after the claims' TTL (an hour here), with the same
 // webhook ids; each stream's events still in order.
 func TestStoppedReplicaReleasesItsClaims(t *testing.T) {
-	url := pgtest.New(t)
-	st, err := pgstore.Open(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openShared(t, pgtest.New(t))
 	const streams, per = 3, 2
 	evs := commitStreams(t, st, streams, per)
 

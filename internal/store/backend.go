@@ -96,8 +96,12 @@ type Claimer interface {
 	// ClaimHeads claims, in one round trip, the head (oldest pending event) of each of the
 	// streams for claimant for ttl (by the store's clock). A head is claimed when no other
 	// claimant holds it, or when its claim expired (its holder died: taken over); a claimant
-	// renews its own claims so. Only heads are claimable, so per-stream order holds across
-	// replicas. It answers one HeadClaim per stream, in the order given.
+	// renews its own claims so (see below). Only heads are claimable, so per-stream order holds across
+	// replicas. A head the claimant holds with at least two thirds of ttl left is answered as
+	// claimed without being renewed (no write: a claimant that asks again for heads it is still
+	// waiting to start costs no row update); with less left it is renewed for ttl.
+	// HeadClaim.Left says how long each claim has to run. It answers one HeadClaim per stream,
+	// in the order given.
 	ClaimHeads(streams []string, claimant string, ttl time.Duration) ([]HeadClaim, error)
 	// ReleaseClaims ends every claim claimant holds (a replica shutting down), so that the
 	// other replicas take its heads at once; it returns how many it released.
@@ -113,5 +117,8 @@ type HeadClaim struct {
 	// Claimed: the head is the caller's now, and Event holds it with its body. False with a
 	// Head: another claimant holds it (or is recording its outcome right now).
 	Claimed bool
-	Event   Event
+	// Left is, when Claimed, how long the claim has to run, by the store's clock when it
+	// answered (at least two thirds of the ttl asked for).
+	Left  time.Duration
+	Event Event
 }

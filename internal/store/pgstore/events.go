@@ -538,11 +538,18 @@ func (s *Store) Prune(deliveredBefore time.Time) (int, error) {
 var _ store.Claimer = (*Store)(nil)
 
 // claimHeads is ClaimHeads' query: the head of each stream asked for (an index probe of
-// t3_events_pending each), those of them free (unclaimed, claimed by $2 or expired) locked with
-// FOR UPDATE SKIP LOCKED — a row another replica is claiming or recording right now is passed
-// over, never waited for — and claimed by $2, all in one statement. One row per stream asked for,
-// in its order: the stream, its head (0: none pending), whether it was claimed, and the claimed
-// event (header and body; neutral values when not claimed).
+// t3_events_pending each); of those, the ones the caller holds with at least two thirds of ttl
+// left are answered as they are, without a write (kept); the others that are free (unclaimed,
+// expired, or the caller's with less than two thirds of ttl left) are locked with FOR UPDATE SKIP
+// LOCKED — a row another replica is claiming or recording right now is passed over, never waited
+// for — and claimed by $2, all in one statement. One row per stream asked for, in its order: the
+// stream, its head (0: none pending), whether it is the caller's, the claim's time left in
+// seconds, and the claimed event (header and body; neutral values when not claimed).
+//
+// A kept claim is read, not locked: no other claimant can take it before it expires, and a row
+// lock would be a write too (and its transaction a WAL flush at commit), which is what keeping it
+// saves: a loop that asks again for a head it waits to send costs an index probe, not a row
+// version.
 const claimHeads = `WITH heads AS (
 		SELECT w.ord, w.stream, h.seq
 		FROM unnest($1::text[]) WITH ORDINALITY AS w(stream, ord)
@@ -552,23 +559,33 @@ const claimHeads = `WITH heads AS (
 			ORDER BY e.seq LIMIT 1) h ON true
 	), free AS (
 		SELECT e.seq FROM t3_events e JOIN heads ON e.seq = heads.seq
-		WHERE e.state = 'pending' AND (e.claimed_by IS NULL OR e.claimed_by = $2 OR e.claim_until < now())
+		WHERE e.state = 'pending' AND (e.claimed_by IS NULL OR e.claim_until < now()
+			OR (e.claimed_by = $2 AND e.claim_until < now() + make_interval(secs => $3::float8 * 2 / 3)))
 		FOR UPDATE OF e SKIP LOCKED
 	), claimed AS (
-		UPDATE t3_events e SET claimed_by = $2, claim_until = now() + make_interval(secs => $3)
+		UPDATE t3_events e SET claimed_by = $2, claim_until = now() + make_interval(secs => $3::float8)
 		FROM free WHERE e.seq = free.seq
-		RETURNING e.seq, e.id, e.stream, e.state, e.enrich, e.created_at, e.enqueued_at, e.attempts,
+		RETURNING e.seq, e.claim_until, e.id, e.stream, e.state, e.enrich, e.created_at, e.enqueued_at, e.attempts,
 			e.next_attempt, e.last_error, e.delivered_at, e.dead_at, e.body
+	), kept AS (
+		SELECT e.seq, e.claim_until, e.id, e.stream, e.state, e.enrich, e.created_at, e.enqueued_at, e.attempts,
+			e.next_attempt, e.last_error, e.delivered_at, e.dead_at, e.body
+		FROM t3_events e JOIN heads ON e.seq = heads.seq
+		WHERE e.state = 'pending' AND e.claimed_by = $2 AND e.claim_until >= now() + make_interval(secs => $3::float8 * 2 / 3)
+	), mine AS (
+		SELECT * FROM claimed UNION ALL SELECT * FROM kept
 	)
 	SELECT h.stream, coalesce(h.seq, 0), c.seq IS NOT NULL,
+		coalesce(extract(epoch FROM c.claim_until - now()), 0)::float8,
 		coalesce(c.seq, 0), coalesce(c.id, ''), coalesce(c.stream, ''), coalesce(c.state, ''), coalesce(c.enrich, false),
 		coalesce(c.created_at, 'epoch'), coalesce(c.enqueued_at, 'epoch'), coalesce(c.attempts, 0), c.next_attempt,
 		coalesce(c.last_error, ''), c.delivered_at, c.dead_at, coalesce(c.body, ''::bytea)
-	FROM heads h LEFT JOIN claimed c ON c.seq = h.seq
+	FROM heads h LEFT JOIN mine c ON c.seq = h.seq
 	ORDER BY h.ord`
 
 // ClaimHeads claims the head of each of streams for claimant for ttl, by the database's clock, in
-// one statement (store.Claimer).
+// one statement (store.Claimer); a head claimant holds with at least two thirds of ttl left is
+// answered without a write.
 func (s *Store) ClaimHeads(streams []string, claimant string, ttl time.Duration) ([]store.HeadClaim, error) {
 	if len(streams) == 0 {
 		return nil, nil
@@ -582,10 +599,12 @@ func (s *Store) ClaimHeads(streams []string, claimant string, ttl time.Duration)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.HeadClaim, error) {
 		var c store.HeadClaim
 		var head int64
-		e, err := scanEvent(r, true, &c.Stream, &head, &c.Claimed)
+		var left float64
+		e, err := scanEvent(r, true, &c.Stream, &head, &c.Claimed, &left)
 		c.Head = uint64(head)
 		if c.Claimed {
 			c.Event = e
+			c.Left = time.Duration(left * float64(time.Second))
 		}
 		return c, err
 	})
