@@ -20,10 +20,14 @@ import (
 // what belongs to them; the rest is skipped without being decoded.
 //
 // What is kept: the newest Runs runs by ordinal, the runs named in RunIDs,
-// the runs T3 made of the user messages in MessageIDs; the messages and
-// checkpoints of the kept runs (and those the kept runs point at); the
-// runtime requests in RequestIDs and every pending one; every timeline row
-// and the thread itself, as T3 sent them.
+// the runs T3 made of the user messages in MessageIDs; the messages,
+// checkpoints and timeline rows of the kept runs (and the messages and
+// checkpoints the kept runs point at); the runtime requests in RequestIDs
+// and every pending one, and the timeline rows of those requests (a
+// question's row); the thread itself and every other field, as T3 sent them.
+// Timeline rows of other runs, and rows of no run, are left out: what reads
+// a trimmed projection (threadview, the events' enrichment, t3_wait) looks
+// rows up by a kept run or a kept request only.
 type Keep struct {
 	Runs       int // the newest runs by ordinal; at least 1
 	RunIDs     []string
@@ -116,8 +120,8 @@ type trimmer struct {
 	k    Keep
 	runs int
 	// Of the kept runs: their ids, the user messages they were made of, the
-	// checkpoints they point at.
-	runIDs, msgIDs, checkpointIDs map[string]bool
+	// checkpoints they point at; the kept requests (named or pending).
+	runIDs, msgIDs, checkpointIDs, reqIDs map[string]bool
 }
 
 // span is a part of the body by position in the body (scanner.pos).
@@ -133,14 +137,18 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 	type piece struct {
 		key      string
 		val      []byte // the field's output
-		deferred bool   // val is the field as it came: filter it once the runs are known
+		deferred bool   // val is the field as it came: filter it once the runs (and requests) are known
 	}
 	var pieces []piece
 	t.runIDs, t.msgIDs, t.checkpointIDs = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, id := range t.k.MessageIDs {
 		t.msgIDs[id] = true
 	}
-	runsKnown := false
+	t.reqIDs = map[string]bool{}
+	for _, id := range t.k.RequestIDs {
+		t.reqIDs[id] = true
+	}
+	runsKnown, requestsKnown := false, false
 	err := s.obj(func(key []byte) error {
 		var err error
 		p := piece{key: string(key)} // key is in the window, which moves while the value is read
@@ -148,8 +156,8 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 		case "runs":
 			p.val, err = t.keepRuns(s)
 			runsKnown = true
-		case "messages", "checkpoints":
-			if !runsKnown {
+		case "messages", "checkpoints", "turnItems":
+			if !runsKnown || p.key == "turnItems" && !requestsKnown {
 				start := s.retain()
 				err, p.deferred = s.skip(), true
 				p.val = append([]byte(nil), s.from(start)...)
@@ -158,6 +166,7 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 			p.val, err = t.filterField(p.key, s)
 		case "runtimeRequests": // kept by status and id, not by run
 			p.val, err = t.filterField(p.key, s)
+			requestsKnown = true
 		default:
 			start := s.retain()
 			err = s.skip()
@@ -187,21 +196,29 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 	return append(out, '}'), nil
 }
 
-// filterField filters the messages, checkpoints or runtime requests array at
-// s by what the kept runs need.
+// filterField filters the messages, checkpoints, runtime requests or
+// timeline rows array at s by what the kept runs need.
 func (t *trimmer) filterField(key string, s *scanner) ([]byte, error) {
 	switch key {
 	case "messages":
-		return filter(s, func(id, runID, _ []byte) bool {
+		return filter(s, &filterKeys, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.msgIDs[string(id)]
 		})
 	case "checkpoints":
-		return filter(s, func(id, runID, _ []byte) bool {
+		return filter(s, &filterKeys, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.checkpointIDs[string(id)]
 		})
+	case "turnItems":
+		return filter(s, &itemKeys, func(runID, requestID, _ []byte) bool {
+			return t.runIDs[string(runID)] || t.reqIDs[string(requestID)]
+		})
 	default: // runtimeRequests
-		return filter(s, func(id, _, status []byte) bool {
-			return string(status) == "pending" || contains(t.k.RequestIDs, id)
+		return filter(s, &filterKeys, func(id, _, status []byte) bool {
+			if string(status) == "pending" {
+				t.reqIDs[string(id)] = true // its question's row is kept
+				return true
+			}
+			return contains(t.k.RequestIDs, id)
 		})
 	}
 }
@@ -319,25 +336,24 @@ func (t *trimmer) note(el []byte) error {
 }
 
 // filter scans the array at s and returns it with the elements keep accepts,
-// judged by their "id", "runId" and "status" strings (nil when absent or not
-// strings).
-func filter(s *scanner, keep func(id, runID, status []byte) bool) ([]byte, error) {
+// judged by the strings of their keys (nil when absent or not strings).
+func filter(s *scanner, keys *[3]string, keep func(a, b, c []byte) bool) ([]byte, error) {
 	out := make([]byte, 0, 64)
 	out = append(out, '[')
 	first := true
 	var at [3]span
 	err := s.arr(func() error {
 		start := s.retain()
-		if err := s.fields(filterKeys[:], at[:]); err != nil {
+		if err := s.fields(keys[:], at[:]); err != nil {
 			return err
 		}
-		id, _, err1 := s.strAt(at[0])
-		runID, _, err2 := s.strAt(at[1])
-		status, _, err3 := s.strAt(at[2])
+		a, _, err1 := s.strAt(at[0])
+		b, _, err2 := s.strAt(at[1])
+		c, _, err3 := s.strAt(at[2])
 		if err := cmp.Or(err1, err2, err3); err != nil {
 			return err
 		}
-		if keep(id, runID, status) {
+		if keep(a, b, c) {
 			if !first {
 				out = append(out, ',')
 			}
@@ -349,11 +365,12 @@ func filter(s *scanner, keep func(id, runID, status []byte) bool) ([]byte, error
 	return append(out, ']'), err
 }
 
-// The keys whose values decide: of a run, and of a message, checkpoint or
-// runtime request.
+// The keys whose values decide: of a run, of a message, checkpoint or
+// runtime request, and of a timeline row.
 var (
 	runKeys    = [...]string{"ordinal", "id", "userMessageId"}
 	filterKeys = [...]string{"id", "runId", "status"}
+	itemKeys   = [...]string{"runId", "requestId", ""}
 )
 
 // contains reports whether b is one of ids (without converting b).
@@ -614,11 +631,13 @@ const shortString = 64
 func quoteOrEscape(b []byte, i int) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	end := min(i+shortString, len(b))
-	for ; i+8 <= end; i += 8 {
+	// Eight bytes at a time while eight are left in b, past end if need be
+	// (a short string's quote is then found in one step).
+	for ; i < end && i+8 <= len(b); i += 8 {
 		x := binary.LittleEndian.Uint64(b[i:])
 		q, e := x^(ones*'"'), x^(ones*'\\')
 		if m := ((q-ones)&^q | (e-ones)&^e) & highs; m != 0 {
-			return i + bits.TrailingZeros64(m)>>3
+			return min(i+bits.TrailingZeros64(m)>>3, end)
 		}
 	}
 	for ; i < end; i++ {
