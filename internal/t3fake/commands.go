@@ -219,6 +219,10 @@ func (s *Server) dispatchCommand(payload jx.Raw, scopes []string) result {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if th := s.threadByID[threadID]; th != nil { // a new thread's createThread locks it itself
+		th.mu.Lock()
+		defer th.mu.Unlock()
+	}
 	if rc, seen := s.receipts[cmdID]; seen {
 		switch {
 		case rc.threadID != threadID || rc.launch:
@@ -438,6 +442,8 @@ func (s *Server) launchThread(payload jx.Raw, scopes []string) result {
 		runtimeMode: in.RuntimeMode, interactionMode: in.InteractionMode,
 		createdBy: "user", creationSource: in.CreationSource,
 	})
+	th.mu.Lock()
+	defer th.mu.Unlock()
 	pv := s.applyWorkspace(th, in.WorkspaceStrategy)
 	if msg, set := in.InitialMessage.Get(); set {
 		id, _ := msg.MessageId.Get()

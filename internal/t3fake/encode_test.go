@@ -133,7 +133,9 @@ func TestShellRowsMatchGenerated(t *testing.T) {
 		s.StepAll()
 		s.mu.Lock()
 		if r := s.threadByID[tid].active; r != nil {
+			r.th.mu.Lock()
 			s.interrupt(r, "")
+			r.th.mu.Unlock()
 		}
 		s.mu.Unlock()
 		s.StepAll()

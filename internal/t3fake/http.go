@@ -234,16 +234,26 @@ func threadNotFound(w http.ResponseWriter) {
 	writeError(w, http.StatusNotFound, "EnvironmentResourceNotFoundError", "not_found", "thread_not_found")
 }
 
+// lockThread finds a thread for a read and returns it locked (nil: none), without Server.mu.
+func (s *Server) lockThread(id string) *thread {
+	s.idMu.RLock()
+	th := s.threadByID[id]
+	s.idMu.RUnlock()
+	if th != nil {
+		th.mu.Lock()
+	}
+	return th
+}
+
 func (s *Server) handleThread(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	th := s.threadByID[r.PathValue("id")]
+	th := s.lockThread(r.PathValue("id"))
 	if th == nil {
-		s.mu.Unlock()
 		threadNotFound(w)
 		return
 	}
-	p, seq := s.projection(th), s.head
-	s.mu.Unlock()
+	// The head read after the thread is locked: every event of the thread is at or below it.
+	p, seq := s.projection(th), s.headPub.Load()
+	th.mu.Unlock()
 	// t3api.ThreadSnapshot's fields, in its order, with the t3rpc projection encoded in place:
 	// both packages are generated from the same model.json, so the bytes are the ones a
 	// t3rpc→t3api round trip would give (TestThreadBodyMatchesAPIRoundTrip), without it.
@@ -295,16 +305,14 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 	if s.routeMissing(w) {
 		return
 	}
-	s.mu.Lock()
-	th := s.threadByID[r.PathValue("id")]
+	th := s.lockThread(r.PathValue("id"))
 	if th == nil {
-		s.mu.Unlock()
 		threadNotFound(w)
 		return
 	}
-	p, seq := s.projectionTail(th, s.historyPage), s.head
+	p, seq := s.projectionTail(th, s.historyPage), s.headPub.Load()
 	total := len(th.items)
-	s.mu.Unlock()
+	th.mu.Unlock()
 	out := t3api.BoundedThreadSnapshot{
 		SnapshotSequence:       seq,
 		HistoryCursor:          t3api.OptNilString{Set: true, Null: true},
@@ -345,21 +353,19 @@ func (s *Server) handleHistory(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "EnvironmentRequestInvalidError", "invalid_request", "invalid_history_cursor")
 		return
 	}
-	s.mu.Lock()
-	th := s.threadByID[r.PathValue("id")]
+	th := s.lockThread(r.PathValue("id"))
 	if th == nil {
-		s.mu.Unlock()
 		threadNotFound(w)
 		return
 	}
-	seq := s.head
+	seq := s.headPub.Load()
 	end := 0
 	for end < len(th.items) && th.items[end].Ordinal < before {
 		end++ // items are in ordinal order: runs are sequential and number their items upwards
 	}
 	start := max(0, end-s.historyPage)
 	page := itemValues(th.items[start:end])
-	s.mu.Unlock()
+	th.mu.Unlock()
 	out := t3api.ThreadHistoryPage{
 		SnapshotSequence: seq,
 		Items:            make([]t3api.TurnItem, len(page)),

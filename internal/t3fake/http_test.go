@@ -2,7 +2,9 @@ package t3fake
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"runtime"
@@ -456,5 +458,107 @@ func TestCloseEndsEverything(t *testing.T) {
 	}
 	if _, err := New(Options{Addr: "256.0.0.1:0"}); err == nil {
 		t.Error("bad address accepted")
+	}
+}
+
+// getBody GETs one of the fake's orchestration routes and returns status and body.
+func getBody(t *testing.T, s *Server, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.URL()+path, nil)
+	if err != nil {
+		t.Error(err)
+		return 0, nil
+	}
+	for k, v := range bearer(s.Token()) {
+		req.Header.Set(k, v)
+	}
+	res, err := httpClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0, nil
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Error(err)
+	}
+	return res.StatusCode, b
+}
+
+// TestThreadReadsDoNotWaitForTheServerLock pins that the HTTP reads of one thread (full,
+// bounded, a history page) are answered while Server.mu is held, as it is by the driver's steps
+// of other threads under load: they take the thread's own lock. Were they to take Server.mu
+// again, this test would hang.
+func TestThreadReadsDoNotWaitForTheServerLock(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true, HistoryPage: 2})
+	pid := s.AddProject("payments", "/srv/payments")
+	tid := s.AddThread(pid, "Fix the flaky test", "idle")
+	if _, err := s.StartRun(tid, "attempt one"); err != nil {
+		t.Fatal(err)
+	}
+	s.StepAll()
+	s.mu.Lock()
+	head := s.head
+	defer s.mu.Unlock()
+	for _, path := range []string{"/api/orchestration/threads/" + tid, "/api/orchestration/threads/" + tid + "/bounded",
+		"/api/orchestration/threads/" + tid + "/history?cursor=" + historyCursor(1_000_010)} {
+		status, body := getBody(t, s, path)
+		if status != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, status, body)
+		}
+		var head0 struct {
+			Seq int64 `json:"snapshotSequence"`
+		}
+		if err := json.Unmarshal(body, &head0); err != nil || head0.Seq != head {
+			t.Errorf("GET %s: snapshotSequence %d (%v), want the head %d", path, head0.Seq, err, head)
+		}
+	}
+}
+
+// TestThreadReadsWhileRunsStep reads threads over HTTP while runs are started and stepped on
+// them and on others, for the race detector: the reads take only the thread's lock, so every
+// change of what they read must happen under it. Each body must be a snapshot with its
+// projection.
+func TestThreadReadsWhileRunsStep(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true, KeepRuns: 3})
+	pid := s.AddProject("payments", "/srv/payments")
+	threads := []string{s.AddThread(pid, "a", "idle"), s.AddThread(pid, "b", "idle"), s.AddThread(pid, "c", "idle")}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 30 {
+			for _, tid := range threads {
+				if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d", i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			s.StepAll()
+		}
+	}()
+	reads := 0
+	for running := true; running; reads++ {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		tid := threads[reads%len(threads)]
+		for _, path := range []string{"/api/orchestration/threads/" + tid, "/api/orchestration/threads/" + tid + "/bounded"} {
+			status, body := getBody(t, s, path)
+			var snap struct {
+				Seq        int64           `json:"snapshotSequence"`
+				Projection json.RawMessage `json:"projection"`
+			}
+			if status != http.StatusOK {
+				t.Fatalf("GET %s: %d %s", path, status, body)
+			}
+			if err := json.Unmarshal(body, &snap); err != nil || snap.Seq == 0 || len(snap.Projection) == 0 {
+				t.Fatalf("GET %s: %v: %.200s", path, err, body)
+			}
+		}
+	}
+	if reads < 2 {
+		t.Fatalf("only %d rounds of reads", reads)
 	}
 }

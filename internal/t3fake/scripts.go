@@ -330,6 +330,8 @@ func (s *Server) advance(r *run) {
 	if r.state != runQueued || r.idx >= len(r.steps) {
 		return
 	}
+	r.th.mu.Lock()
+	defer r.th.mu.Unlock()
 	switch r.steps[r.idx](s, r) {
 	case stepNext:
 		r.idx++

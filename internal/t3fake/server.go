@@ -113,6 +113,11 @@ type Server struct {
 	// thread holds. Guarded by mu.
 	spareRows rowCache
 	freeRows  []*rowCache
+	// The HTTP thread reads take neither mu nor the log: they find the thread under idMu (held
+	// for writing, with mu, wherever threadByID changes), lock the thread's own mu, and read the
+	// head from headPub (stored with every change of head).
+	idMu    sync.RWMutex
+	headPub atomic.Int64
 	// stepDelay, replayLimit, historyPage and ticketTTL are opts with defaults applied.
 	stepDelay   time.Duration
 	replayLimit int
@@ -480,6 +485,7 @@ func (s *Server) Restart(newHead int64) {
 		s.logBase = newHead
 	}
 	s.head = newHead
+	s.headPub.Store(newHead)
 	s.mu.Unlock()
 	s.DropConnections()
 }
@@ -553,6 +559,10 @@ func sortedKeys[V any](m map[string]V) []string {
 func (s *Server) ArchiveThread(threadID string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if th := s.threadByID[threadID]; th != nil {
+		th.mu.Lock()
+		defer th.mu.Unlock()
+	}
 	_, fail := s.archive("t3fake-archive-"+threadID, threadID)
 	return fail == nil
 }

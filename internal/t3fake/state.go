@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-faster/jx"
@@ -21,6 +22,12 @@ type project struct {
 }
 
 type thread struct {
+	// mu guards what a thread read answers (app, runs and their records, requests, messages,
+	// items, checkpoints, updatedAt) against the HTTP thread reads, which take only it, not
+	// Server.mu: a read of one thread does not wait behind the driver's steps of the others
+	// (under load they held Server.mu nearly all the time). Whoever changes those fields holds
+	// Server.mu and mu (mustHold checks it where every change passes).
+	mu          sync.Mutex
 	id          string
 	app         t3rpc.AppThread
 	shell       t3rpc.ThreadShell
@@ -35,6 +42,15 @@ type thread struct {
 	runCount    int64
 	archived    bool      // thread.archive: its row moves to the archive list
 	rows        *rowCache // the encoded parts of its rows, while a run is active (rows.go)
+}
+
+// mustHold panics unless th.mu is held (by anyone: sync.Mutex cannot say by whom). Every
+// change of a thread's readable state passes through touch or emit, which call it.
+func (th *thread) mustHold() {
+	if th.mu.TryLock() {
+		th.mu.Unlock()
+		panic("t3fake: thread " + th.id + " changed without its lock (thread.mu)")
+	}
 }
 
 // newest is the thread's latest run (nil before the first).
@@ -211,7 +227,9 @@ func copyOf[T any](v T) *T { return &v }
 // is a record the caller does not change afterwards (copyOf); it is encoded only when a thread
 // subscriber or a replay needs the event.
 func (s *Server) emit(th *thread, runID, typ string, payload encoder) {
+	th.mustHold()
 	s.head++
+	s.headPub.Store(s.head)
 	s.appendLog(logEntry{seq: s.head, threadID: th.id, evType: typ, evRunID: runID, evAt: s.now(), evPayload: payload})
 	subs := s.threadSubs[th.id]
 	if len(subs) == 0 {
@@ -265,6 +283,7 @@ func (s *Server) shellItem(item t3rpc.ShellStreamItem, threadID string, sameSeq 
 func (s *Server) shellItemFunc(threadID string, sameSeq bool, enc func(e *jx.Encoder, seq int64), itemKind string) {
 	if !sameSeq || len(s.log) == 0 || s.log[len(s.log)-1].seq != s.head {
 		s.head++
+		s.headPub.Store(s.head)
 		s.appendLog(logEntry{seq: s.head, threadID: threadID})
 	}
 	seq := s.head
@@ -290,6 +309,7 @@ func shellKind(k string) string {
 
 // touch marks th changed now.
 func (s *Server) touch(th *thread) string {
+	th.mustHold()
 	ts := s.ts()
 	th.updatedAt = ts
 	th.app.UpdatedAt = optStr(ts)
@@ -447,10 +467,13 @@ type threadSpec struct {
 	createdBy, creationSource    string
 }
 
-// createThread adds a thread and emits thread.created plus its idle shell row.
+// createThread adds a thread and emits thread.created plus its idle shell row. It returns with
+// th.mu unlocked: a caller that changes the thread further locks it.
 func (s *Server) createThread(sp threadSpec) *thread {
 	ts := s.ts()
 	th := &thread{id: sp.id, updatedAt: ts}
+	th.mu.Lock()
+	defer th.mu.Unlock()
 	th.app = t3rpc.AppThread{
 		ID:              sp.id,
 		ProjectId:       sp.projectID,
@@ -490,7 +513,9 @@ func (s *Server) createThread(sp threadSpec) *thread {
 		DeletedAt:             null(),
 	}
 	s.threads = append(s.threads, th)
+	s.idMu.Lock()
 	s.threadByID[th.id] = th
+	s.idMu.Unlock()
 	s.emit(th, "", "thread.created", copyOf(th.app))
 	s.publishShell(th)
 	return th
@@ -536,7 +561,9 @@ func (s *Server) AddThread(projectID, title, status string) string {
 		runtimeMode: "full-access", interactionMode: "default", createdBy: "user", creationSource: "server",
 	})
 	if status != "idle" {
+		th.mu.Lock()
 		s.seedRun(th, status)
+		th.mu.Unlock()
 	}
 	return id
 }
@@ -569,7 +596,9 @@ func (s *Server) RemoveThread(threadID string) bool {
 	if th == nil {
 		return false
 	}
+	s.idMu.Lock()
 	delete(s.threadByID, threadID)
+	s.idMu.Unlock()
 	for i, t := range s.threads {
 		if t == th {
 			s.threads = append(s.threads[:i], s.threads[i+1:]...)
@@ -606,6 +635,8 @@ func (s *Server) StartRun(threadID, prompt string) (string, error) {
 		return "", fmt.Errorf("t3fake: thread %s has an active run %s", threadID, th.active.rec.ID)
 	}
 	s.nextMessage++
+	th.mu.Lock()
+	defer th.mu.Unlock()
 	r := s.startRun(th, fmt.Sprintf("message-server-%d", s.nextMessage), prompt, t3rpc.OptModelSelection{}, false, true)
 	return r.rec.ID, nil
 }
