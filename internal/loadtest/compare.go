@@ -115,7 +115,7 @@ func (h *harness) pushNotices(ctx context.Context, push []*run, wakes <-chan wak
 		case w = <-wakes:
 		case <-ctx.Done():
 		}
-		if w.r == nil || w.err != nil {
+		if w.r == nil || w.err != nil || !settledBy(ctx, w.r) {
 			continue
 		}
 		waitA.Noticed++
@@ -124,7 +124,7 @@ func (h *harness) pushNotices(ctx context.Context, push []*run, wakes <-chan wak
 	h.phaseRuns = append(h.phaseRuns, phaseRuns{"compare (push)", push})
 	h.drainEvents(ctx, push)
 	for _, r := range push {
-		if d, ok := h.rec.forRun(r.id); ok && !r.settleAt.IsZero() {
+		if d, ok := h.rec.forRun(r.id); ok && isSettled(r) {
 			hookA.Noticed++
 			hl = append(hl, d.at.Sub(r.settleAt))
 		}
@@ -143,6 +143,7 @@ func pollNotices(pollers []Poller, polls [][]*run, out []chan polled) (approache
 			n := <-out[i]
 			a.Requests += n.req
 			if n.err == nil {
+				<-n.r.settled // the poller saw it settle in T3: the driver records it right after its Step
 				a.Noticed++
 				pl = append(pl, n.at.Sub(n.r.settleAt))
 			}
@@ -209,5 +210,26 @@ func poll(ctx context.Context, r *run, interval time.Duration) (time.Time, int64
 				return at, n, nil
 			}
 		}
+	}
+}
+
+// settledBy waits until the driver has recorded r's settling (settleAt), which a t3_wait can
+// report before the driver's Step has returned; false if ctx ends first.
+func settledBy(ctx context.Context, r *run) bool {
+	select {
+	case <-r.settled:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// isSettled says whether the driver has recorded r's settling.
+func isSettled(r *run) bool {
+	select {
+	case <-r.settled:
+		return true
+	default:
+		return false
 	}
 }

@@ -68,6 +68,7 @@ func (h *harness) latency(ctx context.Context) error {
 	h.logf("latency phase: %d waits blocked; %.0f runs/s for %s", rep.ActiveWaits, cfg.Rate, cfg.Duration)
 
 	first := h.settledCount()
+	hist0 := h.stagesMark(ctx)
 	u := h.mark()
 	start := time.Now()
 	if err := h.setPipeline(ctx, cfg.Rate, 0, 0); err != nil {
@@ -99,6 +100,7 @@ func (h *harness) latency(ctx context.Context) error {
 	runs := h.settledSince(first)
 	h.phaseRuns = append(h.phaseRuns, phaseRuns{"latency", runs})
 	h.drainEvents(ctx, runs)
+	rep.Stages = h.stagesSince(ctx, hist0)
 	lat, missing := h.eventLatencies(runs)
 	rep.Events, rep.MissingEvent = dist(lat), missing
 	h.wakeLatencies(rep, waitRuns, got)

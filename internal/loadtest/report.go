@@ -149,6 +149,9 @@ type Latency struct {
 	Usage        Usage   `json:"usage"`
 	Skipped      int     `json:"skipped"`
 	Behind       int     `json:"behind"` // offered runs the harness's fakes could not start in time
+	// Stages are the connector's duration histograms over the phase and its drain (where an
+	// event's and a wake-up's time goes).
+	Stages []Stage `json:"stages,omitempty"`
 }
 
 // Throughput is the throughput phase.
@@ -168,6 +171,7 @@ type Throughput struct {
 	// HarnessPerRun is the harness's CPU per run settled in the window (Usage.HarnessCPU over
 	// Settled × the window): what driving one run costs the fakes, clients and receiver together.
 	HarnessPerRun time.Duration `json:"harness_cpu_per_run_ns"`
+	Stages        []Stage       `json:"stages,omitempty"` // as Latency.Stages
 }
 
 // Outage is the outage phase: the webhook receiver down while runs settle, then the drain.
@@ -261,6 +265,7 @@ func (r *Report) Text() string {
 				l.MissingEvent, l.MissingWake, l.EarlyWakes, l.Skipped, l.Behind)
 		}
 		p("           connector: %s", l.Usage)
+		stagesText(p, l.Stages)
 	}
 	if len(r.Compare) > 0 {
 		p("compare    time to notice a settled run (from T3's settling step) and HTTP requests to T3 per run:")
@@ -280,6 +285,7 @@ func (r *Report) Text() string {
 		p("           event latency: %s", t.Events)
 		p("           connector: %s", t.Usage)
 		p("           harness: %.1f µs CPU per settled run", float64(t.HarnessPerRun)/float64(time.Microsecond))
+		stagesText(p, t.Stages)
 	}
 	if o := r.Outage; o != nil {
 		p("outage     receiver down %.1f s at %.0f runs/s offered on %d threads: %d runs settled, %d deliveries refused; backlog %d (%d before)",
@@ -319,4 +325,15 @@ func (r *Report) Text() string {
 		p("warning    %s", w)
 	}
 	return b.String()
+}
+
+// stagesText lists the stage histograms of a phase.
+func stagesText(p func(string, ...any), stages []Stage) {
+	for i, s := range stages {
+		label := ""
+		if i == 0 {
+			label = "stages"
+		}
+		p("           %-7s %-70s n %7d  mean %s  p50 %s  p99 %s", label, s.Name, s.N, ms(s.Mean), ms(s.P50), ms(s.P99))
+	}
 }

@@ -22,6 +22,7 @@ func (h *harness) throughput(ctx context.Context) error {
 	recv0 := h.rec.count()
 	first := h.settledCount()
 	h.logf("throughput phase: offering %.0f runs/s for %s", cfg.PeakRate, cfg.Duration)
+	hist0 := h.stagesMark(ctx)
 	u := h.mark()
 	start := time.Now()
 	if err := h.setPipeline(ctx, cfg.PeakRate, maxLag, 0); err != nil {
@@ -76,6 +77,7 @@ func (h *harness) throughput(ctx context.Context) error {
 			return err
 		}
 	}
+	rep.Stages = h.stagesSince(ctx, hist0)
 	runs := h.settledSince(first)
 	h.phaseRuns = append(h.phaseRuns, phaseRuns{"throughput", runs})
 	lat, missing := h.eventLatencies(runs)

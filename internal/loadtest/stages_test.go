@@ -1,0 +1,84 @@
+package loadtest
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const metricsBefore = `# HELP t3code_mcp_wait_result_seconds A t3_wait result's stages.
+# TYPE t3code_mcp_wait_result_seconds histogram
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.001"} 0
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.01"} 2
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.1"} 2
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="+Inf"} 2
+t3code_mcp_wait_result_seconds_sum{stage="read"} 0.01
+t3code_mcp_wait_result_seconds_count{stage="read"} 2
+t3code_mcp_watch_chunk_items_bucket{le="1"} 5
+t3code_mcp_active_waits 3
+`
+
+const metricsAfter = `t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.001"} 0
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.01"} 52
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.1"} 100
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="+Inf"} 102
+t3code_mcp_wait_result_seconds_sum{stage="read"} 3.01
+t3code_mcp_wait_result_seconds_count{stage="read"} 102
+t3code_mcp_wait_result_seconds_bucket{stage="render",le="0.001"} 0
+t3code_mcp_wait_result_seconds_count{stage="render"} 0
+t3code_mcp_store_commit_seconds_bucket{le="0.01"} 4
+t3code_mcp_store_commit_seconds_bucket{le="+Inf"} 4
+t3code_mcp_store_commit_seconds_sum 0.02
+t3code_mcp_store_commit_seconds_count 4
+`
+
+// The stage histograms of a phase are what each *_seconds series gained between two scrapes:
+// count, mean from the sums, quantiles interpolated within buckets as histogram_quantile does
+// (the highest finite bound for a rank in +Inf); series without new observations and
+// histograms of other units are left out.
+func TestStagesBetweenScrapes(t *testing.T) {
+	before, err := parseHistograms(strings.NewReader(metricsBefore))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parseHistograms(strings.NewReader(metricsAfter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := stagesBetween(before, after)
+	want := []Stage{
+		{Name: "t3code_mcp_store_commit_seconds", N: 4, Mean: 5 * time.Millisecond, P50: 5 * time.Millisecond, P99: 9900 * time.Microsecond},
+		// 100 new reads: 50 in (1 ms, 10 ms], 48 in (10 ms, 100 ms], 2 over 100 ms.
+		{Name: `t3code_mcp_wait_result_seconds{stage="read"}`, N: 100, Mean: 30 * time.Millisecond, P50: 10 * time.Millisecond, P99: 100 * time.Millisecond},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("stages %+v, want %+v", got, want)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		near := func(a, b time.Duration) bool { return a-b < time.Microsecond && b-a < time.Microsecond }
+		if g.Name != w.Name || g.N != w.N || !near(g.Mean, w.Mean) || !near(g.P50, w.P50) || !near(g.P99, w.P99) {
+			t.Errorf("stage %d: %+v, want %+v", i, g, w)
+		}
+	}
+}
+
+// FuzzParseHistograms: any /metrics text parses without a panic, and every series it reports
+// has a name.
+func FuzzParseHistograms(f *testing.F) {
+	f.Add(metricsBefore)
+	f.Add(metricsAfter)
+	f.Add(`x_seconds_bucket{a="b\"}",le="1"} 3`)
+	f.Fuzz(func(t *testing.T, text string) {
+		hs, err := parseHistograms(strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		for k := range hs {
+			if k == "" {
+				t.Fatalf("a series without a name in %q", text)
+			}
+		}
+		_ = stagesBetween(nil, hs)
+	})
+}
