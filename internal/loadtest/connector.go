@@ -205,16 +205,25 @@ type healthBody struct {
 
 func (c *connector) health(ctx context.Context) (healthBody, error) {
 	var h healthBody
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/healthz", nil)
+	body, err := c.get(ctx, "/healthz")
 	if err != nil {
 		return h, err
+	}
+	defer body.Close()
+	return h, json.NewDecoder(body).Decode(&h)
+}
+
+// get GETs one of the connector's own routes; the caller closes the body.
+func (c *connector) get(ctx context.Context, path string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return nil, err
 	}
 	res, err := c.http.Do(req)
 	if err != nil {
-		return h, err
+		return nil, err
 	}
-	defer res.Body.Close()
-	return h, json.NewDecoder(res.Body).Decode(&h)
+	return res.Body, nil
 }
 
 // waitReady polls /healthz until every machine is online; it fails early when the process exits.
@@ -250,17 +259,13 @@ func (c *connector) metric(ctx context.Context, name string) (float64, error) {
 
 // metrics scrapes every unlabelled series from /metrics.
 func (c *connector) metrics(ctx context.Context) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	body, err := c.get(ctx, "/metrics")
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer res.Body.Close()
+	defer body.Close()
 	out := map[string]float64{}
-	sc := bufio.NewScanner(res.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		name, v, ok := strings.Cut(sc.Text(), " ")

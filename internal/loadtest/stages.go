@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -227,14 +226,10 @@ func (h *harness) stagesSince(ctx context.Context, before map[string]*histogram)
 
 // histograms reads the connector's *_seconds histograms from /metrics.
 func (c *connector) histograms(ctx context.Context) (map[string]*histogram, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	body, err := c.get(ctx, "/metrics")
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer res.Body.Close()
-	return parseHistograms(res.Body)
+	defer body.Close()
+	return parseHistograms(body)
 }
