@@ -2,8 +2,10 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -157,5 +159,81 @@ func TestGroupRecordAloneWithoutOpsCommitter(t *testing.T) {
 	}
 	if txs, _ := g.Stats(); txs != 0 {
 		t.Fatalf("the group wrote %d transactions for a record it does not share", txs)
+	}
+}
+
+// txLog is the bbolt store with the composition of every CommitBatchesAndOps logged.
+type txLog struct {
+	*Bolt
+	mu  sync.Mutex
+	txs [][2]int // batches, ops
+}
+
+func (l *txLog) CommitBatchesAndOps(bs []Batch, ops []Op) ([]error, error) {
+	l.mu.Lock()
+	l.txs = append(l.txs, [2]int{len(bs), len(ops)})
+	l.mu.Unlock()
+	return l.Bolt.CommitBatchesAndOps(bs, ops)
+}
+
+// TestGroupRecordYieldsToBatches: a chunk's batch waiting beside a large Record goes into a
+// transaction with at most recordBudget of its ops; the rest follow in the next one (no batch
+// waits then: all of them), and the caller gets every op's result at its index.
+func TestGroupRecordYieldsToBatches(t *testing.T) {
+	s := open(t, t.TempDir())
+	l := &txLog{Bolt: s}
+	g := NewGroup(l)
+	const n = 600 // five parts: 4 × recordPart + 88
+	var evs []Event
+	ops := make([]Op, n)
+	for i := range ops {
+		id := fmt.Sprintf("y%03d", i)
+		evs = append(evs, ev(id, "s"+id))
+		ops[i] = Op{ID: id, Kind: OpDelivered, At: t0}
+	}
+	ops[400].ID = "nope" // in the third transaction's share: reported at its index
+	if err := s.Commit(Batch{Events: evs}); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
+	type recorded struct {
+		errs []error
+		err  error
+	}
+	rec := make(chan recorded, 1)
+	go func() {
+		errs, err := g.Record(ops)
+		rec <- recorded{errs, err}
+	}()
+	waitPending(g, 5)
+	committed := make(chan error, 1)
+	go func() { committed <- g.Commit(Batch{Events: []Event{ev("c2", "d")}}) }()
+	waitPending(g, 6)
+	release()
+
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	r := <-rec
+	if r.err != nil || len(r.errs) != n {
+		t.Fatalf("Record = %d results, %v", len(r.errs), r.err)
+	}
+	for i, err := range r.errs {
+		if (i == 400) != (err != nil) || (i == 400 && !errors.Is(err, ErrNotFound)) {
+			t.Fatalf("result %d = %v", i, err)
+		}
+	}
+	l.mu.Lock()
+	got := fmt.Sprint(l.txs)
+	l.mu.Unlock()
+	if want := fmt.Sprint([][2]int{{1, 2 * recordPart}, {0, n - 2*recordPart}}); got != want {
+		t.Fatalf("transactions (batches, ops) = %s, want %s", got, want)
+	}
+	if p, _, d, _ := s.Counts(); p != 3 || d != n-1 {
+		t.Fatalf("Counts: %d pending, %d delivered", p, d)
 	}
 }
