@@ -98,10 +98,6 @@ func TestGroupRecordSharesTheTransaction(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
-	type recorded struct {
-		errs []error
-		err  error
-	}
 	rec := make(chan recorded, 1)
 	go func() {
 		errs, err := g.Record([]Op{{ID: "r1", Kind: OpDelivered, At: t0}, {ID: "nope", Kind: OpDelivered, At: t0}, {ID: "r2", Kind: OpRetry, Next: t0, Error: "HTTP 503"}})
@@ -137,6 +133,12 @@ func TestGroupRecordSharesTheTransaction(t *testing.T) {
 	if p, _, d, _ := s.Counts(); p != 3 || d != 1 {
 		t.Fatalf("Counts: %d pending, %d delivered", p, d)
 	}
+}
+
+// recorded is what a Group.Record returned.
+type recorded struct {
+	errs []error
+	err  error
 }
 
 // onlyStore hides the bbolt store's OpsCommitter.
@@ -197,10 +199,6 @@ func TestGroupRecordYieldsToBatches(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
-	type recorded struct {
-		errs []error
-		err  error
-	}
 	rec := make(chan recorded, 1)
 	go func() {
 		errs, err := g.Record(ops)
