@@ -67,3 +67,30 @@ func BenchmarkRecord32Claimed(b *testing.B) {
 	}
 	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkClaimHeadsAgain32: ask again for 32 heads one holds (a replica's loop asking for heads
+// that still wait for a slot, or renewing claims it made a moment ago).
+func BenchmarkClaimHeadsAgain32(b *testing.B) {
+	s, _ := open(b)
+	const n = 32
+	streams := make([]string, n)
+	evs := make([]store.Event, n)
+	for j := range streams {
+		streams[j] = fmt.Sprintf("m/t%d", j)
+		evs[j] = storetest.Ev(fmt.Sprintf("e%d", j), streams[j])
+	}
+	if err := s.Commit(store.Batch{Events: evs}); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		cs, err := s.ClaimHeads(streams, "bench", time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range cs {
+			if !c.Claimed {
+				b.Fatalf("%s not claimed", c.Stream)
+			}
+		}
+	}
+}
