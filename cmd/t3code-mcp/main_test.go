@@ -287,7 +287,9 @@ func TestServeDemoThroughTheBinary(t *testing.T) {
 		}
 	}
 
-	// t3_machines: one machine, plainly the demo.
+	// t3_machines: one machine, plainly the demo — once its watcher connected (on a loaded
+	// machine the first call can come before that, and would find it "not connected yet").
+	waitOnline(t, c)
 	sc, text := c.ok("t3_machines", nil)
 	ms, _ := sc["machines"].([]any)
 	if len(ms) != 1 {
