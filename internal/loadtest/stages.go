@@ -35,7 +35,8 @@ type histogram struct {
 }
 
 // parseHistograms reads the *_seconds histograms of a Prometheus text exposition, by series
-// (name and labels without le). Lines it does not understand are skipped.
+// (name and labels without le). Lines it does not understand are skipped; a summary's _sum and
+// _count come without buckets, and stagesBetween leaves them out.
 func parseHistograms(r io.Reader) (map[string]*histogram, error) {
 	out := map[string]*histogram{}
 	get := func(k string) *histogram {
@@ -146,7 +147,7 @@ func stagesBetween(before, after map[string]*histogram) []Stage {
 			b = &histogram{buckets: map[float64]float64{}}
 		}
 		n := a.count - b.count
-		if n <= 0 {
+		if n <= 0 || len(a.buckets) == 0 { // no observations, or a summary (go_gc_duration_seconds)
 			continue
 		}
 		bounds := make([]float64, 0, len(a.buckets))

@@ -16,6 +16,9 @@ t3code_mcp_wait_result_seconds_sum{stage="read"} 0.01
 t3code_mcp_wait_result_seconds_count{stage="read"} 2
 t3code_mcp_watch_chunk_items_bucket{le="1"} 5
 t3code_mcp_active_waits 3
+go_gc_duration_seconds{quantile="0.5"} 0.001
+go_gc_duration_seconds_sum 0.01
+go_gc_duration_seconds_count 2
 `
 
 const metricsAfter = `t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.001"} 0
@@ -30,12 +33,15 @@ t3code_mcp_store_commit_seconds_bucket{le="0.01"} 4
 t3code_mcp_store_commit_seconds_bucket{le="+Inf"} 4
 t3code_mcp_store_commit_seconds_sum 0.02
 t3code_mcp_store_commit_seconds_count 4
+go_gc_duration_seconds{quantile="0.5"} 0.001
+go_gc_duration_seconds_sum 0.02
+go_gc_duration_seconds_count 5
 `
 
 // The stage histograms of a phase are what each *_seconds series gained between two scrapes:
 // count, mean from the sums, quantiles interpolated within buckets as histogram_quantile does
 // (the highest finite bound for a rank in +Inf); series without new observations and
-// histograms of other units are left out.
+// histograms of other units and summaries (go_gc_duration_seconds) are left out.
 func TestStagesBetweenScrapes(t *testing.T) {
 	before, err := parseHistograms(strings.NewReader(metricsBefore))
 	if err != nil {
