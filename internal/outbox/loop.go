@@ -225,8 +225,11 @@ func (o *Outbox) Run(ctx context.Context) {
 			o.updateGauges()
 			lastGauges = now
 		}
-		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && len(l.toDeliver) == 0 && o.burst != o.client {
-			o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
+		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && len(l.toDeliver) == 0 {
+			l.retireIdleWorkers() // nothing to deliver: no idle worker waits for a next job
+			if o.burst != o.client {
+				o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
+			}
 		}
 
 		timer.Reset(l.sleepFor(now, lastPrune))
@@ -578,6 +581,18 @@ func (l *loop) startDelivery(s *stream) {
 	l.maybeAhead(s) // its next events can be completed while this one is sent
 }
 
+// retireIdleWorkers ends the delivery workers waiting for a job (a job without a stream tells a
+// worker to end), so that an idle outbox keeps no goroutines of a burst.
+func (l *loop) retireIdleWorkers() {
+	for {
+		select {
+		case l.work <- job{}:
+		default:
+			return
+		}
+	}
+}
+
 // workerIdle is how long a delivery worker waits for its next job before it ends.
 const workerIdle = 30 * time.Second
 
@@ -597,6 +612,9 @@ func (l *loop) worker(j job) {
 		idle.Reset(workerIdle)
 		select {
 		case j = <-l.work:
+			if j.s == nil {
+				return // retired: the outbox is idle
+			}
 		case <-idle.C:
 			return
 		case <-l.ctx.Done():
