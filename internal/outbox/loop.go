@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -144,11 +145,13 @@ type loop struct {
 	jobs      sync.WaitGroup
 	freed     chan struct{} // worker → loop: a slot is free
 	work      chan job      // loop → an idle worker (unbuffered: taken only by one waiting for it)
-	toRec     *mailbox      // workers → recorder
-	fromRec   *mailbox      // recorder → loop
-	recorded  []outcome     // take's buffer for fromRec
-	recStop   chan struct{} // closed by settle: the recorder returns once its mailbox is empty
-	recDone   chan struct{}
+	// retire is closed when the outbox goes idle: the workers waiting for a job end (nil: idle).
+	retire   atomic.Pointer[chan struct{}]
+	toRec    *mailbox      // workers → recorder
+	fromRec  *mailbox      // recorder → loop
+	recorded []outcome     // take's buffer for fromRec
+	recStop  chan struct{} // closed by settle: the recorder returns once its mailbox is empty
+	recDone  chan struct{}
 
 	// Enrichment jobs (at most EnrichConcurrency) come back on fromEnrich with the body in
 	// memory: a head's is delivered next, one ahead of the head waits in its stream's done map;
@@ -572,6 +575,10 @@ func (l *loop) startDelivery(s *stream) {
 	if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
 		j.client = l.o.burst
 	}
+	if l.retire.Load() == nil {
+		r := make(chan struct{})
+		l.retire.Store(&r)
+	}
 	select {
 	case l.work <- j: // an idle worker took it
 	default:
@@ -581,15 +588,12 @@ func (l *loop) startDelivery(s *stream) {
 	l.maybeAhead(s) // its next events can be completed while this one is sent
 }
 
-// retireIdleWorkers ends the delivery workers waiting for a job (a job without a stream tells a
-// worker to end), so that an idle outbox keeps no goroutines of a burst.
+// retireIdleWorkers ends the delivery workers waiting for a job, and those about to wait (they
+// see the closed channel), so that an idle outbox keeps no goroutines of a burst.
 func (l *loop) retireIdleWorkers() {
-	for {
-		select {
-		case l.work <- job{}:
-		default:
-			return
-		}
+	if r := l.retire.Load(); r != nil {
+		close(*r)
+		l.retire.Store(nil)
 	}
 }
 
@@ -610,11 +614,16 @@ func (l *loop) worker(j job) {
 		l.toRec.put(r)
 		l.freed <- struct{}{}
 		idle.Reset(workerIdle)
+		var retired <-chan struct{}
+		if r := l.retire.Load(); r != nil {
+			retired = *r
+		} else {
+			return // the outbox went idle meanwhile
+		}
 		select {
 		case j = <-l.work:
-			if j.s == nil {
-				return // retired: the outbox is idle
-			}
+		case <-retired:
+			return
 		case <-idle.C:
 			return
 		case <-l.ctx.Done():
