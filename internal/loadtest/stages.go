@@ -1,7 +1,6 @@
 package loadtest
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"math"
@@ -9,6 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // This file: the connector's stage histograms over a phase (where an event's and a wake-up's
@@ -34,107 +37,44 @@ type histogram struct {
 	count   float64
 }
 
-// parseHistograms reads the *_seconds histograms of a Prometheus text exposition, by series
-// (name and labels without le). Lines it does not understand are skipped; a summary's _sum and
-// _count come without buckets, and stagesBetween leaves them out.
+// parseHistograms reads the *_seconds histograms of a Prometheus text exposition (the
+// connector's /metrics, parsed by prometheus/common's expfmt), by series: the name and its
+// labels other than le, as in t3code_mcp_wait_result_seconds{stage="read"}. Other metric types
+// (a summary such as go_gc_duration_seconds, gauges, counters) are left out.
 func parseHistograms(r io.Reader) (map[string]*histogram, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]*histogram{}
-	get := func(k string) *histogram {
-		h := out[k]
-		if h == nil {
-			h = &histogram{buckets: map[float64]float64{}}
-			out[k] = h
-		}
-		return h
-	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
+	for name, fam := range families {
+		if fam.GetType() != dto.MetricType_HISTOGRAM || !strings.HasSuffix(name, "_seconds") {
 			continue
 		}
-		series, val, ok := cutValue(line)
-		if !ok {
-			continue
-		}
-		name, labels := series, ""
-		if i := strings.IndexByte(series, '{'); i >= 0 && strings.HasSuffix(series, "}") {
-			name, labels = series[:i], series[i+1:len(series)-1]
-		}
-		switch {
-		case strings.HasSuffix(name, "_seconds_bucket"):
-			rest, le, found := splitLabel(labels, "le")
-			if !found {
-				continue
+		for _, m := range fam.GetMetric() {
+			ph := m.GetHistogram()
+			h := &histogram{buckets: map[float64]float64{}, sum: ph.GetSampleSum(), count: float64(ph.GetSampleCount())}
+			for _, b := range ph.GetBucket() {
+				h.buckets[b.GetUpperBound()] = float64(b.GetCumulativeCount())
 			}
-			ub, err := strconv.ParseFloat(le, 64)
-			if err != nil {
-				continue
-			}
-			get(seriesKey(strings.TrimSuffix(name, "_bucket"), rest)).buckets[ub] = val
-		case strings.HasSuffix(name, "_seconds_sum"):
-			get(seriesKey(strings.TrimSuffix(name, "_sum"), labels)).sum = val
-		case strings.HasSuffix(name, "_seconds_count"):
-			get(seriesKey(strings.TrimSuffix(name, "_count"), labels)).count = val
+			h.buckets[math.Inf(1)] = h.count
+			out[seriesKey(name, m.GetLabel())] = h
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
-// cutValue splits "series value [timestamp]" after the series (whose labels may hold spaces).
-func cutValue(line string) (series string, v float64, ok bool) {
-	end := strings.LastIndexByte(line, '}')
-	if end < 0 {
-		end = strings.IndexByte(line, ' ') - 1
-	}
-	if end < 0 || end+1 >= len(line) {
-		return "", 0, false
-	}
-	f := strings.Fields(line[end+1:])
-	if len(f) == 0 {
-		return "", 0, false
-	}
-	v, err := strconv.ParseFloat(f[0], 64)
-	return line[:end+1], v, err == nil
-}
-
-func seriesKey(name, labels string) string {
-	if labels == "" {
+// seriesKey names a series as the exposition writes it: name{k="v",…} (labels sorted by name).
+func seriesKey(name string, labels []*dto.LabelPair) string {
+	if len(labels) == 0 {
 		return name
 	}
-	return name + "{" + labels + "}"
-}
-
-// splitLabel takes the label key out of a label list (k="v",k2="v2"), quoted values with
-// escapes allowed, and returns the rest and key's value.
-func splitLabel(labels, key string) (rest, value string, found bool) {
-	var kept []string
-	for len(labels) > 0 {
-		eq := strings.IndexByte(labels, '=')
-		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
-			return "", "", false
-		}
-		k := strings.TrimSpace(labels[:eq])
-		i := eq + 2
-		for i < len(labels) && labels[i] != '"' {
-			if labels[i] == '\\' {
-				i++
-			}
-			i++
-		}
-		if i >= len(labels) {
-			return "", "", false
-		}
-		pair, v := labels[:i+1], labels[eq+2:i]
-		if k == key {
-			value, found = v, true
-		} else {
-			kept = append(kept, strings.TrimSpace(pair))
-		}
-		labels = strings.TrimPrefix(labels[i+1:], ",")
+	pairs := make([]string, len(labels))
+	for i, l := range labels {
+		pairs[i] = l.GetName() + "=" + strconv.Quote(l.GetValue())
 	}
-	return strings.Join(kept, ","), value, found
+	return name + "{" + strings.Join(pairs, ",") + "}"
 }
 
 // stagesBetween summarizes what each series gained from before to after, those with
@@ -147,7 +87,7 @@ func stagesBetween(before, after map[string]*histogram) []Stage {
 			b = &histogram{buckets: map[float64]float64{}}
 		}
 		n := a.count - b.count
-		if n <= 0 || len(a.buckets) == 0 { // no observations, or a summary (go_gc_duration_seconds)
+		if n <= 0 { // no observations in the phase
 			continue
 		}
 		bounds := make([]float64, 0, len(a.buckets))

@@ -1,9 +1,15 @@
 package loadtest
 
 import (
+	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 const metricsBefore = `# HELP t3code_mcp_wait_result_seconds A t3_wait result's stages.
@@ -16,12 +22,14 @@ t3code_mcp_wait_result_seconds_sum{stage="read"} 0.01
 t3code_mcp_wait_result_seconds_count{stage="read"} 2
 t3code_mcp_watch_chunk_items_bucket{le="1"} 5
 t3code_mcp_active_waits 3
+# TYPE go_gc_duration_seconds summary
 go_gc_duration_seconds{quantile="0.5"} 0.001
 go_gc_duration_seconds_sum 0.01
 go_gc_duration_seconds_count 2
 `
 
-const metricsAfter = `t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.001"} 0
+const metricsAfter = `# TYPE t3code_mcp_wait_result_seconds histogram
+t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.001"} 0
 t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.01"} 52
 t3code_mcp_wait_result_seconds_bucket{stage="read",le="0.1"} 100
 t3code_mcp_wait_result_seconds_bucket{stage="read",le="+Inf"} 102
@@ -29,6 +37,7 @@ t3code_mcp_wait_result_seconds_sum{stage="read"} 3.01
 t3code_mcp_wait_result_seconds_count{stage="read"} 102
 t3code_mcp_wait_result_seconds_bucket{stage="render",le="0.001"} 0
 t3code_mcp_wait_result_seconds_count{stage="render"} 0
+# TYPE t3code_mcp_store_commit_seconds histogram
 t3code_mcp_store_commit_seconds_bucket{le="0.01"} 4
 t3code_mcp_store_commit_seconds_bucket{le="+Inf"} 4
 t3code_mcp_store_commit_seconds_sum 0.02
@@ -87,4 +96,34 @@ func FuzzParseHistograms(f *testing.F) {
 		}
 		_ = stagesBetween(nil, hs)
 	})
+}
+
+// What the connector's own registry writes (promhttp's text exposition) parses into the series
+// the report names: the histogram's labels but le, summaries and other units left out.
+func TestParseHistogramsOfARealRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "t3code_mcp_wait_result_seconds", Buckets: []float64{0.01, 0.1}}, []string{"stage"})
+	reg.MustRegister(h, prometheus.NewSummary(prometheus.SummaryOpts{Name: "other_seconds"}),
+		prometheus.NewHistogram(prometheus.HistogramOpts{Name: "t3code_mcp_watch_chunk_items"}))
+	h.WithLabelValues("read").Observe(0.005)
+	h.WithLabelValues("read").Observe(0.05)
+	h.WithLabelValues("read").Observe(5)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	hs, err := parseHistograms(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := hs[`t3code_mcp_wait_result_seconds{stage="read"}`]
+	if len(hs) != 1 || got == nil {
+		t.Fatalf("series %v, want only the wait_result read histogram", hs)
+	}
+	if got.count != 3 || got.buckets[0.01] != 1 || got.buckets[0.1] != 2 || got.buckets[math.Inf(1)] != 3 {
+		t.Errorf("histogram %+v", got)
+	}
 }
