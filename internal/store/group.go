@@ -103,8 +103,9 @@ func (g *Group) Record(ops []Op) ([]error, error) {
 		errs = append(errs, r.errs...)
 	}
 	if failed != nil {
-		// Parts before the failure may be durable: the caller treats the ops as not recorded
-		// and finds them applied when it tries again (Store.Record's ErrNotPending).
+		// Other parts (in transactions of their own) may be durable: the caller treats the ops
+		// as not recorded and finds those applied when it tries again (Store.Record's
+		// ErrNotPending).
 		return nil, failed
 	}
 	return errs, nil

@@ -26,7 +26,7 @@ func NewGroupMetrics(reg prometheus.Registerer) (*GroupMetrics, error) {
 		commit: stages.Histogram("t3code_mcp_store_commit_seconds",
 			"Duration of one group transaction: its writes and fsyncs, until its batches are durable."),
 		batches: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "t3code_mcp_store_commit_batches",
-			Help:    "Batches written by one group transaction (each machine's chunk is one; the outbox's delivery records one more).",
+			Help:    "Batches written by one group transaction (each machine's chunk is one; each part of the outbox's delivery records, up to 128 of them, one more).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
 	}
 	if reg != nil {
