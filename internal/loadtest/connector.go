@@ -18,6 +18,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // connector is the real t3code-mcp binary running `serve` as a child process.
@@ -257,26 +261,36 @@ func (c *connector) metric(ctx context.Context, name string) (float64, error) {
 	return v, nil
 }
 
-// metrics scrapes every unlabelled series from /metrics.
+// metrics scrapes every unlabelled gauge, counter and untyped series from /metrics (parsed by
+// prometheus/common's expfmt, like the stage histograms).
 func (c *connector) metrics(ctx context.Context) (map[string]float64, error) {
 	body, err := c.get(ctx, "/metrics")
 	if err != nil {
 		return nil, err
 	}
 	defer body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(body)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]float64{}
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
-			continue
-		}
-		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-			out[name] = f
+	for name, fam := range families {
+		for _, m := range fam.GetMetric() {
+			if len(m.GetLabel()) > 0 {
+				continue
+			}
+			switch fam.GetType() {
+			case dto.MetricType_GAUGE:
+				out[name] = m.GetGauge().GetValue()
+			case dto.MetricType_COUNTER:
+				out[name] = m.GetCounter().GetValue()
+			case dto.MetricType_UNTYPED:
+				out[name] = m.GetUntyped().GetValue()
+			}
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // stop sends SIGTERM and waits (SIGKILL after 10 s).
