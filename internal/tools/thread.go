@@ -14,17 +14,19 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
 
-// stateKeep is what state decodes of a bounded read: the turns shown and the
-// row's pending request (one this connector answered is not shown).
-func (d *Deps) stateKeep(shell t3rpc.ThreadShell, turns int) t3.Keep {
-	if turns <= 0 {
-		turns = 3 // Render's default
-	}
+// readState is state's one bounded read of the thread, decoding only what it
+// shows (t3.Keep): the turns shown and the row's pending request (one this
+// connector answered is not shown). It returns the thread's run count too.
+func (d *Deps) readState(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int) (*t3api.ThreadProjection, int, error) {
 	keep := t3.Keep{Runs: turns}
 	if pr, ok := threadstate.PendingRequest(&shell); ok && !d.answered.snapshot()[pr.ID] {
 		keep.RequestIDs = []string{pr.ID}
 	}
-	return keep
+	rec, err := f.Machine.RecentKeep(ctx, shell.ID, keep)
+	if err != nil {
+		return nil, -1, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+	}
+	return rec.Projection, rec.RunCount, nil
 }
 
 // state renders a found thread's current state from its projection and its
@@ -45,11 +47,10 @@ func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell
 	}
 	runCount := -1
 	if p == nil {
-		rec, err := f.Machine.RecentKeep(ctx, shell.ID, d.stateKeep(shell, turns))
-		if err != nil {
-			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+		var err error
+		if p, runCount, err = d.readState(ctx, f, shell, turns); err != nil {
+			return mcptools.ThreadState{}, err
 		}
-		p, runCount = rec.Projection, rec.RunCount
 	}
 	st := threadview.New(p).Render(meta, turns, threadview.DefaultLimits)
 	if runCount >= 0 {

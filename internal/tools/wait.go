@@ -207,12 +207,11 @@ func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
 func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
 	if p == nil {
 		start := time.Now()
-		rec, err := f.Machine.RecentKeep(ctx, shell.ID, d.stateKeep(shell, 3))
-		if err != nil {
-			return mcptools.ThreadState{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+		var err error
+		if p, w.runCount, err = d.readState(ctx, f, shell, 3); err != nil {
+			return mcptools.ThreadState{}, err
 		}
 		d.observeWait(WaitRead, time.Since(start))
-		p, w.runCount = rec.Projection, rec.RunCount
 	}
 	start := time.Now()
 	st, err := d.state(ctx, f, shell, 3, p)
