@@ -37,21 +37,13 @@ type Keep struct {
 
 var errShape = errors.New("bounded body: not the shape of a bounded thread snapshot")
 
-// trimBounded rewrites a bounded thread body to the part k keeps, in the
-// same shape (a BoundedThreadSnapshot, keys in T3's order, kept elements byte
-// for byte as T3 sent them), and returns how many runs the thread has in all.
-// Nothing skipped is decoded: a small scanner jumps over values (over strings,
-// where nearly all of a thread's bytes are, eight bytes at a time) and looks
-// only at the keys that decide (ids, ordinal, status), an element of the big
-// arrays in one loop (fields). An error means body
-// is not a JSON object of that shape; the caller then decodes the body as it
-// came and reports what is wrong with it.
-func trimBounded(body []byte, k Keep) (out []byte, runs int, err error) {
-	s := scanner{b: body}
-	return s.trim(k)
-}
-
-// trimBoundedFrom is trimBounded of the body r streams: it is scanned as it
+// trimBoundedFrom rewrites the bounded thread body r streams to the part k
+// keeps, in the same shape (a BoundedThreadSnapshot, keys in T3's order, kept
+// elements byte for byte as T3 sent them), and returns how many runs the
+// thread has in all. Nothing skipped is decoded: a small scanner jumps over
+// values (over strings, where nearly all of a thread's bytes are, eight bytes
+// at a time) and looks only at the keys that decide (ids, ordinal, status),
+// an element of the big arrays in one loop (fields). The body is scanned as it
 // arrives, in a window of the body that holds only what is still to be
 // copied out (the field or element being scanned, the runs kept so far), not
 // in a buffer of the whole body, which at 50,000 turn items is 16 MiB read,

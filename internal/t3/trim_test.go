@@ -443,3 +443,11 @@ func TestThreadRecentKeepStreamsAndRereadsRefusedBodies(t *testing.T) {
 		t.Fatalf("bad body: %v (%d reads)", err, reads.Load())
 	}
 }
+
+// trimBounded is trimBoundedFrom of a body held whole: the reference the
+// streamed trim is checked against (TestTrimBoundedStreamed, FuzzTrimBounded)
+// and what the table tests call.
+func trimBounded(body []byte, k Keep) (out []byte, runs int, err error) {
+	s := scanner{b: body}
+	return s.trim(k)
+}
