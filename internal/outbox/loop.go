@@ -105,6 +105,12 @@ type loop struct {
 	// skipped counts the events found delivered by another replica since skipLogged.
 	skipped    int
 	skipLogged time.Time
+	// delivered counts the events delivered since deliveredSince, and maxLag is the longest of
+	// their lags: summed up at Info once per summaryEvery (summarise), the per-event line being
+	// Debug.
+	delivered      int
+	deliveredSince time.Time
+	maxLag         time.Duration
 	// ahead holds streams with events behind a complete head that still need enrichment; spare
 	// enrichment slots work on them, so that a stream's next events are complete by the time
 	// they become its head (a delivery worker never waits on T3 for them).
@@ -163,7 +169,7 @@ type loop struct {
 
 func (o *Outbox) newLoop(ctx context.Context) *loop {
 	l := &loop{
-		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(), scanDue: true,
+		o: o, ctx: ctx, streams: map[string]*stream{}, skipLogged: time.Now(), deliveredSince: time.Now(), scanDue: true,
 		limit: min(o.cfg.Concurrency, startInFlight),
 		// Every slot freed fits in the channel, and the mailboxes never block, so neither a
 		// worker nor the recorder ever waits for a loop that is busy elsewhere, nor a worker
@@ -197,6 +203,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	defer func() {
 		cancel()
 		l.settle()
+		l.summarise(time.Now(), true)
 		if o.claimer != nil {
 			o.releaseClaims()
 		}
@@ -228,6 +235,7 @@ func (o *Outbox) Run(ctx context.Context) {
 			o.updateGauges()
 			lastGauges = now
 		}
+		l.summarise(time.Now(), false)
 		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && len(l.toDeliver) == 0 {
 			l.retireIdleWorkers() // nothing to deliver: no idle worker waits for a next job
 			if o.burst != o.client {
@@ -273,6 +281,9 @@ func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
 		// Other replicas commit and deliver too: look for their events, and retry the heads
 		// they held, at least every pollEvery.
 		wait = min(wait, pollEvery)
+	}
+	if l.delivered > 0 {
+		wait = min(wait, max(0, time.Until(l.deliveredSince.Add(l.o.summaryEvery))))
 	}
 	if len(l.wall) > 0 {
 		wait = min(wait, max(0, l.wall[0].at.Sub(now)))
@@ -712,6 +723,8 @@ func (l *loop) finish(r outcome) {
 		if r.delivered {
 			l.receiverUp()
 			l.adapt(true, r.job.ticket)
+			l.delivered++
+			l.maxLag = max(l.maxLag, r.lag)
 		}
 	default: // retry
 		if r.overload {
@@ -914,6 +927,26 @@ func (l *loop) advance(s *stream, seq uint64) {
 	}
 	l.makeReady(s)
 	l.maybeAhead(s)
+}
+
+// summaryEvery is how often, at most, the outbox sums up its deliveries in an Info line.
+const summaryEvery = time.Minute
+
+// summarise logs, once per summaryEvery while events are delivered, how many were delivered since
+// the last summary and the longest lag among them (an event's time in T3 to its delivery): the
+// operator's view of a working outbox at Info, where a line per event would cost a write under
+// the log handler's mutex for every event (each one is logged at Debug, "event delivered").
+// At shutdown (final) the deliveries not summed up yet are.
+func (l *loop) summarise(now time.Time, final bool) {
+	if l.delivered == 0 {
+		l.deliveredSince = now // the next summary covers a minute from the first delivery on
+		return
+	}
+	if now.Sub(l.deliveredSince) < l.o.summaryEvery && !final {
+		return
+	}
+	l.o.log.Info("outbox: events delivered", "count", l.delivered, "since", l.deliveredSince.UTC().Format(time.RFC3339), "max_lag_ms", l.maxLag.Milliseconds())
+	l.delivered, l.maxLag, l.deliveredSince = 0, 0, now
 }
 
 func (o *Outbox) updateGauges() {

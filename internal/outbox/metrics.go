@@ -15,6 +15,7 @@ type Metrics struct {
 	inflightLimit prometheus.Gauge
 	dead          prometheus.Gauge
 	deliveries    *prometheus.CounterVec
+	delivered     prometheus.Counter // deliveries{outcome="delivered"}, looked up once (the per-event path)
 	retries       *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
 	lag           prometheus.Histogram
@@ -91,6 +92,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		attempt: stages.Histogram("t3code_mcp_outbox_attempt_seconds",
 			"Duration of one delivery attempt: the POST to the webhook receiver until its answer (or failure)."),
 	}
+	m.delivered = m.deliveries.WithLabelValues(outcomeDelivered)
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.pending, m.inflightLimit, m.dead, m.deliveries, m.retries, m.deadLetters, m.lag, m.enrichments, m.recordBatch, m.skipped, m.firstAttempt, m.attempt} {
 			if err := reg.Register(c); err != nil {

@@ -163,6 +163,9 @@ type Outbox struct {
 	redact  *strings.Replacer
 	wake    chan struct{}
 	running sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
+	// summaryEvery is how often the deliveries are summed up at Info (summaryEvery; tests set it
+	// lower).
+	summaryEvery time.Duration
 	// claimer is q when replicas share it: heads are claimed before they are worked on (claim.go).
 	claimer store.Claimer
 }
@@ -175,7 +178,7 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		// The URL is not echoed: it may carry a credential in its query.
 		return nil, errors.New("outbox: T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
 	}
-	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1)}
+	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery}
 	o.claimer, _ = q.(store.Claimer)
 	if cfg.Claimant == "" {
 		cfg.Claimant = "outbox-" + rand.Text()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -42,7 +43,8 @@ type outcome struct {
 	final     bool        // delivered or dead: the stream moves on to its next event
 	retryAt   time.Time   // retry (or enrichment retry) at this wall time…
 	retryIn   time.Duration
-	delivered bool // the receiver accepted it (2xx)
+	delivered bool          // the receiver accepted it (2xx)
+	lag       time.Duration // a delivered event's time from CreatedAt to its delivery (loop.summarise)
 	// outage: a failed attempt that says nothing about this event (no answer, or a 5xx without
 	// Retry-After): when the receiver comes back, such retries need not wait for their backoff.
 	outage bool
@@ -179,24 +181,29 @@ func (o *Outbox) enrichAhead(ctx context.Context, j job) outcome {
 func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outcome) *store.Op {
 	now := o.cfg.Clock()
 	attempt := e.Attempts + 1
-	log := o.log.With("id", e.ID, "stream", e.Stream, "attempt", attempt)
 	switch {
 	case r.ok:
-		o.m.deliveries.WithLabelValues(outcomeDelivered).Inc()
+		o.m.delivered.Inc()
 		o.m.lag.Observe(max(0, now.Sub(e.CreatedAt).Seconds()))
-		log.Info("event delivered", "status", r.status, "lag_ms", max(0, now.Sub(e.CreatedAt).Milliseconds()))
-		out.final, out.delivered = true, true
+		// One line per delivered event at Debug only: at Info it was a write under the
+		// handler's mutex for every event (the loop sums the deliveries up at Info instead,
+		// loop.summarise). Enabled first, so that a disabled line costs no attributes.
+		if o.log.Enabled(context.Background(), slog.LevelDebug) {
+			o.log.Debug("event delivered", "id", e.ID, "stream", e.Stream, "attempt", attempt, "status", r.status, "lag_ms", max(0, now.Sub(e.CreatedAt).Milliseconds()))
+		}
+		out.final, out.delivered, out.lag = true, true, max(0, now.Sub(e.CreatedAt))
 		return &store.Op{ID: e.ID, Kind: store.OpDelivered, At: now}
 
 	case !r.retryable:
 		o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
 		o.m.deadLetters.WithLabelValues(reasonRejected).Inc()
-		log.Error("outbox: rejected by the receiver; dead letter", "err", r.msg)
+		o.log.Error("outbox: rejected by the receiver; dead letter", "id", e.ID, "stream", e.Stream, "attempt", attempt, "err", r.msg)
 		out.final = true
 		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: r.msg}
 	}
 
 	o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
+	log := o.log.With("id", e.ID, "stream", e.Stream, "attempt", attempt) // failures only: rare
 	deadline := e.EnqueuedAt.Add(o.cfg.MaxAge)
 	if !now.Before(deadline) {
 		o.m.deadLetters.WithLabelValues(reasonExpired).Inc()
