@@ -85,7 +85,8 @@ func checkEvents(evs []Event) error {
 }
 
 // appendEvents appends evs (checked by checkEvents) to the outbox; an id already stored is skipped.
-func appendEvents(tx *bolt.Tx, evs []Event, d *countDelta) error {
+// appended, when not nil, gets each event appended, as stored.
+func appendEvents(tx *bolt.Tx, evs []Event, d *countDelta, appended func(Event)) error {
 	pending, bodies, ids, heads := tx.Bucket(bPending), tx.Bucket(bBodies), tx.Bucket(bEventIDs), tx.Bucket(bHeads)
 	for _, e := range evs {
 		if ids.Get([]byte(e.ID)) != nil {
@@ -115,6 +116,9 @@ func appendEvents(tx *bolt.Tx, evs []Event, d *countDelta) error {
 			return err
 		}
 		d.pending++
+		if appended != nil {
+			appended(e)
+		}
 	}
 	return nil
 }
@@ -268,7 +272,7 @@ type Op struct {
 // ErrNotPending; a body that is not JSON) is skipped and reported in errs at its index, without
 // failing the others; err is a failure of the whole transaction, after which nothing was written.
 func (s *Bolt) Record(ops []Op) (errs []error, err error) {
-	return s.CommitBatchesAndOps(nil, ops)
+	return s.CommitBatchesAndOps(nil, ops, nil)
 }
 
 // applyOps applies ops in tx, each op's own failure at its index in errs; fatal fails the

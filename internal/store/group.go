@@ -28,6 +28,11 @@ type Group struct {
 	txs, batches uint64
 
 	m *GroupMetrics // nil: none
+
+	// durable, when set (OnDurable), gets the events each transaction appended once it is
+	// durable; appended is the writer's buffer for them (one writer at a time uses it).
+	durable  func([]Event)
+	appended []Event
 }
 
 type groupReq struct {
@@ -44,7 +49,9 @@ type groupReq struct {
 type OpsCommitter interface {
 	// CommitBatchesAndOps writes bs and applies ops in one fsynced transaction; errs reports the
 	// ops that could not apply (as Record does), err a failure of the whole transaction.
-	CommitBatchesAndOps(bs []Batch, ops []Op) (errs []error, err error)
+	// appended, when not nil, is called inside the transaction with every event appended, as
+	// stored (Seq set), in sequence order: the transaction may still fail after it.
+	CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) (errs []error, err error)
 }
 
 // NewGroup returns the group committer of s. A store should have one (more
@@ -67,6 +74,21 @@ func (g *Group) Commit(b Batch) error {
 	r := &groupReq{b: b, done: make(chan error, 1)}
 	g.enqueue(r)
 	return <-r.done
+}
+
+// OnDurable makes g call fn with the events each of its transactions appended (as stored: Seq
+// set, duplicates skipped, in sequence order) once the transaction is durable and before its
+// callers' Commit returns, so that whoever delivers them (the outbox) has them in memory instead
+// of reading them back. It works only on an OpsCommitter (the bbolt store; it reports false and
+// fn is never called otherwise) and must be set before the first Commit. fn runs on the writer's
+// goroutine between transactions: it must be quick, must not call g, and must not keep the slice
+// (it is reused); the events' bodies are the committers' and must not be modified.
+func (g *Group) OnDurable(fn func([]Event)) bool {
+	if _, ok := g.s.(OpsCommitter); !ok {
+		return false
+	}
+	g.durable = fn
+	return true
 }
 
 // SharesRecords reports whether Record joins the group's transactions (the store is an
@@ -178,8 +200,8 @@ func (g *Group) write() {
 		var errs []error
 		start := time.Now()
 		g.m.started(reqs, start)
-		if hasOps {
-			errs, err = g.s.(OpsCommitter).CommitBatchesAndOps(bs, ops)
+		if hasOps || g.durable != nil {
+			errs, err = g.commitReporting(bs, ops)
 		} else {
 			err = g.s.CommitBatches(bs)
 		}
@@ -190,6 +212,11 @@ func (g *Group) write() {
 			for _, r := range reqs {
 				if r.ops != nil {
 					r.errs, err = g.s.Record(r.ops)
+					r.done <- err
+					continue
+				}
+				if g.durable != nil {
+					_, err = g.commitReporting([]Batch{r.b}, nil)
 					r.done <- err
 					continue
 				}
@@ -204,6 +231,23 @@ func (g *Group) write() {
 			r.done <- err
 		}
 	}
+}
+
+// commitReporting writes bs and ops in one transaction of the OpsCommitter and, once it is
+// durable, hands the events it appended to the OnDurable function.
+func (g *Group) commitReporting(bs []Batch, ops []Op) ([]error, error) {
+	var appended func(Event)
+	if g.durable != nil {
+		g.appended = g.appended[:0]
+		appended = func(e Event) { g.appended = append(g.appended, e) }
+	}
+	errs, err := g.s.(OpsCommitter).CommitBatchesAndOps(bs, ops, appended)
+	if err == nil && len(g.appended) > 0 {
+		g.durable(g.appended)
+	}
+	clear(g.appended) // the bodies are the receiver's now, not the buffer's
+	g.appended = g.appended[:0]
+	return errs, err
 }
 
 // takeLocked takes the requests of the next transaction from pending: every batch, and the

@@ -171,11 +171,11 @@ type txLog struct {
 	txs [][2]int // batches, ops
 }
 
-func (l *txLog) CommitBatchesAndOps(bs []Batch, ops []Op) ([]error, error) {
+func (l *txLog) CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) ([]error, error) {
 	l.mu.Lock()
 	l.txs = append(l.txs, [2]int{len(bs), len(ops)})
 	l.mu.Unlock()
-	return l.Bolt.CommitBatchesAndOps(bs, ops)
+	return l.Bolt.CommitBatchesAndOps(bs, ops, appended)
 }
 
 // TestGroupRecordYieldsToBatches: a chunk's batch waiting beside a large Record goes into a

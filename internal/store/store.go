@@ -338,8 +338,10 @@ func (s *Bolt) CommitBatches(bs []Batch) error {
 
 // CommitBatchesAndOps writes bs and applies the outbox's ops in one fsynced transaction
 // (store.OpsCommitter, for Group.Record): the batches all or nothing, each op as Record applies
-// it (one that cannot apply is skipped and reported in errs at its index).
-func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op) (errs []error, err error) {
+// it (one that cannot apply is skipped and reported in errs at its index). appended, when not
+// nil, is called inside the transaction with every event it appends, as stored (Seq set), in
+// sequence order; the transaction may still fail after it.
+func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) (errs []error, err error) {
 	for _, b := range bs {
 		if err := validate(b); err != nil {
 			return nil, err
@@ -347,7 +349,7 @@ func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op) (errs []error, err erro
 	}
 	err = s.update(func(tx *bolt.Tx, d *countDelta) error {
 		for _, b := range bs {
-			if err := writeBatch(tx, b, d); err != nil {
+			if err := writeBatchReporting(tx, b, d, appended); err != nil {
 				return err
 			}
 		}
@@ -391,7 +393,10 @@ func validate(b Batch) error {
 	return nil
 }
 
-func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error {
+func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error { return writeBatchReporting(tx, b, d, nil) }
+
+// writeBatchReporting is writeBatch calling appended (when not nil) with each event it appends.
+func writeBatchReporting(tx *bolt.Tx, b Batch, d *countDelta, appended func(Event)) error {
 	det := tx.Bucket(bDetector)
 	for k, v := range b.Detector {
 		var err error
@@ -417,7 +422,7 @@ func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error {
 	if err := prune(tx, b); err != nil {
 		return err
 	}
-	return appendEvents(tx, b.Events, d)
+	return appendEvents(tx, b.Events, d, appended)
 }
 
 // prune writes a batch's PruneStates and PruneThreads, each deletion only while the tracked row
