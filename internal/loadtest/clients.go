@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/go-faster/jx"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/valyala/fasthttp"
 )
 
 // ---- MCP clients ----
@@ -95,8 +95,14 @@ type delivery struct {
 // the arrival time of each event, first delivery only, and the order in which each thread's runs'
 // events arrived. While down (the outage phase) it answers 503 to everything, as a receiver
 // behind a proxy whose backend is gone does.
+//
+// It is served by fasthttp, not net/http: at 5,000 deliveries/s net/http's per-request work
+// (a Request and its header map, a goroutine's bufio, the response's flush) took about a quarter
+// of a core of the two the connector shares with the harness (docs/benchmarks.md, "The
+// harness's cost, evening"); fasthttp reuses its request contexts and buffers. What it checks and
+// records per delivery is the same.
 type receiver struct {
-	srv *http.Server
+	srv *fasthttp.Server
 	ln  net.Listener
 	url string
 
@@ -110,53 +116,98 @@ type receiver struct {
 	total    int
 	dups     int
 	bad      int
+	served   chan struct{} // closed when Serve returns
 }
+
+// maxHookBody bounds a delivery's body; a larger one is counted bad (fasthttp refuses one over
+// its own 4 MiB limit before the handler).
+const maxHookBody = 1 << 20
 
 func newReceiver() (*receiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, byRun: map[string]delivery{}, byThread: map[string][]string{}}
-	r.srv = &http.Server{Handler: http.HandlerFunc(r.serve), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = r.srv.Serve(ln) }()
+	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, byRun: map[string]delivery{}, byThread: map[string][]string{},
+		served: make(chan struct{})}
+	r.srv = &fasthttp.Server{
+		Handler:               r.serve,
+		ReadTimeout:           10 * time.Second, // a request's headers and body
+		IdleTimeout:           2 * time.Minute,  // a kept-alive connection between requests
+		NoDefaultDate:         true,             // no clock goroutine; nothing reads it
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		CloseOnShutdown:       true,
+		Logger:                discardLogger{}, // a connection's read errors: the connector counts its own failures
+	}
+	go func() {
+		defer close(r.served)
+		_ = r.srv.Serve(ln)
+	}()
 	return r, nil
 }
 
-func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+// serve takes one delivery; fasthttp calls it with the whole body read, so at is when the
+// webhook was received (as before: after its body).
+func (r *receiver) serve(ctx *fasthttp.RequestCtx) {
 	if r.down.Load() {
 		r.refused.Add(1)
-		w.WriteHeader(http.StatusServiceUnavailable)
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
 	at := time.Now()
-	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		return
+	body := ctx.PostBody()
+	var d delivery
+	err := errBodyTooLarge
+	if len(body) <= maxHookBody {
+		d, err = decodeDelivery(body)
 	}
-	d := delivery{at: at}
-	err = jx.DecodeBytes(body).ObjBytes(func(dec *jx.Decoder, k []byte) error {
+	d.at = at
+	r.record(d, err, ctx.Request.Header.Peek("webhook-id"))
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+var errBodyTooLarge = errors.New("webhook body too large")
+
+type discardLogger struct{}
+
+func (discardLogger) Printf(string, ...any) {}
+
+// decodeDelivery reads the fields the harness joins on from a webhook body.
+func decodeDelivery(body []byte) (delivery, error) {
+	var d delivery
+	dec := jx.GetDecoder()
+	defer jx.PutDecoder(dec)
+	dec.ResetBytes(body)
+	err := dec.ObjBytes(func(dec *jx.Decoder, k []byte) error {
+		var dst *string
 		switch string(k) {
-		case "id", "type", "thread_id", "run_id":
-			v, err := dec.Str()
-			switch string(k) {
-			case "id":
-				d.id = v
-			case "type":
-				d.typ = v
-			case "thread_id":
-				d.thread = v
-			case "run_id":
-				d.run = v
-			}
-			return err
+		case "id":
+			dst = &d.id
+		case "type":
+			dst = &d.typ
+		case "thread_id":
+			dst = &d.thread
+		case "run_id":
+			dst = &d.run
+		default:
+			return dec.Skip()
 		}
-		return dec.Skip()
+		v, err := dec.Str()
+		*dst = v
+		return err
 	})
+	return d, err
+}
+
+// record counts a delivery: bad (undecodable, no id, or an id the webhook-id header does not
+// repeat), a duplicate of an event already received, or a new event, whose run's first event
+// is kept with its arrival time and its place in the thread's order.
+func (r *receiver) record(d delivery, err error, webhookID []byte) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	switch {
-	case err != nil || d.id == "" || d.id != req.Header.Get("webhook-id"):
+	case err != nil || d.id == "" || d.id != string(webhookID):
 		r.bad++
 	case r.seen[d.id]:
 		r.dups++
@@ -170,8 +221,6 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 			}
 		}
 	}
-	r.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
 }
 
 // count is how many distinct events arrived.
@@ -198,7 +247,9 @@ func (r *receiver) arrivals(thread string) []string {
 func (r *receiver) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := r.srv.Shutdown(ctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		_ = r.srv.Close()
+	_ = r.srv.ShutdownWithContext(ctx) // closes the listener, then the idle connections
+	if ctx.Err() != nil {
+		_ = r.ln.Close()
 	}
+	<-r.served
 }

@@ -121,9 +121,9 @@ func (h *harness) run(ctx context.Context) error {
 	dctx, dcancel := context.WithCancel(ctx)
 	h.driveCancel = dcancel
 	for _, m := range h.all {
-		m.onSettle, m.driving = h.onSettle, true
-		go m.drive(dctx)
+		m.onSettle = h.onSettle
 	}
+	go newDriver(h.all).run(dctx)
 	sessions := max(1, (h.cfg.Waits+h.cfg.WaitsPerSession-1)/h.cfg.WaitsPerSession)
 	var err error
 	h.agents, err = newAgents(ctx, h.conn.base, sessions, h.cfg.Waits+h.cfg.PushRuns+2*sessions+16)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,10 +16,10 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
-// A machine is one fake T3 server in the harness process, plus the driver that moves its runs.
+// A machine is one fake T3 server in the harness process, plus the driver state that moves its
+// runs (one driver goroutine moves every machine's: driver below).
 //
-// Every fake runs with ManualSteps: nothing moves unless the machine's driver goroutine calls
-// Step. The fake steps runs in FIFO order (a run that takes a step goes to the back of the queue,
+// Every fake runs with ManualSteps: nothing moves unless the driver goroutine calls Step. The fake steps runs in FIFO order (a run that takes a step goes to the back of the queue,
 // a run that parks leaves it, run.interrupt puts a parked run back), and the driver is the only
 // goroutine that starts, interrupts or steps runs, so it keeps an exact mirror of that queue: it
 // knows which run each Step moved, and right after a run's settling step the fake's head is the
@@ -92,8 +93,8 @@ type machine struct {
 	connMu sync.Mutex
 	conn   *effectrpc.Conn
 
-	cmds chan func()
-	done chan struct{}
+	cmds chan driverCmd // the driver's (newDriver)
+	done chan struct{}  // closed when the driver stops driving this machine
 	err  atomic.Pointer[error]
 
 	// Driver state: only the driver goroutine touches these.
@@ -101,7 +102,7 @@ type machine struct {
 	releases []*run // parked or parking hang runs with a release time, in no particular order
 	pipe     pipeline
 	onSettle func(*run)
-	driving  bool // drive was started (set before it starts)
+	driving  bool // a driver was made for it (done will close)
 }
 
 // pipeline starts scripted runs at a rate on a ring of threads.
@@ -132,7 +133,7 @@ func newMachine(idx int, name string, opts t3fake.Options) (*machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &machine{idx: idx, name: name, fk: fk, token: fk.Token(), cmds: make(chan func(), 64), done: make(chan struct{})}
+	m := &machine{idx: idx, name: name, fk: fk, token: fk.Token(), done: make(chan struct{})}
 	m.pipe.busy = map[string]bool{}
 	m.pid = fk.AddProject("load", fmt.Sprintf("/srv/load/%s", name))
 	fk.OnItemSent(m.itemSent)
@@ -256,22 +257,62 @@ func (m *machine) get(ctx context.Context, path string) (int, error) {
 
 const tick = 5 * time.Millisecond
 
-// drive runs the driver until ctx ends or it fails.
-func (m *machine) drive(ctx context.Context) {
-	defer close(m.done)
+// driver moves the runs of every machine from one goroutine on one ticker: 100 machines with a
+// goroutine and a 5 ms ticker each woke the harness 20,000 times a second, and the scheduling
+// and timers of those wake-ups were a tenth of its CPU under load (docs/benchmarks.md, "The
+// harness's cost, evening"). Each tick steps every machine's queued runs in turn; a machine's
+// commands (machine.do) run between ticks. A machine whose tick fails stops being driven (its
+// done closes, its error is kept) while the others go on, as when each had its own goroutine.
+type driver struct {
+	machines []*machine
+	cmds     chan driverCmd
+}
+
+// driverCmd is a function to run on the driver goroutine for one machine's state.
+type driverCmd struct {
+	m *machine
+	f func()
+}
+
+// newDriver makes the driver of machines and points their commands at it.
+func newDriver(machines []*machine) *driver {
+	d := &driver{machines: machines, cmds: make(chan driverCmd, 64)}
+	for _, m := range machines {
+		m.cmds, m.driving = d.cmds, true
+	}
+	return d
+}
+
+// run drives every machine until ctx ends; every machine's done is closed when it returns.
+func (d *driver) run(ctx context.Context) {
+	live := append([]*machine(nil), d.machines...)
+	defer func() {
+		for _, m := range live {
+			close(m.done)
+		}
+	}()
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case f := <-m.cmds:
-			f()
-		case now := <-t.C:
-			if err := m.tick(ctx, now); err != nil {
-				m.err.Store(&err)
-				return
+		case c := <-d.cmds:
+			if slices.Contains(live, c.m) { // a stopped machine's command is not run: do sees done
+				c.f()
 			}
+		case now := <-t.C:
+			keep := live[:0]
+			for _, m := range live {
+				if err := m.tick(ctx, now); err != nil {
+					m.err.Store(&err)
+					close(m.done)
+					continue
+				}
+				keep = append(keep, m)
+			}
+			clear(live[len(keep):])
+			live = keep
 		}
 	}
 }
@@ -280,7 +321,7 @@ func (m *machine) drive(ctx context.Context) {
 func (m *machine) do(ctx context.Context, f func()) error {
 	ran := make(chan struct{})
 	select {
-	case m.cmds <- func() { f(); close(ran) }:
+	case m.cmds <- driverCmd{m, func() { f(); close(ran) }}:
 	case <-m.done:
 		return m.failure()
 	case <-ctx.Done():

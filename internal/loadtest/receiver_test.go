@@ -1,0 +1,173 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+)
+
+// hookBody is a delivery as the connector sends it (docs/events.md's example, with the harness's
+// ids).
+func hookBody(id, thread, run string) string {
+	return `{"id":"` + id + `","type":"thread.completed","occurred_at":"2026-12-01T20:00:00Z","machine":"load-000",` +
+		`"project":{"id":"project-1","title":"load"},"thread_id":"` + thread + `","run_id":"` + run + `",` +
+		`"title":"Load thread 0","summary":"Done: \"quoted\" \u00e9"}`
+}
+
+// The receiver, served on 127.0.0.1 and fed by net/http's client over kept-alive connections as
+// the connector's deliveries are: a new event is counted and joined to its run with its arrival
+// time, a repeated event id is a duplicate, a body whose id the webhook-id header does not repeat
+// (or no JSON object) is bad, each thread's runs are kept in the order their first events
+// arrived, and while down every delivery is refused with 503 and not recorded.
+func TestReceiverCountsAndOrders(t *testing.T) {
+	r, err := newReceiver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	post := func(webhookID, body string) int {
+		t.Helper()
+		req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, r.url, bytes.NewReader([]byte(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("webhook-id", webhookID)
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	before := time.Now()
+	for _, d := range []struct{ id, thread, run string }{
+		{"evt_1", "thread-a", "run-a1"}, {"evt_2", "thread-b", "run-b1"}, {"evt_3", "thread-a", "run-a2"},
+		{"evt_4", "thread-a", "run-a1"}, // a second event of run-a1: counted, its first arrival kept
+	} {
+		if code := post(d.id, hookBody(d.id, d.thread, d.run)); code != http.StatusNoContent {
+			t.Fatalf("delivery %s: status %d", d.id, code)
+		}
+	}
+	if code := post("evt_1", hookBody("evt_1", "thread-a", "run-a1")); code != http.StatusNoContent {
+		t.Fatalf("duplicate: status %d", code)
+	}
+	post("evt_other", hookBody("evt_5", "thread-a", "run-a3")) // header and body disagree
+	post("evt_6", `not json`)
+	post("evt_7", hookBody("evt_7", "thread-a", "run-a5")+strings.Repeat(" ", maxHookBody)) // too large: bad
+
+	r.down.Store(true)
+	if code := post("evt_8", hookBody("evt_8", "thread-a", "run-a4")); code != http.StatusServiceUnavailable {
+		t.Fatalf("while down: status %d, want 503", code)
+	}
+	r.down.Store(false)
+
+	if got := r.count(); got != 4 {
+		t.Errorf("count %d, want 4 distinct events", got)
+	}
+	r.mu.Lock()
+	dups, bad := r.dups, r.bad
+	r.mu.Unlock()
+	if dups != 1 || bad != 3 || r.refused.Load() != 1 {
+		t.Errorf("duplicates %d (want 1), bad %d (want 3), refused %d (want 1)", dups, bad, r.refused.Load())
+	}
+	if got := r.arrivals("thread-a"); strings.Join(got, ",") != "run-a1,run-a2" {
+		t.Errorf("thread-a's runs arrived as %v, want [run-a1 run-a2]", got)
+	}
+	d, ok := r.forRun("run-b1")
+	if !ok || d.id != "evt_2" || d.typ != "thread.completed" || d.thread != "thread-b" || d.at.Before(before) || d.at.After(time.Now()) {
+		t.Errorf("run-b1: %+v, %v", d, ok)
+	}
+	for _, run := range []string{"run-a3", "run-a4", "run-a5"} {
+		if _, ok := r.forRun(run); ok {
+			t.Errorf("%s recorded, but its delivery was bad or refused", run)
+		}
+	}
+}
+
+// FuzzDecodeDelivery: any body decodes without a panic, and a body that decodes with an id
+// gives back exactly the strings it carried.
+func FuzzDecodeDelivery(f *testing.F) {
+	f.Add([]byte(hookBody("evt_3f1c9a0e5b7d2c4a6e8f0b1d", "thread-edec8901", "run:thread:thread-edec8901:ordinal:1")))
+	f.Add([]byte(`{"id":"evt_9","type":"thread.question","question":{"kind":"user_input","questions":[{"id":"format"}]},"run_id":null}`))
+	f.Add([]byte(`{"id":1}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		d, err := decodeDelivery(body)
+		if err != nil || d.id == "" {
+			return
+		}
+		again, err := decodeDelivery(body)
+		if err != nil || again != d {
+			t.Fatalf("decoding %q twice: %+v then %+v (%v)", body, d, again, err)
+		}
+	})
+}
+
+// One driver moves every machine: a machine whose tick fails (here its fake was given a run
+// behind the driver's back, so the driver's mirror of the step queue is wrong) stops being driven
+// and reports why through do, while the other machine's runs still take their steps.
+func TestDriverStopsOnlyTheFailingMachine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var ms []*machine
+	for i, name := range []string{"a", "b"} {
+		m, err := newMachine(i, name, t3fake.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.close()
+		if err := m.seed(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	a, b := ms[0], ms[1]
+	dctx, dcancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		newDriver(ms).run(dctx)
+	}()
+	defer func() { dcancel(); <-stopped }()
+
+	if _, err := a.fk.StartRun(a.threads[0], Prompt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.done:
+	case <-ctx.Done():
+		t.Fatal("machine a was never stopped")
+	}
+	if err := a.do(ctx, func() {}); err == nil || !strings.Contains(err.Error(), "lost track") {
+		t.Errorf("a command for the stopped machine: %v, want its tick's error", err)
+	}
+
+	var runs []*run
+	var serr error
+	if err := b.do(ctx, func() {
+		runs, serr = b.startHang(b.threads[:1], roleWait, func(int) time.Time { return time.Now().Add(time.Hour) })
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	select {
+	case <-runs[0].parkedCh: // stepped twice by the driver after a stopped
+	case <-b.done:
+		t.Fatalf("machine b stopped too: %v", b.failure())
+	case <-ctx.Done():
+		t.Fatal("machine b's run never parked")
+	}
+	dcancel()
+	<-stopped
+	<-b.done
+	if e := b.err.Load(); e != nil {
+		t.Errorf("machine b: %v", *e)
+	}
+}
