@@ -107,9 +107,24 @@ type seen struct {
 }
 
 func (s seen) equal(o seen) bool {
+	return s.equalButUpdatedAt(o) && s.UpdatedAt == o.UpdatedAt
+}
+
+// equalButUpdatedAt compares everything but UpdatedAt: what must be durable before a chunk's Ack.
+//
+// UpdatedAt changes with every row of a thread (every step of a run), while the rest changes a few
+// times per run (its start, its end, a question). It is written with the rest, not on its own: a
+// stored UpdatedAt is therefore that of the row seen at the thread's last other change, never
+// newer than the row seen last. It is read only to judge a snapshot (observe: a busy thread whose
+// row changed while we were not looking gets a look-up), and T3's updatedAt only grows, so an
+// older stored value makes that judgement look up whenever the newest would have, and at most
+// once more: after a restart, a thread that was busy then. Committing it on its own was most of
+// the detector's writes, and every one is a chunk waiting for the group commit before its Ack
+// (BenchmarkChunkDurableSteady). In memory (the cache) it is always the newest.
+func (s seen) equalButUpdatedAt(o seen) bool {
 	return s.Latest == o.Latest && s.Settled == o.Settled && s.Active == o.Active && slices.Equal(s.Open, o.Open) &&
 		s.Question == o.Question && slices.Equal(s.Asked, o.Asked) && s.Lookup == o.Lookup && s.Gap == o.Gap &&
-		s.GapAfter == o.GapAfter && s.Gen == o.Gen && s.UpdatedAt == o.UpdatedAt
+		s.GapAfter == o.GapAfter && s.Gen == o.Gen
 }
 
 // busy reports whether a run of the thread was underway when last seen.
@@ -149,7 +164,8 @@ type Detector struct {
 }
 
 // cached is a thread's seen state as this process last committed or read it, with the UpdatedAt
-// of the tracked row it went with (replica mode: see load).
+// of the tracked row it went with (replica mode: see load). Its seen.UpdatedAt may be newer than
+// the stored one (seen.equalButUpdatedAt); every other field is as committed.
 type cached struct {
 	s     seen
 	rowAt time.Time
@@ -466,6 +482,7 @@ func (d *Detector) passOver(machine string) {
 // applyLocked judges a change and commits what it found, under fence (nil: no lease).
 func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	next := map[string]cached{}
+	dirty := map[string]struct{}{} // keys of next whose state must be committed (not only UpdatedAt moved)
 	var evs []store.Event
 	var lookup []string
 	rows := make([]*t3rpc.ThreadShell, 0, len(c.Passed)+len(c.Threads))
@@ -517,6 +534,9 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		}
 		if !known || !cur.equal(prev) {
 			next[k] = cached{cur, t.UpdatedAt} // encoded once per thread below, its last state
+			if !known || !cur.equalButUpdatedAt(prev) {
+				dirty[k] = struct{}{}
+			}
 		}
 		if cur.Lookup && (!prev.Lookup || cur.Gen != prev.Gen) {
 			lookup = append(lookup, k)
@@ -529,12 +549,19 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 			evs = append(evs, store.Event{ID: t.ID, Stream: c.Machine + "/" + t.ThreadID, Body: body, Enrich: enrich, CreatedAt: t.At})
 		}
 	}
-	if len(next) == 0 && len(evs) == 0 {
+	if len(dirty) == 0 && len(evs) == 0 {
+		// Only rows' updatedAt moved (a run's steps between its start and its end): nothing to
+		// make durable, and the chunk is acknowledged without waiting for a commit.
+		d.mu.Lock()
+		for k, n := range next {
+			d.cache[k] = n
+		}
+		d.mu.Unlock()
 		return nil
 	}
-	states := make(map[string][]byte, len(next))
-	for k, n := range next {
-		b, _ := json.Marshal(n.s)
+	states := make(map[string][]byte, len(dirty))
+	for k := range dirty {
+		b, _ := json.Marshal(next[k].s)
 		states[k] = b
 	}
 	if err := d.store.Commit(store.Batch{Detector: states, Events: evs, Fence: fence}); err != nil {

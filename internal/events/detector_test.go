@@ -31,6 +31,7 @@ type env struct {
 	t      *testing.T
 	dir    string
 	st     store.Store
+	g      *store.Group // the detector's committer: its Stats count the commits
 	d      *Detector
 	mu     sync.Mutex
 	runs   map[string][]fakeRun // thread → runs, in T3's order
@@ -51,9 +52,9 @@ func newEnv(t *testing.T, dir string) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &env{t: t, dir: dir, st: st, runs: map[string][]fakeRun{}, fail: map[string]error{}}
+	e := &env{t: t, dir: dir, st: st, g: store.NewGroup(st), runs: map[string][]fakeRun{}, fail: map[string]error{}}
 	e.d = New(Options{
-		Store: store.NewGroup(st), Tracked: st, Read: ReaderFunc(e.read), Logger: quiet(),
+		Store: e.g, Tracked: st, Read: ReaderFunc(e.read), Logger: quiet(),
 		Notify: func() { e.mu.Lock(); e.notify++; e.mu.Unlock() },
 	})
 	return e

@@ -1,0 +1,107 @@
+package events
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// rowAt is row with the row's updatedAt set.
+func rowAt(at, id, status, active, latest, pending string) t3rpc.ThreadShell {
+	r := row(id, status, active, latest, pending)
+	r.UpdatedAt = t3rpc.NewOptString(at)
+	return r
+}
+
+// stored is the detector state of thread id on machine m as the store holds it.
+func (e *env) stored(id string) seen {
+	e.t.Helper()
+	raw, ok, err := e.st.Detector(key("m", id))
+	if err != nil || !ok {
+		e.t.Fatalf("detector state of %s: found %v, %v", id, ok, err)
+	}
+	var s seen
+	if err := json.Unmarshal(raw, &s); err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func (e *env) txs() uint64 {
+	txs, _ := e.g.Stats()
+	return txs
+}
+
+// A run's steps between its start and its end change only the row's updatedAt: the chunks that
+// carry them commit nothing (their Ack need not wait for the group commit). The next change that
+// matters writes the newest updatedAt with it.
+func TestUpdatedAtAloneIsNotCommitted(t *testing.T) {
+	e := newEnv(t, "")
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "starting", "r1", "r1", ""))
+	before := e.txs()
+	if got := e.stored("t1"); got.Latest != "r1" || got.UpdatedAt != "2026-12-01T10:00:00Z" {
+		t.Fatalf("after the run's start the store holds %+v", got)
+	}
+	e.apply(rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", ""))
+	e.apply(rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "r1", "r1", ""))
+	if n := e.txs(); n != before {
+		t.Fatalf("%d transactions for rows that changed only their updatedAt", n-before)
+	}
+	if got := e.stored("t1").UpdatedAt; got != "2026-12-01T10:00:00Z" {
+		t.Fatalf("stored updatedAt %q, want the run start's", got)
+	}
+	e.apply(rowAt("2026-12-01T10:00:03Z", "t1", "completed", "", "r1", ""))
+	if n := e.txs(); n != before+1 {
+		t.Fatalf("%d transactions for the run's end, want 1", n-before)
+	}
+	if got := e.stored("t1"); !got.Settled || got.UpdatedAt != "2026-12-01T10:00:03Z" {
+		t.Fatalf("after the run's end the store holds %+v", got)
+	}
+	e.want("completed r1")
+}
+
+// The updatedAt held in memory is the newest: a reconnect's snapshot of a busy thread whose row
+// did not change since the last chunk needs no look-up, exactly as when every updatedAt was
+// committed. (A row that did change gets one: TestQuestionAskedAndAnsweredBetweenObservations.)
+func TestSnapshotOfAnUnchangedBusyThreadNeedsNoLookup(t *testing.T) {
+	e := newEnv(t, "")
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "starting", "r1", "r1", ""))
+	last := rowAt("2026-12-01T10:00:05Z", "t1", "running", "r1", "r1", "")
+	e.apply(last)
+	e.snapshot(last)
+	if n := e.lookups(); n != 0 || e.reads != 0 {
+		t.Fatalf("%d look-ups pending, %d reads after a snapshot of an unchanged row", n, e.reads)
+	}
+	if e.stored("t1").Lookup {
+		t.Fatal("a look-up noted for an unchanged row")
+	}
+}
+
+// After a restart the store's updatedAt may be older than the last row seen (only a busy thread's
+// can): the snapshot then looks the thread up once, which finds nothing new, and the run is
+// still reported once when it ends.
+func TestRestartWithAnOlderStoredUpdatedAtLooksUpOnce(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, dir)
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "starting", "r1", "r1", ""))
+	last := rowAt("2026-12-01T10:00:05Z", "t1", "running", "r1", "r1", "")
+	e.apply(last)
+	e.st.Close()
+
+	e2 := newEnv(t, dir)
+	e2.setRuns("t1", fakeRun{id: "r1", status: "running"})
+	e2.snapshot(last)
+	if !e2.stored("t1").Lookup {
+		t.Fatal("no look-up noted for a busy thread whose stored updatedAt is older than its row")
+	}
+	if n := e2.lookups(); n != 0 || e2.reads != 1 {
+		t.Fatalf("%d look-ups still pending after %d reads", n, e2.reads)
+	}
+	e2.want()
+	e2.apply(rowAt("2026-12-01T10:00:09Z", "t1", "completed", "", "r1", ""))
+	e2.want("completed r1")
+}
