@@ -212,3 +212,35 @@ func BenchmarkLoadRuns(b *testing.B) {
 	s.Close()
 	<-done
 }
+
+// BenchmarkShellRow is one thread.updated row of a thread with an active default-script run (the
+// harness's prompt as its visible message, uuid-length ids) encoded into the log and fanned out to
+// no subscriber: the fake's cost per shell row, eight of which make a run.
+func BenchmarkShellRow(b *testing.B) {
+	s, err := New(Options{ManualSteps: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	pid := s.AddProject("load", "/srv/load")
+	tid := "thread-00000001-1111-4222-8333-000000000001"
+	if err := s.AddThreadWithID(pid, tid, "Load thread 1 on m-0"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.StartRun(tid, loadPrompt); err != nil {
+		b.Fatal(err)
+	}
+	s.Step()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	th := s.threadByID[tid]
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		s.touch(th)
+		s.publishShell(th)
+	}
+	b.SetBytes(int64(len(s.log[len(s.log)-1].shell)))
+}

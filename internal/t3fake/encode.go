@@ -59,7 +59,7 @@ func withEncoder(f func(e *jx.Encoder)) jx.Raw {
 // keeps its block alive while the log or a queue holds it; blocks are small next to the log.
 // Used under Server.mu.
 type slab struct {
-	enc jx.Encoder
+	enc jx.Encoder // for items written with the generated encoders (shellItemFunc)
 	buf []byte // the current block; its free part is buf[len(buf):cap(buf)]
 }
 
@@ -68,24 +68,20 @@ const (
 	slabMinFree = 4 << 10  // a block with less free space left is retired
 )
 
-// encode writes one value with f and returns its bytes, capacity trimmed so that nothing can
-// append into the block.
-func (sl *slab) encode(f func(e *jx.Encoder)) jx.Raw {
+// append writes one value with f, which appends it to the empty slice it is given, and returns
+// its bytes, capacity trimmed so that nothing can append into the block.
+func (sl *slab) append(f func(buf []byte) []byte) jx.Raw {
 	if cap(sl.buf)-len(sl.buf) < slabMinFree {
 		sl.buf = make([]byte, 0, slabBlock)
 	}
 	start := len(sl.buf)
 	free := sl.buf[start:cap(sl.buf)]
-	sl.enc.Reset()
-	sl.enc.SetBytes(free[:0])
-	f(&sl.enc)
-	out := sl.enc.Bytes()
-	sl.enc.SetBytes(nil)
+	out := f(free[:0])
 	if len(out) > 0 && &out[0] == &free[0] { // written in place
 		sl.buf = sl.buf[:start+len(out)]
-		return jx.Raw(out[:len(out):len(out)])
 	}
-	// It outgrew the block (a snapshot, say) and the encoder moved it to an allocation of its own.
+	// Otherwise it outgrew the block (a snapshot, say) and append moved it to an allocation of
+	// its own.
 	return jx.Raw(out[:len(out):len(out)])
 }
 

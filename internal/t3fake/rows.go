@@ -1,6 +1,8 @@
 package t3fake
 
 import (
+	"strconv"
+
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -15,8 +17,9 @@ import (
 // was most of the fake's cost per step under load (docs/benchmarks.md). rowCache keeps their
 // encoded bytes, each with the values it was made from: a value that differs from its key is
 // encoded again, so the cache can be stale in no way but cost. The row itself is written field by
-// field in the order of t3rpc.ThreadShell.Encode; TestShellRowsMatchGenerated and
-// TestShellRowCacheFollowsChanges pin the bytes to the generated encoder's.
+// field in the order of t3rpc.ThreadShell.Encode, each key a literal (appendRow);
+// TestShellRowsMatchGenerated and TestShellRowCacheFollowsChanges pin the bytes to the generated
+// encoder's.
 
 // rowCache holds the encoded parts of one thread's rows. A thread holds one while a run is active
 // (the rows come in bursts then); an idle thread's row is encoded through the server's spare one.
@@ -28,6 +31,10 @@ type rowCache struct {
 	lvmKey  t3rpc.OptNilVisibleMessage
 	lvm     []byte // latestVisibleMessage's value
 	scratch jx.Encoder
+	// Writers kept here, not on the stack: jx's writer methods make theirs escape, one
+	// allocation per row.
+	fw     fields
+	runIDw jx.Writer
 }
 
 // rowHead is what the head bytes are made from. The model selection is cached only without
@@ -75,47 +82,48 @@ func encodeHead(e *jx.Encoder, s *t3rpc.ThreadShell) {
 	}
 }
 
-// writeHead writes the head fields of s, from the cache when they have not changed.
-func (rc *rowCache) writeHead(e *jx.Encoder, s *t3rpc.ThreadShell) {
+// headBytes is the head fields of s (`"id":…,"interactionMode":…`), from the cache when they
+// have not changed.
+func (rc *rowCache) headBytes(s *t3rpc.ThreadShell) []byte {
 	key, ok := headOf(s)
-	if !ok {
-		encodeHead(e, s)
-		return
+	if ok && rc.head != nil && key == rc.headKey {
+		return rc.head
 	}
-	if rc.head == nil || key != rc.headKey {
-		sc := &rc.scratch
-		sc.Reset()
+	sc := &rc.scratch
+	sc.Reset()
+	if ok {
 		sc.SetBytes(rc.head[:0])
-		sc.ObjStart()
-		encodeHead(sc, s)
-		b := sc.Bytes()
-		// `{"id":…}` without its braces: several fields, written as one raw value, which the
-		// encoder separates from the field before it with a comma as it would the first field.
-		rc.head, rc.headKey = b[1:], key
-		sc.SetBytes(nil)
 	}
-	e.Raw(rc.head)
+	sc.ObjStart()
+	encodeHead(sc, s)
+	b := sc.Bytes()
+	sc.SetBytes(nil)
+	// `{"id":…}` without its brace: several fields, written as one raw part.
+	if ok {
+		rc.head, rc.headKey = b[1:], key
+	}
+	return b[1:]
 }
 
-// writeRunID writes a run id field's value (latestRunId, activeRunId).
-func (rc *rowCache) writeRunID(e *jx.Encoder, v t3rpc.OptNilString) {
+// runIDBytes is a run id field's value (latestRunId, activeRunId).
+func (rc *rowCache) runIDBytes(v t3rpc.OptNilString) []byte {
 	if v.Null {
-		e.Null()
-		return
+		return nullBytes
 	}
 	if rc.run == nil || v.Value != rc.runKey {
-		w := jx.Writer{Buf: rc.run[:0]}
+		w := &rc.runIDw
+		w.Buf = rc.run[:0]
 		w.Str(v.Value)
 		rc.run, rc.runKey = w.Buf, v.Value
+		w.Buf = nil
 	}
-	e.Raw(rc.run)
+	return rc.run
 }
 
-// writeVisibleMessage writes latestVisibleMessage's value.
-func (rc *rowCache) writeVisibleMessage(e *jx.Encoder, v t3rpc.OptNilVisibleMessage) {
+// visibleMessageBytes is latestVisibleMessage's value.
+func (rc *rowCache) visibleMessageBytes(v t3rpc.OptNilVisibleMessage) []byte {
 	if v.Null {
-		e.Null()
-		return
+		return nullBytes
 	}
 	if rc.lvm == nil || v != rc.lvmKey {
 		sc := &rc.scratch
@@ -125,81 +133,115 @@ func (rc *rowCache) writeVisibleMessage(e *jx.Encoder, v t3rpc.OptNilVisibleMess
 		rc.lvm, rc.lvmKey = sc.Bytes(), v
 		sc.SetBytes(nil)
 	}
-	e.Raw(rc.lvm)
+	return rc.lvm
 }
 
-// encodeShell writes s as t3rpc.ThreadShell.Encode does, field for field in its order, with
-// the repeating parts from rc.
-func (rc *rowCache) encodeShell(e *jx.Encoder, s *t3rpc.ThreadShell) {
-	e.ObjStart()
-	if s.Branch.Set {
-		e.FieldStart("branch")
-		s.Branch.Encode(e)
+var nullBytes = []byte("null")
+
+// fields writes an object's fields with their keys as literals: jx's FieldStart escapes every
+// key and tracks commas for every field, which was half of a row's encoding.
+type fields struct {
+	w jx.Writer
+	n int // fields written
+}
+
+// key starts a field; lit is the key with its quotes and colon (`"status":`).
+func (f *fields) key(lit string) {
+	if f.n > 0 {
+		f.w.Buf = append(f.w.Buf, ',')
 	}
-	if s.WorktreePath.Set {
-		e.FieldStart("worktreePath")
-		s.WorktreePath.Encode(e)
+	f.n++
+	f.w.Buf = append(f.w.Buf, lit...)
+}
+
+func (f *fields) raw(lit string, v []byte) {
+	f.key(lit)
+	f.w.Buf = append(f.w.Buf, v...)
+}
+
+func (f *fields) str(lit, v string) {
+	f.key(lit)
+	f.w.Str(v)
+}
+
+// optStr writes an optional string field when set.
+func (f *fields) optStr(lit string, v t3rpc.OptString) {
+	if v.Set {
+		f.str(lit, v.Value)
 	}
-	rc.writeHead(e, s)
-	e.FieldStart("status")
-	e.Str(s.Status)
+}
+
+// optNilStr writes an optional, nullable string field when set.
+func (f *fields) optNilStr(lit string, v t3rpc.OptNilString) {
+	switch {
+	case !v.Set:
+	case v.Null:
+		f.raw(lit, nullBytes)
+	default:
+		f.str(lit, v.Value)
+	}
+}
+
+// value writes a field whose value the generated encoder writes, through sc.
+func (f *fields) value(lit string, sc *jx.Encoder, v encoder) {
+	f.key(lit)
+	sc.Reset()
+	sc.SetBytes(f.w.Buf)
+	v.Encode(sc)
+	f.w.Buf = sc.Bytes()
+	sc.SetBytes(nil)
+}
+
+// appendRow appends the shell stream item thread.updated for s at seq and location, byte for
+// byte what t3rpc.ShellStreamItem{Kind, Sequence, Location, Thread}.Encode writes: the thread's
+// fields in the order of t3rpc.ThreadShell.Encode, with the repeating parts from rc.
+// TestShellRowsMatchGenerated and TestShellRowCacheFollowsChanges pin the bytes.
+func (rc *rowCache) appendRow(buf []byte, seq int64, location string, s *t3rpc.ThreadShell) []byte {
+	buf = append(buf, `{"kind":"thread.updated","sequence":`...)
+	buf = strconv.AppendInt(buf, seq, 10)
+	f := &rc.fw
+	f.w.Buf, f.n = buf, 1
+	f.str(`"location":`, location)
+	f.key(`"thread":{`)
+	f.n = 0
+	f.optNilStr(`"branch":`, s.Branch)
+	f.optNilStr(`"worktreePath":`, s.WorktreePath)
+	f.raw("", rc.headBytes(s))
+	f.str(`"status":`, s.Status)
 	if s.LatestRunId.Set {
-		e.FieldStart("latestRunId")
-		rc.writeRunID(e, s.LatestRunId)
+		f.raw(`"latestRunId":`, rc.runIDBytes(s.LatestRunId))
 	}
 	if s.ActiveRunId.Set {
-		e.FieldStart("activeRunId")
-		rc.writeRunID(e, s.ActiveRunId)
+		f.raw(`"activeRunId":`, rc.runIDBytes(s.ActiveRunId))
 	}
-	if s.LatestRunRequestedAt.Set {
-		e.FieldStart("latestRunRequestedAt")
-		s.LatestRunRequestedAt.Encode(e)
-	}
-	if s.LatestRunStartedAt.Set {
-		e.FieldStart("latestRunStartedAt")
-		s.LatestRunStartedAt.Encode(e)
-	}
-	if s.LatestRunCompletedAt.Set {
-		e.FieldStart("latestRunCompletedAt")
-		s.LatestRunCompletedAt.Encode(e)
-	}
-	if s.ActivityRunStatus.Set {
-		e.FieldStart("activityRunStatus")
-		s.ActivityRunStatus.Encode(e)
-	}
+	f.optNilStr(`"latestRunRequestedAt":`, s.LatestRunRequestedAt)
+	f.optNilStr(`"latestRunStartedAt":`, s.LatestRunStartedAt)
+	f.optNilStr(`"latestRunCompletedAt":`, s.LatestRunCompletedAt)
+	f.optNilStr(`"activityRunStatus":`, s.ActivityRunStatus)
 	if len(s.LastError) != 0 {
-		e.FieldStart("lastError")
-		e.Raw(s.LastError)
+		f.raw(`"lastError":`, s.LastError)
 	}
-	if s.PendingRuntimeRequest.Set {
-		e.FieldStart("pendingRuntimeRequest")
-		s.PendingRuntimeRequest.Encode(e)
+	switch p := &s.PendingRuntimeRequest; {
+	case !p.Set:
+	case p.Null:
+		f.raw(`"pendingRuntimeRequest":`, nullBytes)
+	default:
+		f.value(`"pendingRuntimeRequest":`, &rc.scratch, &p.Value)
 	}
 	if s.LatestVisibleMessage.Set {
-		e.FieldStart("latestVisibleMessage")
-		rc.writeVisibleMessage(e, s.LatestVisibleMessage)
+		f.raw(`"latestVisibleMessage":`, rc.visibleMessageBytes(s.LatestVisibleMessage))
 	}
 	if s.ItemCount.Set {
-		e.FieldStart("itemCount")
-		s.ItemCount.Encode(e)
+		f.key(`"itemCount":`)
+		f.w.Buf = strconv.AppendInt(f.w.Buf, s.ItemCount.Value, 10)
 	}
-	if s.CreatedAt.Set {
-		e.FieldStart("createdAt")
-		s.CreatedAt.Encode(e)
-	}
-	if s.UpdatedAt.Set {
-		e.FieldStart("updatedAt")
-		s.UpdatedAt.Encode(e)
-	}
-	if s.ArchivedAt.Set {
-		e.FieldStart("archivedAt")
-		s.ArchivedAt.Encode(e)
-	}
-	if s.DeletedAt.Set {
-		e.FieldStart("deletedAt")
-		s.DeletedAt.Encode(e)
-	}
-	e.ObjEnd()
+	f.optStr(`"createdAt":`, s.CreatedAt)
+	f.optStr(`"updatedAt":`, s.UpdatedAt)
+	f.optNilStr(`"archivedAt":`, s.ArchivedAt)
+	f.optNilStr(`"deletedAt":`, s.DeletedAt)
+	buf = append(f.w.Buf, '}', '}')
+	f.w.Buf = nil // the row's bytes are the slab's
+	return buf
 }
 
 // rowsOf is the row cache for th's next row: its own while a run is active (taken from the

@@ -255,17 +255,8 @@ func (s *Server) publishShell(th *thread) {
 	// and one per step on the heap was a tenth of the fake's cost per run. The parts of the row
 	// that repeat come from its row cache (rows.go).
 	rc := s.rowsOf(th)
-	s.shellItemFunc(th.id, true, func(e *jx.Encoder, seq int64) {
-		e.ObjStart()
-		e.FieldStart("kind")
-		e.Str("thread.updated")
-		e.FieldStart("sequence")
-		e.Int64(seq)
-		e.FieldStart("location")
-		e.Str(location)
-		e.FieldStart("thread")
-		rc.encodeShell(e, &th.shell)
-		e.ObjEnd()
+	s.shellItemRaw(th.id, true, func(buf []byte, seq int64) []byte {
+		return rc.appendRow(buf, seq, location, &th.shell)
 	}, "thread.updated")
 	s.releaseRows(th)
 }
@@ -281,13 +272,26 @@ func (s *Server) shellItem(item t3rpc.ShellStreamItem, threadID string, sameSeq 
 
 // shellItemFunc is shellItem with the item written by enc at sequence seq.
 func (s *Server) shellItemFunc(threadID string, sameSeq bool, enc func(e *jx.Encoder, seq int64), itemKind string) {
+	s.shellItemRaw(threadID, sameSeq, func(buf []byte, seq int64) []byte {
+		e := &s.slab.enc
+		e.Reset()
+		e.SetBytes(buf)
+		enc(e, seq)
+		out := e.Bytes()
+		e.SetBytes(nil)
+		return out
+	}, itemKind)
+}
+
+// shellItemRaw is shellItem with the item appended by app to the slice it is given, at sequence seq.
+func (s *Server) shellItemRaw(threadID string, sameSeq bool, app func(buf []byte, seq int64) []byte, itemKind string) {
 	if !sameSeq || len(s.log) == 0 || s.log[len(s.log)-1].seq != s.head {
 		s.head++
 		s.headPub.Store(s.head)
 		s.appendLog(logEntry{seq: s.head, threadID: threadID})
 	}
 	seq := s.head
-	raw := s.slab.encode(func(e *jx.Encoder) { enc(e, seq) })
+	raw := s.slab.append(func(buf []byte) []byte { return app(buf, seq) })
 	kind := shellKind(itemKind)
 	last := &s.log[len(s.log)-1]
 	last.shell, last.shellKind = raw, kind
