@@ -60,7 +60,7 @@ func withEncoder(f func(e *jx.Encoder)) jx.Raw {
 // Used under Server.mu.
 type slab struct {
 	enc jx.Encoder // for items written with the generated encoders (shellItemFunc)
-	buf []byte // the current block; its free part is buf[len(buf):cap(buf)]
+	buf []byte     // the current block; its free part is buf[len(buf):cap(buf)]
 }
 
 const (
