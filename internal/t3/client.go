@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -175,13 +176,18 @@ func (r recorder) Do(req *http.Request) (*http.Response, error) {
 	if x, ok := req.Context().Value(exchangeKey{}).(*exchange); ok {
 		x.status = resp.StatusCode
 		if resp.StatusCode == http.StatusOK && x.keep != nil {
-			b, runs, err := trimBoundedFrom(resp.Body, *x.keep, 0)
+			buf := trimmedBufs.Get().(*[]byte)
+			b, runs, err := trimBoundedFrom(resp.Body, *x.keep, 0, (*buf)[:0])
 			_ = resp.Body.Close()
 			switch {
 			case err == nil:
 				x.runs, x.trimmed = runs, true
-				resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+				*buf = b
+				resp.Body, resp.ContentLength = &trimmedBody{Reader: bytes.NewReader(b), buf: buf}, int64(len(b))
 				return resp, nil
+			}
+			trimmedBufs.Put(buf)
+			switch {
 			case errors.Is(err, errShape):
 				// Not a bounded snapshot as the trimmer knows it, and what was
 				// read of it is gone: read it again, whole, for the generated
@@ -202,6 +208,29 @@ func (r recorder) Do(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, nil
+}
+
+// trimmedBufs keeps the buffers trimmed bounded bodies are written to: the
+// generated client copies the body (io.ReadAll) before it decodes it and
+// closes it after, so the buffer is free again at Close.
+var trimmedBufs = sync.Pool{New: func() any { b := make([]byte, 0, 32<<10); return &b }}
+
+// maxKeptTrimmed is the largest trimmed-body buffer put back for reuse.
+const maxKeptTrimmed = 1 << 20
+
+// trimmedBody is a trimmed bounded body; Close gives its buffer back.
+type trimmedBody struct {
+	*bytes.Reader
+	buf *[]byte
+}
+
+func (t *trimmedBody) Close() error {
+	if t.buf != nil && cap(*t.buf) <= maxKeptTrimmed {
+		t.Reset(nil)
+		trimmedBufs.Put(t.buf)
+	}
+	t.buf = nil
+	return nil
 }
 
 // begin starts one HTTP exchange under the client's timeout.

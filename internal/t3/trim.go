@@ -10,6 +10,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"sync"
 )
 
 // Keep says which part of a bounded thread read (GET …/threads/{id}/bounded)
@@ -51,8 +52,10 @@ var errShape = errors.New("bounded body: not the shape of a bounded thread snaps
 // is read to its end. window is the window's first size (it grows when one
 // value needs more); 0 means a pooled buffer. A read error is returned as it
 // is; errShape means the body is not a bounded snapshot (what was read of it
-// is gone: the caller reads it again to report what is wrong).
-func trimBoundedFrom(r io.Reader, k Keep, window int) (out []byte, runs int, err error) {
+// is gone: the caller reads it again to report what is wrong). The trimmed
+// body is appended to dst (dst[:0] reuses a buffer: nothing else is
+// allocated for the output, which t3_thread reads on every call).
+func trimBoundedFrom(r io.Reader, k Keep, window int, dst []byte) (out []byte, runs int, err error) {
 	var buf *[]byte
 	if window <= 0 {
 		buf = getWindow()
@@ -62,7 +65,7 @@ func trimBoundedFrom(r io.Reader, k Keep, window int) (out []byte, runs int, err
 		buf = &b
 	}
 	s := scanner{b: (*buf)[:0], src: &source{r: r}}
-	out, runs, err = s.trim(k)
+	out, runs, err = s.trim(k, dst)
 	*buf = s.b[:0] // the window as it grew
 	if s.src.err != nil {
 		return nil, 0, s.src.err
@@ -70,11 +73,11 @@ func trimBoundedFrom(r io.Reader, k Keep, window int) (out []byte, runs int, err
 	return out, runs, err
 }
 
-// trim is trimBounded of the body s scans.
-func (s *scanner) trim(k Keep) (out []byte, runs int, err error) {
-	t := trimmer{k: k}
-	out = make([]byte, 0, 4096)
-	out = append(out, '{')
+// trim is trimBounded of the body s scans, appended to dst.
+func (s *scanner) trim(k Keep, dst []byte) (out []byte, runs int, err error) {
+	t := getTrimmer(k)
+	defer putTrimmer(t)
+	out = append(dst, '{')
 	first := true
 	err = s.obj(func(key []byte) error {
 		if !first {
@@ -102,7 +105,7 @@ func (s *scanner) trim(k Keep) (out []byte, runs int, err error) {
 		return nil, 0, errShape // trailing data
 	}
 	out = append(out, '}')
-	if !json.Valid(out) { // what the scanner let through unchecked (numbers, control characters)
+	if !json.Valid(out[len(dst):]) { // what the scanner let through unchecked (numbers, control characters)
 		return nil, 0, errShape
 	}
 	return out, t.runs, nil
@@ -114,6 +117,40 @@ type trimmer struct {
 	// Of the kept runs: their ids, the user messages they were made of, the
 	// checkpoints they point at; the kept requests (named or pending).
 	runIDs, msgIDs, checkpointIDs, reqIDs map[string]bool
+	// The projection's fields as they are scanned, before they are written
+	// out in order (projection): one buffer for all, kept between trims
+	// with the maps (trimmers).
+	scratch []byte
+	newest  []run
+	named   []run
+}
+
+// trimmers keeps trimmers (their maps and buffers) between trims: a
+// t3_thread call otherwise allocated a new output and scratch buffer per
+// field, grown by doubling, several times the few kilobytes it keeps.
+var trimmers = sync.Pool{New: func() any {
+	return &trimmer{runIDs: map[string]bool{}, msgIDs: map[string]bool{}, checkpointIDs: map[string]bool{}, reqIDs: map[string]bool{}}
+}}
+
+// maxKeptScratch is the largest scratch buffer a kept trimmer holds on to.
+const maxKeptScratch = 1 << 20
+
+func getTrimmer(k Keep) *trimmer {
+	t := trimmers.Get().(*trimmer)
+	t.k, t.runs = k, 0
+	return t
+}
+
+func putTrimmer(t *trimmer) {
+	if cap(t.scratch) > maxKeptScratch {
+		return
+	}
+	clear(t.runIDs)
+	clear(t.msgIDs)
+	clear(t.checkpointIDs)
+	clear(t.reqIDs)
+	t.k, t.scratch, t.newest, t.named = Keep{}, t.scratch[:0], t.newest[:0], t.named[:0]
+	trimmers.Put(t)
 }
 
 // span is a part of the body by position in the body (scanner.pos).
@@ -127,85 +164,91 @@ type span struct{ start, end int }
 // or its bytes as they came.
 func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 	type piece struct {
-		key      string
-		val      []byte // the field's output
-		deferred bool   // val is the field as it came: filter it once the runs (and requests) are known
+		key      span // in t.scratch: the key (unquoted, as it came)
+		val      span // in t.scratch: the field's output
+		deferred bool // val is the field as it came: filter it once the runs (and requests) are known
 	}
-	var pieces []piece
-	t.runIDs, t.msgIDs, t.checkpointIDs = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	var pieces [16]piece // T3's projection has 7 fields
+	fields := pieces[:0]
 	for _, id := range t.k.MessageIDs {
 		t.msgIDs[id] = true
 	}
-	t.reqIDs = map[string]bool{}
 	for _, id := range t.k.RequestIDs {
 		t.reqIDs[id] = true
 	}
 	runsKnown, requestsKnown := false, false
 	err := s.obj(func(key []byte) error {
 		var err error
-		p := piece{key: string(key)} // key is in the window, which moves while the value is read
-		switch p.key {
+		p := piece{key: span{len(t.scratch), len(t.scratch) + len(key)}}
+		t.scratch = append(t.scratch, key...) // key is in the window, which moves while the value is read
+		name := t.scratch[p.key.start:p.key.end]
+		p.val.start = len(t.scratch)
+		switch string(name) {
 		case "runs":
-			p.val, err = t.keepRuns(s)
+			t.scratch, err = t.keepRuns(t.scratch, s)
 			runsKnown = true
 		case "messages", "checkpoints", "turnItems":
-			if !runsKnown || p.key == "turnItems" && !requestsKnown {
+			if !runsKnown || string(name) == "turnItems" && !requestsKnown {
 				start := s.retain()
 				err, p.deferred = s.skip(), true
-				p.val = append([]byte(nil), s.from(start)...)
+				t.scratch = append(t.scratch, s.from(start)...)
 				break
 			}
-			p.val, err = t.filterField(p.key, s)
+			t.scratch, err = t.filterField(t.scratch, string(name), s)
 		case "runtimeRequests": // kept by status and id, not by run
-			p.val, err = t.filterField(p.key, s)
+			t.scratch, err = t.filterField(t.scratch, string(name), s)
 			requestsKnown = true
 		default:
 			start := s.retain()
 			err = s.skip()
-			p.val = append([]byte(nil), s.from(start)...)
+			t.scratch = append(t.scratch, s.from(start)...)
 		}
+		p.val.end = len(t.scratch)
 		s.release()
-		pieces = append(pieces, p)
+		fields = append(fields, p)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	out = append(out, '{')
-	for i, p := range pieces {
+	for i, p := range fields {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		out = append(append(append(out, '"'), p.key...), '"', ':')
-		if p.deferred {
-			sub := scanner{b: p.val}
-			if p.val, err = t.filterField(p.key, &sub); err != nil {
-				return nil, err
-			}
+		key := t.scratch[p.key.start:p.key.end]
+		out = append(append(append(out, '"'), key...), '"', ':')
+		val := t.scratch[p.val.start:p.val.end]
+		if !p.deferred {
+			out = append(out, val...)
+			continue
 		}
-		out = append(out, p.val...)
+		sub := scanner{b: val}
+		if out, err = t.filterField(out, string(key), &sub); err != nil {
+			return nil, err
+		}
 	}
 	return append(out, '}'), nil
 }
 
-// filterField filters the messages, checkpoints, runtime requests or
-// timeline rows array at s by what the kept runs need.
-func (t *trimmer) filterField(key string, s *scanner) ([]byte, error) {
+// filterField appends to dst the messages, checkpoints, runtime requests or
+// timeline rows array at s, filtered by what the kept runs need.
+func (t *trimmer) filterField(dst []byte, key string, s *scanner) ([]byte, error) {
 	switch key {
 	case "messages":
-		return filter(s, &filterKeys, func(id, runID, _ []byte) bool {
+		return filter(dst, s, &filterKeys, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.msgIDs[string(id)]
 		})
 	case "checkpoints":
-		return filter(s, &filterKeys, func(id, runID, _ []byte) bool {
+		return filter(dst, s, &filterKeys, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.checkpointIDs[string(id)]
 		})
 	case "turnItems":
-		return filter(s, &itemKeys, func(runID, requestID, _ []byte) bool {
+		return filter(dst, s, &itemKeys, func(runID, requestID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.reqIDs[string(requestID)]
 		})
 	default: // runtimeRequests
-		return filter(s, &filterKeys, func(id, _, status []byte) bool {
+		return filter(dst, s, &filterKeys, func(id, _, status []byte) bool {
 			if string(status) == "pending" {
 				t.reqIDs[string(id)] = true // its question's row is kept
 				return true
@@ -223,14 +266,16 @@ type run struct {
 	named   bool
 }
 
-// keepRuns scans the runs array at s and returns it with only the kept runs
-// (the newest k.Runs and the named ones), in T3's order, recording in t what
-// they point at. The window holds the body from the first kept run so far:
-// T3 lists runs oldest first, so that is the last few runs, not the array.
-func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
+// keepRuns scans the runs array at s and appends it to dst with only the
+// kept runs (the newest k.Runs and the named ones), in T3's order, recording
+// in t what they point at. The window holds the body from the first kept run
+// so far: T3 lists runs oldest first, so that is the last few runs, not the
+// array.
+func (t *trimmer) keepRuns(dst []byte, s *scanner) ([]byte, error) {
 	n := max(1, t.k.Runs)
-	newest := make([]run, 0, n) // the n newest so far, by ordinal ascending
-	var named []run
+	newest := slices.Grow(t.newest[:0], n) // the n newest so far, by ordinal ascending
+	named := t.named[:0]
+	defer func() { t.newest, t.named = newest[:0], named[:0] }()
 	err := s.arr(func() error {
 		t.runs++
 		el := run{at: span{start: s.pos()}}
@@ -285,21 +330,19 @@ func (t *trimmer) keepRuns(s *scanner) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	kept := make([]span, 0, len(newest)+len(named))
-	for _, r := range append(newest, named...) {
-		kept = append(kept, r.at)
+	newest = append(newest, named...) // all kept; named is empty or past newest's capacity
+	for _, r := range newest {
 		if err := t.note(s.in(r.at)); err != nil {
 			return nil, err
 		}
 	}
-	slices.SortFunc(kept, func(a, b span) int { return a.start - b.start })
-	out := make([]byte, 0, 64)
-	out = append(out, '[')
-	for j, r := range kept {
+	slices.SortFunc(newest, func(a, b run) int { return a.at.start - b.at.start })
+	out := append(dst, '[')
+	for j, r := range newest {
 		if j > 0 {
 			out = append(out, ',')
 		}
-		out = append(out, s.in(r)...)
+		out = append(out, s.in(r.at)...)
 	}
 	return append(out, ']'), nil
 }
@@ -327,11 +370,11 @@ func (t *trimmer) note(el []byte) error {
 	})
 }
 
-// filter scans the array at s and returns it with the elements keep accepts,
-// judged by the strings of their keys (nil when absent or not strings).
-func filter(s *scanner, keys *[3]string, keep func(a, b, c []byte) bool) ([]byte, error) {
-	out := make([]byte, 0, 64)
-	out = append(out, '[')
+// filter scans the array at s and appends it to dst with the elements keep
+// accepts, judged by the strings of their keys (nil when absent or not
+// strings).
+func filter(dst []byte, s *scanner, keys *[3]string, keep func(a, b, c []byte) bool) ([]byte, error) {
+	out := append(dst, '[')
 	first := true
 	var at [3]span
 	err := s.arr(func() error {

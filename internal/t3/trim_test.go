@@ -332,7 +332,7 @@ func (c *chunks) Read(p []byte) (int, error) {
 // trimStreamed is trimBoundedFrom of body arriving in pieces of the sizes in n, in a window of
 // window bytes at first.
 func trimStreamed(body []byte, k Keep, window int, n ...int) ([]byte, int, error) {
-	return trimBoundedFrom(&chunks{r: bytes.NewReader(body), n: n}, k, window)
+	return trimBoundedFrom(&chunks{r: bytes.NewReader(body), n: n}, k, window, nil)
 }
 
 // A body trimmed as it streams, in any pieces and in a window of any size, is
@@ -377,7 +377,7 @@ func TestTrimBoundedStreamedWindowStaysSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _, err := trimBoundedFrom(w, Keep{Runs: 3}, 16<<10)
+	got, _, err := trimBoundedFrom(w, Keep{Runs: 3}, 16<<10, nil)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("%v", err)
 	}
@@ -403,10 +403,10 @@ func TestTrimBoundedStreamedReadError(t *testing.T) {
 	body := bigBounded(t, 50, false)
 	broken := errors.New("connection reset")
 	r := io.MultiReader(bytes.NewReader(body[:len(body)/2]), iotest.ErrReader(broken))
-	if _, _, err := trimBoundedFrom(r, Keep{Runs: 3}, 0); !errors.Is(err, broken) {
+	if _, _, err := trimBoundedFrom(r, Keep{Runs: 3}, 0, nil); !errors.Is(err, broken) {
 		t.Fatalf("err = %v", err)
 	}
-	if _, _, err := trimBoundedFrom(bytes.NewReader(body[:len(body)/2]), Keep{Runs: 3}, 0); !errors.Is(err, errShape) {
+	if _, _, err := trimBoundedFrom(bytes.NewReader(body[:len(body)/2]), Keep{Runs: 3}, 0, nil); !errors.Is(err, errShape) {
 		t.Fatalf("cut body: err = %v", err)
 	}
 }
@@ -449,5 +449,5 @@ func TestThreadRecentKeepStreamsAndRereadsRefusedBodies(t *testing.T) {
 // and what the table tests call.
 func trimBounded(body []byte, k Keep) (out []byte, runs int, err error) {
 	s := scanner{b: body}
-	return s.trim(k)
+	return s.trim(k, nil)
 }
