@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -121,7 +122,7 @@ func NewClient(name, baseURL, token string, opts Options) (*Client, error) {
 		hc: hc, log: log, rpc: opts.RPC,
 		errs: &errs{machine: name, where: base.String(), timeout: opts.Timeout, secrets: []string{token}},
 	}
-	api, err := t3api.NewClient(base.String(), bearer{c}, t3api.WithClient(recorder{hc}))
+	api, err := t3api.NewClient(base.String(), bearer{c}, t3api.WithClient(recorder{hc: hc, identity: isLoopback(base.Hostname())}))
 	if err != nil {
 		return nil, fmt.Errorf("machine %q: %w", name, err)
 	}
@@ -166,9 +167,33 @@ type exchange struct {
 
 type exchangeKey struct{}
 
-type recorder struct{ hc *http.Client }
+type recorder struct {
+	hc *http.Client
+	// identity asks T3 for uncompressed answers (Accept-Encoding:
+	// identity). T3 gzips what it sends when asked, and Go's transport asks
+	// by default: on a loopback link that only costs CPU on both sides. The
+	// bounded read of a 5,000-item thread is 1.4 MB, which T3 would deflate
+	// and the connector inflate on every t3_thread call, at 3-5 ms of the
+	// connector's CPU alone (docs/benchmarks.md, "t3_thread per byte").
+	// Over a network the compressed answer is kept: there it saves far more
+	// time than it costs.
+	identity bool
+}
+
+// isLoopback reports whether host (a URL's host name, no port) is this
+// machine: localhost or a loopback address.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
 
 func (r recorder) Do(req *http.Request) (*http.Response, error) {
+	if r.identity && req.Header.Get("Accept-Encoding") == "" {
+		req.Header.Set("Accept-Encoding", "identity")
+	}
 	resp, err := r.hc.Do(req)
 	if err != nil || resp == nil {
 		return resp, err

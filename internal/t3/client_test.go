@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -329,5 +331,37 @@ func TestLogsNeverCarryToken(t *testing.T) {
 	}
 	if strings.Contains(buf.String(), testToken) || strings.Contains(buf.String(), "ticket-1") {
 		t.Fatalf("secret in logs:\n%s", buf.String())
+	}
+}
+
+// A machine on this host is asked for uncompressed answers (T3 gzips when
+// asked, and Go's transport asks by default: CPU on both sides for nothing on
+// a loopback link); one over the network keeps the transport's gzip.
+func TestLoopbackMachineAsksForUncompressedAnswers(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Accept-Encoding"))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"schemaVersion":2,"snapshotSequence":1,"threads":[]}`))
+	}))
+	t.Cleanup(srv.Close)
+	for _, u := range []string{srv.URL, strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)} {
+		c, err := NewClient("m", u, "tok", Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Store("")
+		_, _ = c.Shell(tctx(t)) // the answer's shape does not matter here
+		if v := got.Load(); v != "identity" {
+			t.Fatalf("%s: Accept-Encoding %q, want identity", u, v)
+		}
+	}
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.3.4.5": true, "::1": true, "localhost": true, "LocalHost": true,
+		"10.0.0.7": false, "192.168.1.20": false, "100.64.1.2": false, "t3.example.com": false, "": false, "::": false,
+	} {
+		if got := isLoopback(host); got != want {
+			t.Errorf("isLoopback(%q) = %v, want %v", host, got, want)
+		}
 	}
 }
