@@ -55,34 +55,84 @@ func withEncoder(f func(e *jx.Encoder)) jx.Raw {
 
 // slab gives encoded stream items their bytes out of shared blocks: one allocation per block
 // instead of one per item, and the item is encoded in place instead of copied out of a pooled
-// encoder's buffer (under load that copy and its allocation cost more than the encoding). An item
-// keeps its block alive while the log or a queue holds it; blocks are small next to the log.
-// Used under Server.mu.
+// encoder's buffer (under load that copy and its allocation cost more than the encoding). Used
+// under Server.mu.
+//
+// Blocks are reused: a retired block waits in full until no reader can still hold one of its
+// items (reusable: the log has dropped them and every shell subscriber's queue is past them),
+// then takes new items. Writing rows into a block still warm in the cache instead of into fresh
+// memory (zeroed, then faulted in or fetched cold) was most of a row's cost under load, and the
+// harness allocated ~10 kB per run for rows (docs/benchmarks.md, "The harness's cost,
+// evening"). Items go into blocks in sequence order, so a block is known by its newest item's
+// sequence.
 type slab struct {
-	enc jx.Encoder // for items written with the generated encoders (shellItemFunc)
-	buf []byte     // the current block; its free part is buf[len(buf):cap(buf)]
+	enc  jx.Encoder     // for items written with the generated encoders (shellItemFunc)
+	buf  []byte         // the current block; its free part is buf[len(buf):cap(buf)]
+	last int64          // the sequence of the newest item written into buf
+	full []retiredBlock // retired blocks, oldest first
+	// reusable reports whether no reader can hold an item with a sequence up to last any more
+	// (Server.slabReusable); nil: blocks are never reused.
+	reusable func(last int64) bool
+	reused   int64 // blocks reused, for tests
+}
+
+type retiredBlock struct {
+	buf  []byte
+	last int64
 }
 
 const (
 	slabBlock   = 64 << 10 // a block's size
 	slabMinFree = 4 << 10  // a block with less free space left is retired
+	// maxSlabBlocks bounds the retired blocks kept per server (4 MiB): the replay window's rows
+	// need about 25; more are kept only while a subscriber lags, and let go once free.
+	maxSlabBlocks = 64
 )
 
-// append writes one value with f, which appends it to the empty slice it is given, and returns
-// its bytes, capacity trimmed so that nothing can append into the block.
-func (sl *slab) append(f func(buf []byte) []byte) jx.Raw {
+// append writes the item with sequence seq with f, which appends it to the empty slice it is
+// given, and returns its bytes, capacity trimmed so that nothing can append into the block.
+func (sl *slab) append(seq int64, f func(buf []byte) []byte) jx.Raw {
 	if cap(sl.buf)-len(sl.buf) < slabMinFree {
-		sl.buf = make([]byte, 0, slabBlock)
+		sl.buf = sl.block()
 	}
 	start := len(sl.buf)
 	free := sl.buf[start:cap(sl.buf)]
 	out := f(free[:0])
 	if len(out) > 0 && &out[0] == &free[0] { // written in place
 		sl.buf = sl.buf[:start+len(out)]
+		sl.last = seq
 	}
 	// Otherwise it outgrew the block (a snapshot, say) and append moved it to an allocation of
 	// its own.
 	return jx.Raw(out[:len(out):len(out)])
+}
+
+// block retires the current block and returns an empty one: the oldest retired block once no
+// reader can hold its items, a new one otherwise.
+func (sl *slab) block() []byte {
+	if sl.reusable == nil {
+		return make([]byte, 0, slabBlock)
+	}
+	if cap(sl.buf) > 0 {
+		sl.full = append(sl.full, retiredBlock{sl.buf, sl.last})
+	}
+	for len(sl.full) > 0 && sl.reusable(sl.full[0].last) {
+		b := sl.full[0]
+		sl.full[0] = retiredBlock{}
+		sl.full = sl.full[1:]
+		if len(sl.full) < maxSlabBlocks {
+			sl.reused++
+			return b.buf[:0]
+		}
+		// More blocks than a subscriber in step needs (one lagged): this one goes to the GC.
+	}
+	return make([]byte, 0, slabBlock)
+}
+
+// stopReuse makes the slab allocate every block from now on (Restart to a lower head: sequences
+// no longer grow, so a block's newest sequence says nothing).
+func (sl *slab) stopReuse() {
+	sl.reusable, sl.full = nil, nil
 }
 
 // encode renders one generated value to its wire bytes. Stream items are encoded once here and the

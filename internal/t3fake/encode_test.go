@@ -3,6 +3,8 @@ package t3fake
 import (
 	"bytes"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/go-faster/jx"
@@ -292,5 +294,199 @@ func TestShellRowCacheFollowsChanges(t *testing.T) {
 		s.StepAll()
 		check(a)
 		check(b)
+	}
+}
+
+// rowsOfStream decodes a shell stream's thread.updated items; each must be exactly what the
+// generated encoder writes for what it says (a row whose block was overwritten while it still
+// waited in a queue would be torn or another row), with sequences strictly increasing.
+func rowsOfStream(t *testing.T, items []jx.Raw) []t3rpc.ShellStreamItem {
+	t.Helper()
+	var rows []t3rpc.ShellStreamItem
+	var last int64
+	for _, raw := range items {
+		var item t3rpc.ShellStreamItem
+		if err := item.Decode(jx.DecodeBytes(raw)); err != nil {
+			t.Fatalf("item after sequence %d: %v\n%s", last, err, raw)
+		}
+		if item.Kind != "thread.updated" {
+			continue
+		}
+		if want := encode(&item); !bytes.Equal(raw, want) {
+			t.Fatalf("row after sequence %d:\n%s\nre-encoded:\n%s", last, raw, want)
+		}
+		if item.Sequence.Value <= last {
+			t.Fatalf("row with sequence %d after %d", item.Sequence.Value, last)
+		}
+		last = item.Sequence.Value
+		rows = append(rows, item)
+	}
+	return rows
+}
+
+// checkRunOrder checks each thread's row statuses follow the default script's cycle (starting,
+// running ×5, waiting, completed, then the next run's starting), from wherever the stream began.
+func checkRunOrder(t *testing.T, rows []t3rpc.ShellStreamItem) {
+	t.Helper()
+	next := map[string][]string{
+		"starting": {"running"}, "running": {"running", "waiting"}, "waiting": {"completed"}, "completed": {"starting"},
+	}
+	prev := map[string]string{}
+	for _, r := range rows {
+		th := r.Thread.Value
+		if p, ok := prev[th.ID]; ok && !slices.Contains(next[p], th.Status) {
+			t.Fatalf("thread %s: row %d says %s after %s", th.ID, r.Sequence.Value, th.Status, p)
+		}
+		prev[th.ID] = th.Status
+	}
+}
+
+// loadThreads adds n threads with uuid-length ids to s and returns a function that starts a
+// default-script run on each and steps them all to completion (eight rows each).
+func loadThreads(t *testing.T, s *Server, n int) (round func()) {
+	t.Helper()
+	pid := s.AddProject("payments", "/srv/payments")
+	var threads []string
+	for i := range n {
+		tid := fmt.Sprintf("thread-%08x-1111-4222-8333-%012x", i, i)
+		if err := s.AddThreadWithID(pid, tid, fmt.Sprint("Load thread ", i)); err != nil {
+			t.Fatal(err)
+		}
+		threads = append(threads, tid)
+	}
+	return func() {
+		t.Helper()
+		for _, tid := range threads {
+			if _, err := s.StartRun(tid, "Fix the flaky test in the payment service, then run the whole suite "+tid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.StepAll()
+	}
+}
+
+// replayMatches subscribes c2 to the shell after the sequence back before the head and checks
+// that the replayed rows are those the live subscriber got, byte for byte.
+func replayMatches(t *testing.T, s *Server, c2 *client, back int64, live []t3rpc.ShellStreamItem, liveRaw []jx.Raw) {
+	t.Helper()
+	s.mu.Lock()
+	after := s.head - back
+	s.mu.Unlock()
+	replay := c2.subscribe("orchestration.subscribeShell", fmt.Sprintf(`{"afterSequence":%d}`, after), true)
+	for len(c2.items[replay]) == 0 {
+		c2.pump()
+	}
+	if strings.Contains(string(c2.items[replay][0]), `"kind":"snapshot"`) {
+		t.Fatalf("subscribing after %d gave a snapshot, not a replay", after)
+	}
+	byLive := map[int64]string{}
+	for _, raw := range liveRaw {
+		var item t3rpc.ShellStreamItem
+		if item.Decode(jx.DecodeBytes(raw)) == nil && item.Kind == "thread.updated" {
+			byLive[item.Sequence.Value] = string(raw)
+		}
+	}
+	var want []int64
+	for _, r := range live {
+		if r.Sequence.Value > after {
+			want = append(want, r.Sequence.Value)
+		}
+	}
+	var got []int64
+	for _, raw := range c2.items[replay] {
+		var item t3rpc.ShellStreamItem
+		if err := item.Decode(jx.DecodeBytes(raw)); err != nil {
+			t.Fatalf("replayed item: %v\n%s", err, raw)
+		}
+		if item.Kind != "thread.updated" {
+			continue
+		}
+		if string(raw) != byLive[item.Sequence.Value] {
+			t.Fatalf("replayed row %d:\n%s\nlive:\n%s", item.Sequence.Value, raw, byLive[item.Sequence.Value])
+		}
+		got = append(got, item.Sequence.Value)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("replay after %d: %d rows (%v…), the live subscriber's %d (%v…)", after, len(got), got[:min(5, len(got))], len(want), want[:min(5, len(want))])
+	}
+}
+
+// A block of shell rows is not reused while the replay log still holds rows of it: with no
+// subscriber (only the log holds rows, so blocks could be reused as soon as they are retired), a
+// subscriber that resumes from the log gets every row the log lists after its cursor, whole.
+func TestShellRowBlocksKeptWhileTheLogHoldsThem(t *testing.T) {
+	// A replay window of 450 sequences holds ~280 rows, several blocks' worth.
+	s := StartT(t, Options{ManualSteps: true, ReplayLimit: 500})
+	round := loadThreads(t, s, 40)
+	for range 8 {
+		round()
+	}
+	s.mu.Lock()
+	after := s.head - 450
+	var want []int64
+	for _, e := range s.log {
+		if e.seq > after && e.shellKind == "shell:thread.updated" {
+			want = append(want, e.seq)
+		}
+	}
+	reused := s.slab.reused
+	s.mu.Unlock()
+	c := dial(t, s, s.Token(), nil)
+	replay := c.subscribe("orchestration.subscribeShell", fmt.Sprintf(`{"afterSequence":%d}`, after), true)
+	for len(c.items[replay]) == 0 {
+		c.pump()
+	}
+	var got []int64
+	for _, r := range rowsOfStream(t, c.items[replay]) {
+		got = append(got, r.Sequence.Value)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("replay after %d: rows %v, the log's %v", after, got, want)
+	}
+	if reused == 0 {
+		t.Errorf("no block reused: the test proves nothing")
+	}
+}
+
+// The slab reuses a block of shell rows only once nothing can read its rows: while a subscriber
+// lags (it holds its Ack back, so every row waits in its queue) and the log has long dropped
+// them, and while a replaying subscriber's queue holds rows of the log, every row still reaches
+// them whole and in order; once they have caught up, blocks are reused.
+func TestShellRowBlocksReusedOnlyOnceSent(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true, ReplayLimit: 100})
+	const threads, lagRounds, rounds = 40, 6, 10
+	round := loadThreads(t, s, threads)
+	reused := func() int64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.slab.reused
+	}
+	c := dial(t, s, s.Token(), nil)
+	lag := c.subscribe("orchestration.subscribeShell", `{}`, false)
+	for len(c.items[lag]) == 0 { // the snapshot's Chunk; its Ack is held back
+		c.pump()
+	}
+	for range lagRounds { // 40 × 8 rows of ~600 B per round: several blocks each
+		round()
+	}
+	lagReused := reused()
+	c.autoAck[lag] = true
+	c.ack(lag)
+	for i := lagRounds; i < rounds; i++ {
+		round()
+		c.barrier()
+	}
+	rows := rowsOfStream(t, c.items[lag])
+	for len(rows) < rounds*threads*8 {
+		c.pump()
+		rows = rowsOfStream(t, c.items[lag])
+	}
+	checkRunOrder(t, rows)
+	if len(rows) != rounds*threads*8 {
+		t.Fatalf("%d rows, want %d", len(rows), rounds*threads*8)
+	}
+	replayMatches(t, s, dial(t, s, s.Token(), nil), 90, rows, c.items[lag])
+	if n := reused(); n <= lagReused {
+		t.Errorf("%d blocks reused in all (%d while the subscriber lagged): reuse never happened", n, lagReused)
 	}
 }

@@ -213,6 +213,7 @@ func New(opts Options) (*Server, error) {
 		wake:         make(chan struct{}, 1),
 		stop:         make(chan struct{}),
 	}
+	s.slab.reusable = s.slabReusable
 	if s.opts.Label == "" {
 		s.opts.Label = "t3fake"
 	}
@@ -483,6 +484,7 @@ func (s *Server) Restart(newHead int64) {
 		clear(s.log)
 		s.log = s.log[:0]
 		s.logBase = newHead
+		s.slab.stopReuse()
 	}
 	s.head = newHead
 	s.headPub.Store(newHead)

@@ -291,13 +291,29 @@ func (s *Server) shellItemRaw(threadID string, sameSeq bool, app func(buf []byte
 		s.appendLog(logEntry{seq: s.head, threadID: threadID})
 	}
 	seq := s.head
-	raw := s.slab.append(func(buf []byte) []byte { return app(buf, seq) })
+	raw := s.slab.append(seq, func(buf []byte) []byte { return app(buf, seq) })
 	kind := shellKind(itemKind)
 	last := &s.log[len(s.log)-1]
 	last.shell, last.shellKind = raw, kind
 	for sb := range s.shellSubs {
 		sb.push(queued{raw: raw, kind: kind, seq: s.head})
 	}
+}
+
+// slabReusable reports whether no reader can still hold a shell item with a sequence up to
+// last: the log has dropped them (they are at or below logBase) and no shell subscriber has one
+// queued. A subscriber's items are copied out of its queue into a frame under c.mu (collect),
+// so once an item has left the queue nothing reads its bytes. Callers hold Server.mu.
+func (s *Server) slabReusable(last int64) bool {
+	if last > s.logBase {
+		return false
+	}
+	for sb := range s.shellSubs {
+		if first := sb.firstSlabSeq(); first != 0 && first <= last {
+			return false
+		}
+	}
+	return true
 }
 
 // shellKind is the OnItemSent kind of a shell item; the common ones without an allocation.

@@ -56,6 +56,19 @@ func (sb *sub) push(q queued) {
 	}
 }
 
+// firstSlabSeq is the sequence of the oldest queued item whose bytes are a slab's (not a
+// snapshot, not the completion marker), 0 if none.
+func (sb *sub) firstSlabSeq() int64 {
+	sb.c.mu.Lock()
+	defer sb.c.mu.Unlock()
+	for _, q := range sb.queue {
+		if q.seq > 0 && !q.alone {
+			return q.seq
+		}
+	}
+	return 0
+}
+
 type conn struct {
 	s      *Server
 	ws     *websocket.Conn
@@ -450,15 +463,16 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 			chunks = append(chunks, chunkOut{id: sb.id, items: items})
 		}
 	}
-	c.mu.Unlock()
 	// The frames are assembled in one buffer that the writer reuses: it is written (copied to
-	// the socket) before the next collect.
+	// the socket) before the next collect. They are assembled before c.mu is let go: once an
+	// item has left its queue, the slab may give its bytes to another item (slabReusable).
 	buf := c.frames[:0]
 	for _, ch := range chunks {
 		start := len(buf)
 		buf = appendChunkFrame(buf, ch.id, ch.items)
 		out = append(out, jx.Raw(buf[start:len(buf):len(buf)]))
 	}
+	c.mu.Unlock()
 	if cap(buf) <= maxFrameBuffer {
 		c.frames = buf[:0]
 	} else {
