@@ -6105,6 +6105,9 @@ type SubscribeThreadInput struct {
 	ThreadId                string   `json:"threadId"`
 	AfterSequence           OptInt64 `json:"afterSequence"`
 	RequestCompletionMarker OptBool  `json:"requestCompletionMarker"`
+	// Take a bounded snapshot (every run, message, checkpoint and request, the newest timeline rows: what
+	// GET …/threads/{id}/bounded answers) instead of the whole projection.
+	AcceptBoundedSnapshot OptBool `json:"acceptBoundedSnapshot"`
 }
 
 // GetThreadId returns the value of ThreadId.
@@ -6122,6 +6125,11 @@ func (s *SubscribeThreadInput) GetRequestCompletionMarker() OptBool {
 	return s.RequestCompletionMarker
 }
 
+// GetAcceptBoundedSnapshot returns the value of AcceptBoundedSnapshot.
+func (s *SubscribeThreadInput) GetAcceptBoundedSnapshot() OptBool {
+	return s.AcceptBoundedSnapshot
+}
+
 // SetThreadId sets the value of ThreadId.
 func (s *SubscribeThreadInput) SetThreadId(val string) {
 	s.ThreadId = val
@@ -6135,6 +6143,11 @@ func (s *SubscribeThreadInput) SetAfterSequence(val OptInt64) {
 // SetRequestCompletionMarker sets the value of RequestCompletionMarker.
 func (s *SubscribeThreadInput) SetRequestCompletionMarker(val OptBool) {
 	s.RequestCompletionMarker = val
+}
+
+// SetAcceptBoundedSnapshot sets the value of AcceptBoundedSnapshot.
+func (s *SubscribeThreadInput) SetAcceptBoundedSnapshot(val OptBool) {
+	s.AcceptBoundedSnapshot = val
 }
 
 // A typed failure: OrchestrationV2DispatchCommandError {commandId, commandType, message, detail?},
@@ -18463,12 +18476,19 @@ func (s *SubscribeThreadInput) encodeFields(e *jx.Encoder) {
 			s.RequestCompletionMarker.Encode(e)
 		}
 	}
+	{
+		if s.AcceptBoundedSnapshot.Set {
+			e.FieldStart("acceptBoundedSnapshot")
+			s.AcceptBoundedSnapshot.Encode(e)
+		}
+	}
 }
 
-var jsonFieldsNameOfSubscribeThreadInput = [3]string{
+var jsonFieldsNameOfSubscribeThreadInput = [4]string{
 	0: "threadId",
 	1: "afterSequence",
 	2: "requestCompletionMarker",
+	3: "acceptBoundedSnapshot",
 }
 
 // Decode decodes SubscribeThreadInput from json.
@@ -18511,6 +18531,16 @@ func (s *SubscribeThreadInput) Decode(d *jx.Decoder) error {
 				return nil
 			}(); err != nil {
 				return errors.Wrap(err, "decode field \"requestCompletionMarker\"")
+			}
+		case "acceptBoundedSnapshot":
+			if err := func() error {
+				s.AcceptBoundedSnapshot.Reset()
+				if err := s.AcceptBoundedSnapshot.Decode(d); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
+				return errors.Wrap(err, "decode field \"acceptBoundedSnapshot\"")
 			}
 		default:
 			return d.Skip()

@@ -93,6 +93,8 @@ func TestAbandonedWaitsEndAtOnce(t *testing.T) {
 	blocked := func(n int) {
 		t.Helper()
 		eventually(t, 20*time.Second, "the waits to block", func() bool { return h.app.Deps.ActiveWaits() == n }, nil)
+		// A blocked wait keeps its thread current from a subscription.
+		eventually(t, 20*time.Second, "the wait's thread subscription", func() bool { return h.fake.Stats().ThreadStreams == 1 }, nil)
 	}
 	freed := func(how string) {
 		t.Helper()
@@ -100,6 +102,10 @@ func TestAbandonedWaitsEndAtOnce(t *testing.T) {
 		if g := h.metric("t3code_mcp_active_waits"); g != "0" {
 			t.Fatalf("%s: t3code_mcp_active_waits is %q", how, g)
 		}
+		// And its subscription closed, on T3 too.
+		eventually(t, 20*time.Second, how+": the thread subscription to close", func() bool {
+			return h.fake.Stats().ThreadStreams == 0 && h.app.Fleet.WaitFeeds() == 0
+		}, nil)
 	}
 
 	t.Run("cancelled", func(t *testing.T) {

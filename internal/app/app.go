@@ -76,6 +76,11 @@ type Settings struct {
 	// backoff); zero values pick the defaults.
 	Lookup events.LookupOptions
 	Limits tools.Limits
+	// MaxWaitFeeds (T3CODE_MCP_MAX_WAIT_FEEDS, 2000; 0: none): how many waited
+	// threads t3_wait keeps current from their own T3 subscription at once, so
+	// that a result is rendered without reading the thread (internal/threadfeed);
+	// waits beyond it read the thread when their run settles.
+	MaxWaitFeeds int
 
 	// LeaseTTL (T3CODE_MCP_LEASE_TTL, 6s): with PostgreSQL, how long a replica's lease on a
 	// machine lives without renewal; a dead holder's machines move within TTL + TTL/3.
@@ -178,6 +183,15 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	intVar("T3CODE_MCP_MAX_ANSWER_BYTES", &s.Limits.MaxAnswerBytes, 64<<10)
 	intVar("T3CODE_MCP_MAX_WAITS", &s.Limits.MaxWaits, 2000)
 	intVar("T3CODE_MCP_MAX_WAITS_PER_SESSION", &s.Limits.MaxWaitsPerSession, 50)
+	s.MaxWaitFeeds = 2000
+	if v := getenv("T3CODE_MCP_MAX_WAIT_FEEDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			errs = append(errs, fmt.Errorf("T3CODE_MCP_MAX_WAIT_FEEDS=%q: want a whole number, 0 for none", v))
+		} else {
+			s.MaxWaitFeeds = n
+		}
+	}
 	durVar("T3CODE_MCP_CALL_TIMEOUT", &s.Limits.CallTimeout, 60*time.Second)
 	durVar("T3CODE_MCP_MAX_WAIT", &s.Limits.MaxWait, time.Hour)
 	// Audit log rotation.
@@ -263,7 +277,7 @@ func New(s Settings, o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines, WatchMetrics: wm})
+	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines, WatchMetrics: wm, MaxWaitFeeds: s.MaxWaitFeeds})
 	if s.HookURL != "" {
 		if err := a.newEvents(replicaID); err != nil {
 			a.Close()
@@ -347,7 +361,7 @@ func (a *App) newDeps() {
 	toolCalls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_tool_calls_total", Help: "MCP tool calls by tool and outcome."}, []string{"tool", "outcome"})
 	a.Registry.MustRegister(toolCalls)
 	waitResult := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "t3code_mcp_wait_result_seconds",
-		Help:    "t3_wait results by stage, once the wait was over: read (the result's read of the thread from T3), render, answered (the whole result, until handed to the MCP SDK).",
+		Help:    "t3_wait results by stage, once the wait was over: feed (waiting for the thread's subscription to show the settle, results rendered from it), read (the result's read of the thread from T3, when no subscription could answer), render, answered (the whole result, until handed to the MCP SDK).",
 		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}}, []string{"stage"})
 	a.Registry.MustRegister(waitResult)
 	a.Push = tools.NewPush()
@@ -368,6 +382,7 @@ func (a *App) newDeps() {
 	}
 	a.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_active_waits", Help: "t3_wait calls now blocking."}, func() float64 { return float64(a.Deps.ActiveWaits()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_wait_feeds", Help: "Thread subscriptions t3_wait holds open now (T3CODE_MCP_MAX_WAIT_FEEDS)."}, func() float64 { return float64(fl.WaitFeeds()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_machines_online", Help: "Configured machines whose socket is up."}, func() float64 {
 			n := 0
 			for _, m := range fl.Machines() {

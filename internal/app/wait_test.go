@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
@@ -52,10 +53,12 @@ func waitAsync(c *client, args map[string]any) chan map[string]any {
 	return out
 }
 
-// TestDispatchAndWaitReadCounts: a dispatch and a wait for its run read the
-// thread at most once, with the bounded read, and not at all while waiting
-// (issue 12.3; a dispatch+wait used to make three full reads). The dispatch
-// learns the run from the shell row, so the wait judges the row alone.
+// TestDispatchAndWaitReadCounts: a dispatch and a wait for its run do not read
+// the thread at all (issue 12.3; a dispatch+wait used to make three full
+// reads, then one bounded read at completion). The dispatch learns the run
+// from the shell row, so the wait judges the row alone; once it blocks, the
+// thread's own subscription keeps its projection current, and the result is
+// rendered from it. A wait that ends at once reads the thread once, bounded.
 func TestDispatchAndWaitReadCounts(t *testing.T) {
 	leakCheck(t)
 	h := manualHarness(t)
@@ -79,15 +82,17 @@ func TestDispatchAndWaitReadCounts(t *testing.T) {
 	if str(res, "state", "status") != "completed" || !strings.Contains(dump(res, "state", "runs"), "Done: "+promptDone) {
 		t.Fatalf("state %v", res["state"])
 	}
-	if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
-		t.Fatalf("dispatch + wait read %+v, want exactly one bounded read", got)
+	if got := readsOf(h.fake).minus(before); got != (threadReads{}) {
+		t.Fatalf("dispatch + wait read %+v, want none: the result comes from the thread's subscription", got)
 	}
-	// The result's stages are in /metrics: its one read, the render, the whole result.
-	for _, stage := range []string{"read", "render", "answered"} {
-		if got := h.metric(`t3code_mcp_wait_result_seconds_count{stage="` + stage + `"}`); got != "1" {
-			t.Errorf("t3code_mcp_wait_result_seconds_count{stage=%q} = %q after one wait, want 1", stage, got)
+	// The result's stages are in /metrics: the subscription caught up, the render, the whole
+	// result; no read.
+	for stage, want := range map[string]string{"feed": "1", "render": "1", "answered": "1", "read": ""} {
+		if got := h.metric(`t3code_mcp_wait_result_seconds_count{stage="` + stage + `"}`); got != want {
+			t.Errorf("t3code_mcp_wait_result_seconds_count{stage=%q} = %q after one wait, want %q", stage, got, want)
 		}
 	}
+	feedsClosed(t, h)
 
 	// A wait on the settled run returns at once with one bounded read too.
 	before = readsOf(h.fake)
@@ -272,4 +277,137 @@ func dump(m map[string]any, path ...string) string {
 		cur = mm[p]
 	}
 	return fmt.Sprint(cur)
+}
+
+// feedsClosed waits until no wait holds a thread subscription, on either side.
+func feedsClosed(t *testing.T, h *harness) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the thread subscriptions to close", func() bool {
+		return h.app.Fleet.WaitFeeds() == 0 && h.fake.Stats().ThreadStreams == 0
+	}, func() string {
+		return fmt.Sprintf("feeds %d, streams on T3 %d", h.app.Fleet.WaitFeeds(), h.fake.Stats().ThreadStreams)
+	})
+}
+
+// blockedWait starts t3_wait on tid and returns once it blocks with its
+// thread's subscription open.
+func blockedWait(t *testing.T, h *harness, c *client, tid string, streams int64) chan map[string]any {
+	t.Helper()
+	done := waitAsync(c, map[string]any{"thread_id": tid, "timeout": 60})
+	eventually(t, 10*time.Second, "the wait to block on a subscription", func() bool {
+		return h.fake.Stats().ThreadStreams == streams
+	}, nil)
+	return done
+}
+
+// TestWaitResultFromTheFeedSaysWhatTheReadSays: for each way a run ends
+// (completed, failed, interrupted, a question), the result rendered from the
+// thread's subscription is the result a read renders: the same wait again
+// on the settled run (which ends at once and reads) answers the same state.
+// Neither result's read count is left to chance: the first reads nothing,
+// the second once.
+func TestWaitResultFromTheFeedSaysWhatTheReadSays(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("same")
+	for _, tc := range []struct{ prompt, reason string }{
+		{promptDone, "completed"}, {promptFail, "failed"}, {promptQuestion, "question"}, {promptHang, "interrupted"},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": tc.prompt})
+			tid := str(d, "thread_id")
+			done := blockedWait(t, h, c, tid, 1)
+			before := readsOf(h.fake)
+			h.fake.StepAll()
+			if tc.reason == "interrupted" {
+				c.ok("t3_interrupt", map[string]any{"thread_id": tid})
+				before = readsOf(h.fake) // the interrupt's own state read is not the wait's
+				h.fake.StepAll()
+			}
+			fromFeed := <-done
+			if got := readsOf(h.fake).minus(before); got != (threadReads{}) {
+				t.Fatalf("the result read %+v, want none", got)
+			}
+			if str(fromFeed, "reason") != tc.reason {
+				t.Fatalf("wait result %v", fromFeed)
+			}
+			feedsClosed(t, h)
+			before = readsOf(h.fake)
+			fromRead := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 5})
+			if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
+				t.Fatalf("the wait on the settled run read %+v, want one bounded read", got)
+			}
+			if a, b := dump(fromFeed), dump(fromRead); a != b {
+				t.Fatalf("from the subscription:\n%s\nfrom the read:\n%s", a, b)
+			}
+		})
+	}
+}
+
+// TestWaitResultFallsBackToTheRead: when the thread's subscription fails, or
+// lags behind the row that said the run settled, the result reads the
+// thread once, as it did before subscriptions, and says the same.
+func TestWaitResultFallsBackToTheRead(t *testing.T) {
+	for _, fault := range []string{"fails", "lags"} {
+		t.Run(fault, func(t *testing.T) {
+			leakCheck(t)
+			h := manualHarness(t)
+			c := h.client("fallback")
+			d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+			tid := str(d, "thread_id")
+			var done chan map[string]any
+			if fault == "fails" {
+				h.fake.FailThreadSubscriptions(true)
+				done = waitAsync(c, map[string]any{"thread_id": tid, "timeout": 60})
+				eventually(t, 10*time.Second, "the wait to block", func() bool { return h.app.Deps.ActiveWaits() == 1 }, nil)
+			} else {
+				h.fake.StallThreadStreams(true)
+				done = blockedWait(t, h, c, tid, 1)
+			}
+			before := readsOf(h.fake)
+			h.fake.StepAll()
+			res := <-done
+			if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
+				t.Fatalf("the result read %+v, want one bounded read", got)
+			}
+			if str(res, "reason") != "completed" || !strings.Contains(dump(res, "state", "runs"), "Done: "+promptDone) {
+				t.Fatalf("wait result %v", res)
+			}
+			h.fake.FailThreadSubscriptions(false)
+			h.fake.StallThreadStreams(false)
+			feedsClosed(t, h)
+		})
+	}
+}
+
+// TestWaitFeedsAreSharedAndCapped: two waits on one thread share one
+// subscription, closed when the last leaves; beyond T3CODE_MCP_MAX_WAIT_FEEDS
+// a wait has none and its result reads.
+func TestWaitFeedsAreSharedAndCapped(t *testing.T) {
+	leakCheck(t)
+	fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", ManualSteps: true})
+	fk.AddProject("api", "/srv/api")
+	h := newHarness(t, harnessOpts{fake: fk, settings: func(s *app.Settings) { s.MaxWaitFeeds = 1 }})
+	h.waitOnline("mac")
+	c := h.client("shared")
+	a := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+	b := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+	w1 := blockedWait(t, h, c, str(a, "thread_id"), 1)
+	w2 := waitAsync(c, map[string]any{"thread_id": str(a, "thread_id"), "timeout": 60})
+	w3 := waitAsync(c, map[string]any{"thread_id": str(b, "thread_id"), "timeout": 60}) // over the cap
+	eventually(t, 10*time.Second, "the waits to block", func() bool { return h.app.Deps.ActiveWaits() == 3 }, nil)
+	if n, open := h.app.Fleet.WaitFeeds(), h.fake.Stats().ThreadStreams; n != 1 || open != 1 {
+		t.Fatalf("three waits on two threads, cap 1: %d feeds, %d streams on T3; want 1 shared", n, open)
+	}
+	before := readsOf(h.fake)
+	h.fake.StepAll()
+	for _, w := range []chan map[string]any{w1, w2, w3} {
+		if r := <-w; str(r, "reason") != "completed" {
+			t.Fatalf("wait result %v", r)
+		}
+	}
+	if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
+		t.Fatalf("the results read %+v, want one bounded read (the wait over the cap)", got)
+	}
+	feedsClosed(t, h)
 }

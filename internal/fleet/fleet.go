@@ -21,6 +21,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
 	"github.com/t3code-mcp/t3code-mcp/internal/text"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadfeed"
 	"github.com/t3code-mcp/t3code-mcp/internal/tracked"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
@@ -52,6 +53,9 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// WatchMetrics, when set, times every machine's shell-stream chunks.
 	WatchMetrics *watch.Metrics
+	// MaxWaitFeeds bounds the thread subscriptions t3_wait keeps open, all
+	// machines together (Machine.Feed); 0: none, every wait result reads.
+	MaxWaitFeeds int
 }
 
 // Fleet is every configured machine.
@@ -64,6 +68,7 @@ type Fleet struct {
 	transport *http.Transport
 	log       *slog.Logger
 	sink      watch.Sink // given by Start; every watcher's chunks go to it
+	feeds     *threadfeed.Pool
 }
 
 // fleetSink hands each watcher's changes to the sink the fleet was started
@@ -87,6 +92,7 @@ type Machine struct {
 	client  *t3.Client
 	watcher *watch.Watcher
 	log     *slog.Logger
+	feeds   *threadfeed.Pool // the fleet's
 
 	mu        sync.RWMutex
 	desc      *t3.Descriptor
@@ -107,11 +113,11 @@ func New(cfg *config.Config, threads TrackedThreads, o Options) *Fleet {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	f := &Fleet{byName: map[string]*Machine{}, threads: threads, log: o.Logger, transport: readTransport(len(cfg.Machines))}
+	f := &Fleet{byName: map[string]*Machine{}, threads: threads, log: o.Logger, transport: readTransport(len(cfg.Machines)), feeds: threadfeed.NewPool(o.MaxWaitFeeds)}
 	hc := &http.Client{Transport: f.transport}
 	ws := fleetSink{f}
 	for _, mc := range cfg.Machines {
-		m := &Machine{Name: mc.Name, Config: mc, Demo: o.DemoMachines[mc.Name], log: o.Logger.With("machine", mc.Name), status: Offline}
+		m := &Machine{Name: mc.Name, Config: mc, Demo: o.DemoMachines[mc.Name], log: o.Logger.With("machine", mc.Name), status: Offline, feeds: f.feeds}
 		token, err := tokenOf(mc, o.Tokens)
 		if err != nil {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
@@ -184,6 +190,20 @@ func (f *Fleet) Run(ctx context.Context) {
 	}
 	wg.Wait()
 	f.transport.CloseIdleConnections()
+}
+
+// WaitFeeds counts the thread subscriptions t3_wait holds open now.
+func (f *Fleet) WaitFeeds() int { return f.feeds.Open() }
+
+// Feed returns the subscription that keeps a waited thread's projection
+// current (internal/threadfeed), shared with every other wait on the thread,
+// and the caller's release; ok is false when the fleet's cap is reached or
+// the machine cannot be used (the wait's result then reads the thread).
+func (m *Machine) Feed(threadID string) (feed *threadfeed.Feed, release func(), ok bool) {
+	if m.watcher == nil {
+		return nil, nil, false
+	}
+	return m.feeds.Acquire(m.Name, threadID, m.watcher.Conn)
 }
 
 // connect is the watcher's way in: handshake first (a protocol-1 machine is

@@ -865,3 +865,60 @@ func TestStreamsSettledAfterReconnect(t *testing.T) {
 		t.Errorf("stats %+v: the lost Chunk should stay unacknowledged in the totals", st)
 	}
 }
+
+// TestThreadSubscriptionSwitches: subscribeThread with acceptBoundedSnapshot sends the newest
+// page of timeline rows (as /bounded) and every run; without it the whole projection.
+// FailThreadSubscriptions fails new subscriptions; StallThreadStreams holds thread chunks back
+// while the shell stream goes on; Stats counts the open thread streams.
+func TestThreadSubscriptionSwitches(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true, HistoryPage: 2})
+	pid := s.AddProject("api", "/srv/api")
+	tid := s.AddThread(pid, "t", "idle")
+	for range 2 {
+		if _, err := s.StartRun(tid, "run"); err != nil {
+			t.Fatal(err)
+		}
+		s.StepAll()
+	}
+	c := dial(t, s, s.Token(), nil)
+	snapshot := func(payload string) map[string]any {
+		id := c.subscribe("orchestration.subscribeThread", payload, true)
+		c.waitItem(id, 0, func(m map[string]any) bool { return m["kind"] == "snapshot" })
+		return asMap(t, c.items[id][0])
+	}
+	whole := snapshot(fmt.Sprintf(`{"threadId":%q}`, tid))
+	bounded := snapshot(fmt.Sprintf(`{"threadId":%q,"acceptBoundedSnapshot":true}`, tid))
+	items := func(m map[string]any) int { return len(path(m, "projection", "turnItems").([]any)) }
+	runs := func(m map[string]any) int { return len(path(m, "projection", "runs").([]any)) }
+	if items(bounded) != 2 || items(whole) <= 2 || runs(bounded) != 2 || runs(whole) != 2 {
+		t.Fatalf("bounded snapshot: %d items, %d runs; whole: %d items, %d runs", items(bounded), runs(bounded), items(whole), runs(whole))
+	}
+	if n := s.Stats().ThreadStreams; n != 2 {
+		t.Fatalf("ThreadStreams %d, want 2", n)
+	}
+
+	s.StallThreadStreams(true)
+	shell := c.subscribe("orchestration.subscribeShell", `{"requestCompletionMarker":true}`, true)
+	c.waitItem(shell, 0, func(m map[string]any) bool { return m["kind"] == "synchronized" })
+	th := c.subscribe("orchestration.subscribeThread", fmt.Sprintf(`{"threadId":%q}`, tid), true)
+	for s.Stats().ThreadStreams != 3 {
+		c.barrier() // the server has read the subscription once it answered a later Ping
+	}
+	if _, err := s.StartRun(tid, "run"); err != nil {
+		t.Fatal(err)
+	}
+	c.waitItem(shell, 0, func(m map[string]any) bool { return m["kind"] == "thread.updated" })
+	c.barrier()
+	if s.Stats().ThreadStreams != 3 || len(c.items[th]) != 0 {
+		t.Fatalf("a stalled thread stream sent %d items", len(c.items[th]))
+	}
+	s.StallThreadStreams(false)
+	c.waitItem(th, 0, func(m map[string]any) bool { return m["kind"] == "event" })
+
+	s.FailThreadSubscriptions(true)
+	before := s.Stats().ThreadStreams
+	ex := c.call("orchestration.subscribeThread", fmt.Sprintf(`{"threadId":%q}`, tid))
+	if raw := mustJSON(&ex); !strings.Contains(raw, "OrchestrationV2GetThreadProjectionError") || s.Stats().ThreadStreams != before {
+		t.Fatalf("a failed subscription: %s", raw)
+	}
+}

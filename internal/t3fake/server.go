@@ -87,6 +87,7 @@ type Stats struct {
 	// AcksReceived >= ChunksSent, can hold again after a reconnect.
 	ShellStreams     int64
 	ShellUnsettled   int64
+	ThreadStreams    int64 // subscribeThread streams open now
 	ItemsSent        int64 // stream items inside those chunks
 	Requests         int64 // RPC requests received
 	CommandsAccepted int64 // dispatchCommand and launchThread calls that succeeded (replays included)
@@ -132,6 +133,8 @@ type Server struct {
 	refuseTickets  atomic.Bool
 	stopPongs      atomic.Bool
 	stall          atomic.Bool
+	stallThreads   atomic.Bool // StallThreadStreams
+	failThreadSubs atomic.Bool // FailThreadSubscriptions
 	httpFail       atomic.Int32
 	boundedRoute   atomic.Int32           // 0: served; 404 or 503: answered as an older build does
 	refuseDispatch atomic.Pointer[string] // non-nil: message.dispatch fails with this message
@@ -362,7 +365,7 @@ func (s *Server) Stats() Stats {
 		CommandsAccepted: s.accepted.Load(),
 		HTTPRequests:     map[string]int64{},
 	}
-	st.ShellStreams, st.ShellUnsettled = s.openStreams()
+	st.ShellStreams, st.ShellUnsettled, st.ThreadStreams = s.openStreams()
 	s.statMu.Lock()
 	for k, v := range s.httpRequests {
 		st.HTTPRequests[k] = v

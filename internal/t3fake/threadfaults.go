@@ -113,3 +113,17 @@ func (f *threadFaults) settledStatus(threadID, status string) string {
 	}
 	return status
 }
+
+// StallThreadStreams holds back the chunks of every subscribeThread stream while on (the shell
+// stream goes on): a thread subscription that lags behind the shell. Items keep queueing and
+// flow again, batched, when it is turned off.
+func (s *Server) StallThreadStreams(on bool) {
+	s.stallThreads.Store(on)
+	if !on {
+		s.wakeAll()
+	}
+}
+
+// FailThreadSubscriptions makes orchestration.subscribeThread fail while on (Exit Failure with
+// T3's projection error, as for a thread T3 cannot load).
+func (s *Server) FailThreadSubscriptions(on bool) { s.failThreadSubs.Store(on) }

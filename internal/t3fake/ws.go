@@ -341,7 +341,7 @@ func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
 	s := c.s
 	s.mu.Lock()
 	th := s.threadByID[in.ThreadId]
-	if th == nil {
+	if th == nil || s.failThreadSubs.Load() {
 		s.mu.Unlock()
 		c.exit(id, failed(projectionError(in.ThreadId)))
 		return
@@ -355,9 +355,13 @@ func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
 			}
 		}
 	} else {
-		item := t3rpc.ThreadStreamItem{
-			Kind: "snapshot", SnapshotSequence: optI64(s.head), Projection: t3rpc.NewOptThreadProjection(s.projection(th)),
+		// acceptBoundedSnapshot: the newest page of timeline rows, as /bounded answers (T3 adds
+		// the history fields of a bounded snapshot; nothing reads them from the stream).
+		p := s.projection(th)
+		if in.AcceptBoundedSnapshot.Or(false) {
+			p = s.projectionTail(th, s.historyPage)
 		}
+		item := t3rpc.ThreadStreamItem{Kind: "snapshot", SnapshotSequence: optI64(s.head), Projection: t3rpc.NewOptThreadProjection(p)}
 		first = append(first, queued{raw: encode(&item), kind: "thread:snapshot", seq: s.head, alone: true})
 	}
 	if in.RequestCompletionMarker.Or(false) {
@@ -372,14 +376,15 @@ func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
 }
 
 // openStreams counts the shell streams open now and those of them not settled (a Chunk
-// awaiting its Ack, or items queued), for Stats.
-func (s *Server) openStreams() (shell, unsettled int64) {
+// awaiting its Ack, or items queued), and the thread streams open now, for Stats.
+func (s *Server) openStreams() (shell, unsettled, thread int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
 		c.mu.Lock()
 		for _, sb := range c.order {
 			if !sb.shell {
+				thread++
 				continue
 			}
 			shell++
@@ -389,7 +394,7 @@ func (s *Server) openStreams() (shell, unsettled int64) {
 		}
 		c.mu.Unlock()
 	}
-	return shell, unsettled
+	return shell, unsettled, thread
 }
 
 func (c *conn) ack(id t3rpc.RequestId) {
@@ -446,8 +451,9 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 	c.ctrl = nil
 	var chunks []chunkOut
 	if !c.s.stall.Load() {
+		stallThreads := c.s.stallThreads.Load()
 		for _, sb := range c.order {
-			if sb.inflight || len(sb.queue) == 0 {
+			if sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) {
 				continue
 			}
 			n := len(sb.queue)

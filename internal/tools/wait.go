@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadfeed"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/wait"
 )
 
@@ -39,8 +42,9 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		defer end()
 
 		target, wr := waitTarget(f, d.answered.snapshot())
+		defer wr.close()
 		m := f.Machine
-		opts := wait.Options{Read: wr.read, ProgressEvery: d.Limits.ProgressEvery}
+		opts := wait.Options{Read: wr.read, ProgressEvery: d.Limits.ProgressEvery, Blocked: wr.subscribe}
 		if tok := progressToken(c.Req); tok != nil {
 			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
 				_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
@@ -69,11 +73,7 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		// Render with a context of its own: a timeout must still report state.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 		defer rcancel()
-		shell := r.Shell
-		if shell.ID == "" {
-			shell = f.Shell
-		}
-		st, err := wr.state(rctx, d, f, shell, r.Projection)
+		st, err := wr.state(rctx, d, f, r)
 		if err != nil {
 			return Result{}, err
 		}
@@ -90,8 +90,12 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 type WaitStage string
 
 const (
-	// WaitRead is the result's read of the thread from T3 (none when the
-	// wait's own read is still fresh).
+	// WaitFeed is waiting for the thread's subscription (threadfeed) to show
+	// what the row showed when the wait ended; observed for the results
+	// rendered from it.
+	WaitFeed WaitStage = "feed"
+	// WaitRead is the result's read of the thread from T3, when neither the
+	// wait's own read nor a subscription could answer.
 	WaitRead WaitStage = "read"
 	// WaitRender is rendering the thread's state from what was read.
 	WaitRender WaitStage = "render"
@@ -187,11 +191,102 @@ func waitTarget(f fleet.Found, answered map[string]bool) (wait.Target, *waitRead
 
 // waitRead is a wait's read of its thread; runCount is the thread's number
 // of runs as of the last read (-1 before one), for the result's run_count.
+// feed, once the wait blocked, keeps the thread current from its own T3
+// subscription (shared with other waits on it), so that the result needs no
+// read (state).
 type waitRead struct {
 	m        *fleet.Machine
 	id       string
 	keep     t3.Keep
 	runCount int
+
+	mu      sync.Mutex // subscribe runs on the wait's goroutine, close on the handler's
+	feed    *threadfeed.Feed
+	release func()
+	closed  bool
+}
+
+// subscribe takes the thread's feed (wait.Options.Blocked); none when the
+// fleet's cap is reached: the result then reads.
+func (w *waitRead) subscribe() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.feed != nil {
+		return
+	}
+	if f, release, ok := w.m.Feed(w.id); ok {
+		w.feed, w.release = f, release
+	}
+}
+
+// close gives the feed back (the last wait on a thread closes its
+// subscription); the wait is over or abandoned.
+func (w *waitRead) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	if w.release != nil {
+		w.release()
+		w.release = nil
+	}
+}
+
+func (w *waitRead) currentFeed() *threadfeed.Feed {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.feed
+}
+
+// feedCatchUp is how long a result waits for the thread's subscription to
+// show what the row showed when the wait ended. Both come over the machine's
+// one socket: T3 sends the run's own events with (mostly just before) the row
+// that says it settled; a stream further behind than this is lagging, and the
+// read is the surer answer.
+const feedCatchUp = 250 * time.Millisecond
+
+// fromFeed is the wait's result projection from its feed, once the feed
+// shows what the row said (caughtUp); ok is false without a feed, for a
+// reason a feed does not answer, or when the feed failed or lagged.
+func (w *waitRead) fromFeed(ctx context.Context, r wait.Result) (threadfeed.State, bool) {
+	f := w.currentFeed()
+	ready := caughtUp(r)
+	if f == nil || ready == nil {
+		return threadfeed.State{}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, feedCatchUp)
+	defer cancel()
+	return f.Await(ctx, ready)
+}
+
+// caughtUp says when a feed's projection shows what the row showed when the
+// wait ended: the run in the status it settled in, the pending request with
+// its question's row. nil for the reasons the result reads for (idle,
+// archived: the row said something the run's record may not).
+func caughtUp(r wait.Result) func(*t3api.ThreadProjection) bool {
+	switch r.Reason {
+	case wait.Completed, wait.Interrupted, wait.Failed:
+		return func(p *t3api.ThreadProjection) bool {
+			for i := range p.Runs {
+				if run := &p.Runs[i]; run.ID == r.RunID {
+					if r.RunStatus != "" {
+						return run.Status == r.RunStatus
+					}
+					o, ok := threadstate.Settled(run.Status)
+					return ok && o == r.Reason
+				}
+			}
+			return false
+		}
+	case wait.Question:
+		return func(p *t3api.ThreadProjection) bool {
+			req := slices.ContainsFunc(p.RuntimeRequests, func(q t3api.RuntimeRequest) bool { return q.ID == r.RequestID })
+			row := slices.ContainsFunc(p.TurnItems, func(it t3api.TurnItem) bool { return it.RequestId.Or("") == r.RequestID })
+			return req && row
+		}
+	case wait.Timeout:
+		return func(*t3api.ThreadProjection) bool { return true }
+	}
+	return nil
 }
 
 func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
@@ -202,9 +297,22 @@ func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
 	return rec.Projection, err
 }
 
-// state renders the wait's result; p is the wait's last read (nil: none,
-// the thread is read now: the result's one bounded read).
-func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, p *t3api.ThreadProjection) (mcptools.ThreadState, error) {
+// state renders the wait's result r: from the wait's last read when it made
+// one, else from the thread's feed once it shows the settle (fromFeed), else
+// from a read now (the result's one bounded read).
+func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, r wait.Result) (mcptools.ThreadState, error) {
+	shell := r.Shell
+	if shell.ID == "" {
+		shell = f.Shell
+	}
+	p := r.Projection
+	if p == nil {
+		start := time.Now()
+		if fs, ok := w.fromFeed(ctx, r); ok {
+			p, w.runCount = fs.Projection, fs.Runs
+			d.observeWait(WaitFeed, time.Since(start))
+		}
+	}
 	if p == nil {
 		start := time.Now()
 		var err error

@@ -33,7 +33,15 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	}
 	defer end()
 
-	first := d.firstToMove(ctx, c, found, timeout)
+	reads := make([]*waitRead, len(found))
+	defer func() {
+		for _, wr := range reads {
+			if wr != nil {
+				wr.close()
+			}
+		}
+	}()
+	first := d.firstToMove(ctx, c, found, reads, timeout)
 	if first.err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrShuttingDown) {
 			return Result{}, fmt.Errorf("%s: %w", tool, ErrShuttingDown)
@@ -46,11 +54,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	over := time.Now()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 	defer rcancel()
-	shell := first.r.Shell
-	if shell.ID == "" {
-		shell = first.f.Shell
-	}
-	st, err := first.wr.state(rctx, d, first.f, shell, first.r.Projection)
+	st, err := first.wr.state(rctx, d, first.f, first.r)
 	if err != nil {
 		return Result{}, err
 	}
@@ -106,16 +110,18 @@ type waitOutcome struct {
 // firstToMove waits on every thread at once, sending progress
 // notifications meanwhile when the client asked for them. The first that
 // settles or asks wins; a timeout counts only once every wait has timed out
-// (they share one deadline), then the first reports.
-func (d *Deps) firstToMove(ctx context.Context, c *Call, found []fleet.Found, timeout time.Duration) *waitOutcome {
+// (they share one deadline), then the first reports. reads[i] is set to the
+// i-th thread's read (and feed), for the caller to close.
+func (d *Deps) firstToMove(ctx context.Context, c *Call, found []fleet.Found, reads []*waitRead, timeout time.Duration) *waitOutcome {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	results := make(chan waitOutcome, len(found))
 	answered := d.answered.snapshot()
-	for _, f := range found {
+	for i, f := range found {
 		target, wr := waitTarget(f, answered)
+		reads[i] = wr
 		go func() {
-			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read})
+			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read, Blocked: wr.subscribe})
 			results <- waitOutcome{f, wr, r, err}
 		}()
 	}

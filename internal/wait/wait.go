@@ -100,6 +100,11 @@ type Options struct {
 	// Progress, when set, is called about every ProgressEvery while waiting.
 	Progress      func(elapsed time.Duration, shell t3rpc.ThreadShell)
 	ProgressEvery time.Duration
+	// Blocked, when set, is called once, the first time the row says the
+	// run is not over yet and the wait blocks (t3_wait then subscribes to
+	// the thread, so that its result needs no read; a wait that ends at once
+	// does not).
+	Blocked func()
 }
 
 // Wait blocks until the target run settles, a question of that run is
@@ -119,6 +124,7 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 	}
 	w := &waiter{t: t, read: o.Read}
 	var last t3rpc.ThreadShell
+	blocked := false
 	for {
 		shell, ok, changed := src.ThreadAndWait(t.ThreadID)
 		if ok {
@@ -136,6 +142,10 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 				return Result{}, ErrThreadRemoved
 			}
 			return Result{Reason: Archived, RunID: w.t.RunID, Shell: last, Reads: w.reads}, nil
+		}
+		if !blocked && o.Blocked != nil {
+			blocked = true
+			o.Blocked()
 		}
 		select {
 		case <-ctx.Done():

@@ -426,3 +426,33 @@ func TestMessageWithoutARunOnAnIdleThread(t *testing.T) {
 		t.Fatalf("got %+v %v", r.r, r.err)
 	}
 }
+
+// TestBlockedOnceWhenTheWaitBlocks: Options.Blocked (t3_wait subscribes to
+// the thread there) is called once when the wait first blocks, not again at
+// later wakes, and never for a wait that ends at once.
+func TestBlockedOnceWhenTheWaitBlocks(t *testing.T) {
+	r := newRows()
+	r.put(row{status: "completed", latest: "run-1"})
+	blocked := 0
+	res, err := Wait(context.Background(), r, Target{ThreadID: "t1", RunID: "run-1"}, Options{Blocked: func() { blocked++ }})
+	if err != nil || res.Reason != Completed || blocked != 0 {
+		t.Fatalf("a settled run: %+v %v, Blocked called %d times; want none", res, err, blocked)
+	}
+
+	r.put(row{status: "running", active: "run-2", latest: "run-2"})
+	calls := make(chan struct{}, 10)
+	done := make(chan Result, 1)
+	go func() {
+		res, _ := Wait(context.Background(), r, Target{ThreadID: "t1", RunID: "run-2"}, Options{Blocked: func() { calls <- struct{}{} }})
+		done <- res
+	}()
+	<-calls
+	r.put(row{status: "running", active: "run-2", latest: "run-2"}) // a wake that does not end it
+	r.put(row{status: "completed", latest: "run-2"})
+	if res := <-done; res.Reason != Completed {
+		t.Fatalf("result %+v", res)
+	}
+	if n := len(calls); n != 0 {
+		t.Fatalf("Blocked called %d more times after the first", n)
+	}
+}

@@ -1,0 +1,274 @@
+// Package threadfeed keeps the projection of a thread that a t3_wait waits on
+// current from T3's own per-thread stream (orchestration.subscribeThread), so
+// that the wait's result is rendered from memory once the run settles,
+// instead of reading the thread from T3 after the settle (issue 12: the
+// result's bounded read was most of a wake-up).
+//
+// A Feed subscribes with acceptBoundedSnapshot: its first item is a snapshot
+// of the thread (trimmed as it is scanned to the newest runs, t3.Keep, like
+// the bounded read it replaces), then every event of the thread after it.
+// V2 events carry whole records, applied as upserts by id (runs, messages,
+// timeline rows, checkpoints, runtime requests, the thread); the other event
+// types, and unknown ones, are skipped but advance the cursor. A snapshot may
+// come at any time (T3 resends one after a gap): it replaces the projection.
+//
+// The stream rides the machine's one socket (the watcher's). A stream that
+// ends, fails or sends what cannot be applied marks the feed failed: its
+// waiters read the thread as before. Feeds are shared and bounded by a Pool.
+package threadfeed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+)
+
+// Dial returns the machine's live socket, waiting for one until ctx ends (the
+// watcher's Conn).
+type Dial func(ctx context.Context) (*effectrpc.Conn, error)
+
+// keepRuns is how many of the thread's newest runs a feed keeps from its
+// snapshot: the runs a wait result shows (tools: three).
+const keepRuns = 3
+
+// errEnded is a feed's error when T3 ended its stream without a failure.
+var errEnded = errors.New("T3 ended the thread subscription")
+
+// Feed is one thread's projection, kept current by its subscription.
+type Feed struct {
+	Machine, ThreadID string
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the stream's goroutine has returned
+	refs   int           // guarded by the pool's mu
+
+	mu sync.Mutex
+	p  *t3api.ThreadProjection // nil until the first snapshot
+	// runs is the thread's number of runs in all (the snapshot kept only the
+	// newest); newestOrdinal the highest run ordinal the snapshot held.
+	runs          int
+	newestOrdinal int64
+	cursor        int64
+	err           error
+	changed       chan struct{} // closed at the next change (applied chunk, failure)
+}
+
+func newFeed(machine, thread string) *Feed {
+	return &Feed{Machine: machine, ThreadID: thread, done: make(chan struct{}), changed: make(chan struct{})}
+}
+
+// run subscribes and applies the stream until ctx ends or the stream does.
+func (f *Feed) run(ctx context.Context, dial Dial) {
+	defer close(f.done)
+	conn, err := dial(ctx)
+	if err != nil {
+		f.fail(err)
+		return
+	}
+	in := t3rpc.SubscribeThreadInput{ThreadId: f.ThreadID, AcceptBoundedSnapshot: t3rpc.NewOptBool(true)}
+	err = conn.Stream(ctx, "orchestration.subscribeThread", &in, f.applyChunk)
+	if err == nil {
+		err = errEnded
+	}
+	f.fail(err)
+}
+
+// fail records why the feed stopped (the first reason) and wakes its waiters.
+func (f *Feed) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+		f.broadcastLocked()
+	}
+}
+
+func (f *Feed) broadcastLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// applyChunk applies one Chunk's items in order. An item that cannot be
+// applied fails the stream (the feed is then failed): a projection with a
+// hole in it must not answer for the thread.
+func (f *Feed) applyChunk(values []jx.Raw) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, v := range values {
+		if err := f.applyLocked(v); err != nil {
+			return fmt.Errorf("thread %s: %w", f.ThreadID, err)
+		}
+	}
+	f.broadcastLocked()
+	return nil
+}
+
+func (f *Feed) applyLocked(raw []byte) error {
+	it, err := decodeItem(raw)
+	if err != nil {
+		return err
+	}
+	switch it.kind {
+	case "snapshot":
+		trimmed, runs, err := t3.TrimThreadSnapshot(raw, t3.Keep{Runs: keepRuns})
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		p, err := decodeSnapshotProjection(trimmed)
+		if err != nil {
+			return err
+		}
+		f.p, f.runs, f.cursor = p, runs, it.seq
+		f.newestOrdinal = 0
+		for _, r := range p.Runs {
+			f.newestOrdinal = max(f.newestOrdinal, r.Ordinal)
+		}
+		return nil
+	case "event", "unknown-event":
+		if f.p == nil || it.seq <= f.cursor {
+			return nil // before the snapshot, or a replay overlap
+		}
+		if it.kind == "event" {
+			if err := f.upsertLocked(it.typ, it.payload); err != nil {
+				return fmt.Errorf("event %d (%s): %w", it.seq, it.typ, err)
+			}
+		}
+		f.cursor = it.seq
+	}
+	// "synchronized" and kinds this connector does not know: nothing to apply.
+	return nil
+}
+
+// upsertLocked applies one event's record; the event types that carry no
+// record the projection holds are skipped.
+func (f *Feed) upsertLocked(typ string, payload jx.Raw) error {
+	p := f.p
+	switch {
+	case typ == "run.created" || typ == "run.updated":
+		var r t3api.Run
+		if err := r.Decode(jx.DecodeBytes(payload)); err != nil {
+			return err
+		}
+		if i := indexOf(p.Runs, r.ID, func(r *t3api.Run) string { return r.ID }); i >= 0 {
+			p.Runs[i] = r
+		} else if r.Ordinal > f.newestOrdinal {
+			// A new run. One the snapshot had but trimmed away (an older
+			// run) stays out, as it is out of a trimmed read.
+			p.Runs = append(p.Runs, r)
+			f.runs++
+			f.newestOrdinal = r.Ordinal
+		}
+	case typ == "message.updated":
+		return upsert(&p.Messages, payload, func(m *t3api.Message) string { return m.ID })
+	case typ == "turn-item.updated":
+		return upsert(&p.TurnItems, payload, func(it *t3api.TurnItem) string { return it.ID })
+	case typ == "checkpoint.captured":
+		return upsert(&p.Checkpoints, payload, func(c *t3api.Checkpoint) string { return c.ID })
+	case typ == "runtime-request.updated":
+		return upsert(&p.RuntimeRequests, payload, func(r *t3api.RuntimeRequest) string { return r.ID })
+	case len(typ) > len("thread.") && typ[:len("thread.")] == "thread.":
+		// Every thread.* event carries the whole AppThread.
+		var th t3api.AppThread
+		if err := th.Decode(jx.DecodeBytes(payload)); err != nil {
+			return err
+		}
+		p.Thread = th
+	}
+	return nil
+}
+
+// decoder is what every generated record has.
+type decoder interface{ Decode(d *jx.Decoder) error }
+
+// upsert decodes one record into *list, replacing the one with its id.
+func upsert[T any, PT interface {
+	*T
+	decoder
+}](list *[]T, payload jx.Raw, id func(*T) string) error {
+	var v T
+	if err := PT(&v).Decode(jx.DecodeBytes(payload)); err != nil {
+		return err
+	}
+	if i := indexOf(*list, id(&v), id); i >= 0 {
+		(*list)[i] = v
+		return nil
+	}
+	*list = append(*list, v)
+	return nil
+}
+
+// indexOf finds a record by id, newest first (updates are mostly of recent
+// records).
+func indexOf[T any](list []T, want string, id func(*T) string) int {
+	for i := len(list) - 1; i >= 0; i-- {
+		if id(&list[i]) == want {
+			return i
+		}
+	}
+	return -1
+}
+
+// State is a feed's projection as of one moment.
+type State struct {
+	// Projection is a copy the caller may keep: the feed goes on changing
+	// its own. It holds the snapshot's newest runs and every run since.
+	Projection *t3api.ThreadProjection
+	// Runs is the thread's number of runs in all.
+	Runs int
+	// Cursor is the sequence of the newest item applied.
+	Cursor int64
+}
+
+// Await waits until ready, called under the feed's lock with its projection
+// each time the feed changes, says the projection can answer, and returns it;
+// ok is false when the feed fails first or ctx ends. ready must not keep the
+// projection it is given.
+func (f *Feed) Await(ctx context.Context, ready func(*t3api.ThreadProjection) bool) (State, bool) {
+	for {
+		f.mu.Lock()
+		if f.err != nil {
+			f.mu.Unlock()
+			return State{}, false
+		}
+		if f.p != nil && ready(f.p) {
+			st := State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}
+			f.mu.Unlock()
+			return st, true
+		}
+		changed := f.changed
+		f.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return State{}, false
+		}
+	}
+}
+
+// Err says why the feed stopped; nil while it runs.
+func (f *Feed) Err() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// copyProjection copies the arrays a feed changes: upserts replace whole
+// elements and never change one in place, so the elements' own slices and
+// strings can be shared.
+func copyProjection(p *t3api.ThreadProjection) *t3api.ThreadProjection {
+	c := *p
+	c.Runs = append([]t3api.Run(nil), p.Runs...)
+	c.RuntimeRequests = append([]t3api.RuntimeRequest(nil), p.RuntimeRequests...)
+	c.Messages = append([]t3api.Message(nil), p.Messages...)
+	c.TurnItems = append([]t3api.TurnItem(nil), p.TurnItems...)
+	c.Checkpoints = append([]t3api.Checkpoint(nil), p.Checkpoints...)
+	return &c
+}

@@ -1,0 +1,87 @@
+package threadfeed
+
+import (
+	"testing"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+)
+
+// TestPoolSharesCapsAndCloses: waiters on one thread share one subscription,
+// closed on T3 when the last releases it; a full pool gives none; a feed whose
+// subscription failed says so, and the next waiter gets a new one.
+func TestPoolSharesCapsAndCloses(t *testing.T) {
+	r := newRig(t, t3fake.Options{ManualSteps: true})
+	pid := r.fake.AddProject("api", "/srv/api")
+	a, b := r.fake.AddThread(pid, "a", "idle"), r.fake.AddThread(pid, "b", "idle")
+	pool := NewPool(1)
+	streams := func() int64 { return r.fake.Stats().ThreadStreams }
+
+	f1, rel1, ok1 := pool.Acquire("mac", a, r.dial)
+	f2, rel2, ok2 := pool.Acquire("mac", a, r.dial)
+	if !ok1 || !ok2 || f1 != f2 {
+		t.Fatalf("two waiters on one thread: %p %v, %p %v; want one shared feed", f1, ok1, f2, ok2)
+	}
+	now(t, f1) // subscribed, snapshot in
+	if _, _, ok := pool.Acquire("mac", b, r.dial); ok {
+		t.Fatal("a second thread's feed beyond the cap of 1")
+	}
+	if n := streams(); n != 1 {
+		t.Fatalf("%d streams on T3, want 1", n)
+	}
+	rel1()
+	rel1() // twice is once
+	if pool.Open() != 1 || streams() != 1 {
+		t.Fatalf("one waiter left: %d feeds, %d streams; want the feed kept", pool.Open(), streams())
+	}
+	rel2()
+	pool.Wait()
+	eventually(t, "the stream to close on T3", func() bool { return streams() == 0 })
+	if pool.Open() != 0 {
+		t.Fatalf("%d feeds open after the last release", pool.Open())
+	}
+
+	r.fake.FailThreadSubscriptions(true)
+	f3, rel3, ok := pool.Acquire("mac", b, r.dial)
+	if !ok {
+		t.Fatal("no feed after the others were released")
+	}
+	eventually(t, "the failed subscription to fail the feed", func() bool { return f3.Err() != nil })
+	if _, ok := f3.Await(t.Context(), func(*t3api.ThreadProjection) bool { return true }); ok {
+		t.Fatal("a failed feed answered")
+	}
+	r.fake.FailThreadSubscriptions(false)
+	f4, rel4, ok := pool.Acquire("mac", b, r.dial)
+	if !ok || f4 == f3 {
+		t.Fatal("the next waiter after a failure did not get a new feed")
+	}
+	now(t, f4)
+	rel3()
+	rel4()
+	pool.Wait()
+	eventually(t, "the stream to close on T3", func() bool { return streams() == 0 })
+}
+
+// FuzzApplyThreadItems: whatever a thread stream sends, a feed applies it or
+// fails; it never panics. Seeded with T3's recorded thread stream items.
+func FuzzApplyThreadItems(f *testing.F) {
+	for _, rec := range recordings(f) {
+		for _, streams := range threadStreams(rec) {
+			for _, items := range streams {
+				f.Add([]byte(items[0]), []byte(items[len(items)-1]))
+			}
+		}
+	}
+	f.Add([]byte(`{"kind":"snapshot","snapshotSequence":1,"projection":{"thread":{},"runs":[],"runtimeRequests":[],"messages":[],"turnItems":[],"checkpoints":[]}}`), []byte(`{"kind":"event","sequence":2,"event":{"type":"run.created","payload":{}}}`))
+	f.Fuzz(func(t *testing.T, first, second []byte) {
+		fd := newFeed("mac", "t")
+		if err := fd.applyChunk([]jx.Raw{first, second}); err != nil {
+			return
+		}
+		if fd.p != nil {
+			_ = copyProjection(fd.p)
+		}
+	})
+}
