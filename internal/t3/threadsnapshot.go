@@ -11,5 +11,5 @@ import "bytes"
 // current from this stream (internal/threadfeed), so a snapshot of a long
 // thread costs what the result's bounded read used to cost, not more.
 func TrimThreadSnapshot(item []byte, k Keep) (trimmed []byte, runs int, err error) {
-	return trimBoundedFrom(bytes.NewReader(item), k, 0)
+	return trimBoundedFrom(bytes.NewReader(item), k, 0, nil)
 }
