@@ -29,7 +29,9 @@ import (
 //
 // Reported: a settling row's time from T3 publishing it to its event being durable (event-p50/p99:
 // T3's queue behind the previous chunk's Ack, the chunk's apply and its group commit), a chunk's
-// own apply-to-durable time (chunk-p50/p99), and the group's transactions and batches per run.
+// own apply-to-durable time (chunk-p50/p99), the group's transactions and batches per run, and
+// txs-taken/commit: the transactions the group took while a committing chunk waited (1 when it
+// waited for one of its own, 0 when it joined the one being written).
 func BenchmarkChunkDurableSteady(b *testing.B) {
 	const (
 		machines = 100
@@ -113,6 +115,9 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 		eventLat   []time.Duration
 		chunkLat   []time.Duration
 		chunkItems int
+		// committing chunks, and the transactions the group took while each waited: 1 for its
+		// own, 0 when it joined the one being written.
+		committing, taken int
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -167,11 +172,17 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 					c.Threads = append(c.Threads, r.row)
 				}
 				start := time.Now()
+				txs0, _ := g.Stats()
 				if err := d.Apply(ctx, c); err != nil {
 					errs <- err
 					return
 				}
 				done := time.Now()
+				txs1, _ := g.Stats()
+				commits := false
+				for _, r := range chunk {
+					commits = commits || r.settle || r.row.Status == "starting"
+				}
 				latMu.Lock()
 				chunkLat = append(chunkLat, done.Sub(start))
 				chunkItems += len(chunk)
@@ -179,6 +190,10 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 					if r.settle {
 						eventLat = append(eventLat, done.Sub(r.sent))
 					}
+				}
+				if commits {
+					committing++
+					taken += int(txs1 - txs0)
 				}
 				latMu.Unlock()
 			}
@@ -271,6 +286,7 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 	b.ReportMetric(q(chunkLat, 0.5), "chunk-p50-ms")
 	b.ReportMetric(q(chunkLat, 0.99), "chunk-p99-ms")
 	b.ReportMetric(float64(chunkItems)/float64(len(chunkLat)), "rows/chunk")
+	b.ReportMetric(float64(taken)/float64(max(committing, 1)), "txs-taken/commit")
 	txs, batches := g.Stats()
 	b.ReportMetric(float64(txs)/float64(b.N), "txs/run")
 	b.ReportMetric(float64(batches)/float64(b.N), "batches/run")
