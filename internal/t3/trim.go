@@ -77,6 +77,11 @@ func trimBoundedFrom(r io.Reader, k Keep, window int, dst []byte) (out []byte, r
 func (s *scanner) trim(k Keep, dst []byte) (out []byte, runs int, err error) {
 	t := getTrimmer(k)
 	defer putTrimmer(t)
+	return s.trimWith(t, dst)
+}
+
+// trimWith is trim with the trimmer t (k set, maps empty).
+func (s *scanner) trimWith(t *trimmer, dst []byte) (out []byte, runs int, err error) {
 	out = append(dst, '{')
 	first := true
 	err = s.obj(func(key []byte) error {
@@ -128,9 +133,11 @@ type trimmer struct {
 // trimmers keeps trimmers (their maps and buffers) between trims: a
 // t3_thread call otherwise allocated a new output and scratch buffer per
 // field, grown by doubling, several times the few kilobytes it keeps.
-var trimmers = sync.Pool{New: func() any {
+var trimmers = sync.Pool{New: func() any { return newTrimmer() }}
+
+func newTrimmer() *trimmer {
 	return &trimmer{runIDs: map[string]bool{}, msgIDs: map[string]bool{}, checkpointIDs: map[string]bool{}, reqIDs: map[string]bool{}}
-}}
+}
 
 // maxKeptScratch is the largest scratch buffer a kept trimmer holds on to.
 const maxKeptScratch = 1 << 20

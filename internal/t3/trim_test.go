@@ -451,3 +451,43 @@ func trimBounded(body []byte, k Keep) (out []byte, runs int, err error) {
 	s := scanner{b: body}
 	return s.trim(k, nil)
 }
+
+// Trimmers and their buffers are reused (trimmers, the caller's dst): a trim
+// appends to dst, and what one trim kept (named runs, messages, requests)
+// never leaks into the next trim of another body or with another Keep.
+func TestTrimBoundedReusedTrimmersStartClean(t *testing.T) {
+	a, b := bigBounded(t, 30, false), bigBounded(t, 12, true)
+	named := Keep{Runs: 1, RunIDs: []string{"run-3"}, MessageIDs: []string{"msg-7"}, RequestIDs: []string{"req-5"}}
+	plain := Keep{Runs: 2}
+	want := map[string][]byte{}
+	for _, c := range []struct {
+		name string
+		body []byte
+		k    Keep
+	}{{"a named", a, named}, {"a plain", a, plain}, {"b named", b, named}, {"b plain", b, plain}} {
+		s, fresh := scanner{b: c.body}, newTrimmer() // no trim has used it
+		fresh.k = c.k
+		out, _, err := s.trimWith(fresh, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[c.name] = out
+	}
+	dst := []byte("prefix:")
+	for round := range 3 {
+		for _, c := range []struct {
+			name string
+			body []byte
+			k    Keep
+		}{{"a named", a, named}, {"b plain", b, plain}, {"b named", b, named}, {"a plain", a, plain}} {
+			out, _, err := trimBoundedFrom(bytes.NewReader(c.body), c.k, 0, dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.HasPrefix(out, []byte("prefix:")) || !bytes.Equal(out[len("prefix:"):], want[c.name]) {
+				t.Fatalf("round %d, %s: trimmed differently after other trims:\n%s\nwant\n%s", round, c.name, out, want[c.name])
+			}
+			dst = out[:len("prefix:")] // the same buffer again
+		}
+	}
+}
