@@ -223,6 +223,13 @@ func (r *receiver) record(d delivery, err error, webhookID []byte) {
 	}
 }
 
+// stats is what the receiver has taken so far.
+func (r *receiver) stats() Receiver {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return Receiver{Distinct: r.total, Duplicates: r.dups, Bad: r.bad, Refused: r.refused.Load()}
+}
+
 // count is how many distinct events arrived.
 func (r *receiver) count() int {
 	r.mu.Lock()

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,6 +34,7 @@ type harness struct {
 	extra  []*connector // replicas 2…N (Config.Replicas), on the same database
 	agents *agents
 
+	drv         *driver // moves every machine's runs
 	driveCancel context.CancelFunc
 
 	roles struct {
@@ -123,7 +126,8 @@ func (h *harness) run(ctx context.Context) error {
 	for _, m := range h.all {
 		m.onSettle = h.onSettle
 	}
-	go newDriver(h.all).run(dctx)
+	h.drv = newDriver(h.all)
+	go h.drv.run(dctx)
 	sessions := max(1, (h.cfg.Waits+h.cfg.WaitsPerSession-1)/h.cfg.WaitsPerSession)
 	var err error
 	h.agents, err = newAgents(ctx, h.conn.base, sessions, h.cfg.Waits+h.cfg.PushRuns+2*sessions+16)
@@ -300,18 +304,20 @@ func (h *harness) stageHang(ctx context.Context, slots []slot, rl role) ([]*run,
 		by[s.m] = append(by[s.m], s.thread)
 	}
 	index := map[string]*run{}
-	for m, threads := range by {
-		var runs []*run
-		var serr error
-		if err := m.do(ctx, func() { runs, serr = m.startHang(threads, rl, func(int) time.Time { return far }) }); err != nil {
-			return nil, err
-		}
-		if serr != nil {
-			return nil, serr
+	var serr error
+	if err := h.drv.do(ctx, slices.Collect(maps.Keys(by)), func(m *machine) {
+		runs, err := m.startHang(by[m], rl, func(int) time.Time { return far })
+		if err != nil && serr == nil {
+			serr = err
 		}
 		for _, r := range runs {
 			index[r.thread] = r
 		}
+	}); err != nil {
+		return nil, err
+	}
+	if serr != nil {
+		return nil, serr
 	}
 	out := make([]*run, len(slots))
 	for i, s := range slots {
@@ -331,16 +337,11 @@ func (h *harness) release(ctx context.Context, runs []*run, at func(i int) time.
 	for i, r := range runs {
 		by[r.m] = append(by[r.m], i)
 	}
-	for m, idx := range by {
-		if err := m.do(ctx, func() {
-			for _, i := range idx {
-				runs[i].release = at(i)
-			}
-		}); err != nil {
-			return err
+	return h.drv.do(ctx, slices.Collect(maps.Keys(by)), func(m *machine) {
+		for _, i := range by[m] {
+			runs[i].release = at(i)
 		}
-	}
-	return nil
+	})
 }
 
 // wake is one t3_wait that returned.
@@ -388,49 +389,37 @@ func (h *harness) awaitRun(ctx context.Context, session int, r *run) wake {
 func (h *harness) setPipeline(ctx context.Context, total float64, maxLag int64, limit int) error {
 	now := time.Now()
 	per := total / float64(len(h.machines))
-	for _, m := range h.machines {
-		if err := m.do(ctx, func() {
-			p := &m.pipe
-			p.rate, p.start, p.started, p.script, p.maxLag, p.limit = per, now, 0, h.cfg.Script, maxLag, limit
-		}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return h.drv.do(ctx, h.machines, func(m *machine) {
+		p := &m.pipe
+		p.rate, p.start, p.started, p.script, p.maxLag, p.limit = per, now, 0, h.cfg.Script, maxLag, limit
+	})
 }
 
 // idle waits until no machine has a queued run.
 func (h *harness) idle(ctx context.Context) error {
-	for _, m := range h.all {
-		for {
-			var n int
-			if err := m.do(ctx, func() { n = len(m.queue) }); err != nil {
-				return err
-			}
-			if n == 0 {
-				break
-			}
-			if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
-				return err
-			}
+	for {
+		n := 0
+		if err := h.drv.do(ctx, h.all, func(m *machine) { n += len(m.queue) }); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
 		}
 	}
-	return nil
 }
 
 // pipelineStats sums the pipelines' counters of runs not started and resets them.
 func (h *harness) pipelineStats(ctx context.Context) (ps pipeStats, err error) {
-	for _, m := range h.machines {
-		if err := m.do(ctx, func() {
-			ps.skipped += m.pipe.skipped
-			ps.dropped += m.pipe.dropped
-			ps.behind += m.pipe.behind
-			m.pipe.skipped, m.pipe.dropped, m.pipe.behind = 0, 0, 0
-		}); err != nil {
-			return ps, err
-		}
-	}
-	return ps, nil
+	err = h.drv.do(ctx, h.machines, func(m *machine) {
+		ps.skipped += m.pipe.skipped
+		ps.dropped += m.pipe.dropped
+		ps.behind += m.pipe.behind
+		m.pipe.skipped, m.pipe.dropped, m.pipe.behind = 0, 0, 0
+	})
+	return ps, err
 }
 
 type pipeStats struct{ skipped, dropped, behind int }
@@ -569,6 +558,8 @@ func (h *harness) cleanup() error {
 	}
 	if h.rec != nil {
 		h.rec.close()
+		rs := h.rec.stats()
+		h.rep.Receiver = &rs
 	}
 	if h.cfg.WorkDir == "" && h.dir != "" {
 		_ = os.RemoveAll(h.dir)

@@ -78,6 +78,9 @@ func TestTinyRun(t *testing.T) {
 	if poll := rep.Compare[2]; poll.Requests < int64(poll.Runs) {
 		fail("poller made %d requests for %d runs", poll.Requests, poll.Runs)
 	}
+	if rc := rep.Receiver; rc == nil || rc.Distinct == 0 || rc.Bad != 0 || rc.Refused == 0 {
+		fail("receiver: %+v (want events, none bad, some refused during the outage)", rc)
+	}
 	if tp := rep.Throughput; tp == nil || tp.Settled <= 0 || tp.Delivered <= 0 {
 		fail("throughput phase: %+v", tp)
 	}

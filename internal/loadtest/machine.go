@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -93,8 +94,8 @@ type machine struct {
 	connMu sync.Mutex
 	conn   *effectrpc.Conn
 
-	cmds chan driverCmd // the driver's (newDriver)
-	done chan struct{}  // closed when the driver stops driving this machine
+	drv  *driver       // the driver of every machine (newDriver)
+	done chan struct{} // closed when the driver stops driving this machine
 	err  atomic.Pointer[error]
 
 	// Driver state: only the driver goroutine touches these.
@@ -260,25 +261,31 @@ const tick = 5 * time.Millisecond
 // driver moves the runs of every machine from one goroutine on one ticker: 100 machines with a
 // goroutine and a 5 ms ticker each woke the harness 20,000 times a second, and the scheduling
 // and timers of those wake-ups were a tenth of its CPU under load (docs/benchmarks.md, "The
-// harness's cost, evening"). Each tick steps every machine's queued runs in turn; a machine's
-// commands (machine.do) run between ticks. A machine whose tick fails stops being driven (its
-// done closes, its error is kept) while the others go on, as when each had its own goroutine.
+// harness's cost, evening"). Each tick steps every machine's queued runs (tickAll: a share of
+// the machines per core, in turn within a share); commands
+// (driver.do, machine.do) run between ticks, one command for as many machines as it names: a
+// command per machine would wait a tick each, 100 ticks for something every machine does. A
+// machine whose tick fails stops being driven (its done closes, its error is kept) while the
+// others go on, as when each had its own goroutine.
 type driver struct {
 	machines []*machine
-	cmds     chan driverCmd
+	cmds     chan *driverCmd
+	stopped  chan struct{} // closed when run returns, after every machine's done
 }
 
-// driverCmd is a function to run on the driver goroutine for one machine's state.
+// driverCmd is a function to run on the driver goroutine for each of some machines' state.
 type driverCmd struct {
-	m *machine
-	f func()
+	ms  []*machine
+	f   func(m *machine)
+	err error         // a machine of ms was no longer driven: f did not run
+	ran chan struct{} // closed when f has run (or err is set)
 }
 
 // newDriver makes the driver of machines and points their commands at it.
 func newDriver(machines []*machine) *driver {
-	d := &driver{machines: machines, cmds: make(chan driverCmd, 64)}
+	d := &driver{machines: machines, cmds: make(chan *driverCmd, 64), stopped: make(chan struct{})}
 	for _, m := range machines {
-		m.cmds, m.driving = d.cmds, true
+		m.drv, m.driving = d, true
 	}
 	return d
 }
@@ -290,6 +297,7 @@ func (d *driver) run(ctx context.Context) {
 		for _, m := range live {
 			close(m.done)
 		}
+		close(d.stopped)
 	}()
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -298,13 +306,12 @@ func (d *driver) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case c := <-d.cmds:
-			if slices.Contains(live, c.m) { // a stopped machine's command is not run: do sees done
-				c.f()
-			}
+			c.run(live)
 		case now := <-t.C:
+			failed := tickAll(ctx, live, now)
 			keep := live[:0]
-			for _, m := range live {
-				if err := m.tick(ctx, now); err != nil {
+			for i, m := range live {
+				if err := failed[i]; err != nil {
 					m.err.Store(&err)
 					close(m.done)
 					continue
@@ -317,24 +324,71 @@ func (d *driver) run(ctx context.Context) {
 	}
 }
 
+// tickAll ticks every machine of live, in as many goroutines as Go runs at once (GOMAXPROCS),
+// each a contiguous share of the machines: the fakes' work per tick is the harness's largest,
+// and one goroutine would leave it one core however many the machine has. It returns each
+// machine's error.
+func tickAll(ctx context.Context, live []*machine, now time.Time) []error {
+	errs := make([]error, len(live))
+	shares := min(runtime.GOMAXPROCS(0), len(live))
+	if shares <= 1 {
+		for i, m := range live {
+			errs[i] = m.tick(ctx, now)
+		}
+		return errs
+	}
+	var wg sync.WaitGroup
+	per := (len(live) + shares - 1) / shares
+	for lo := 0; lo < len(live); lo += per {
+		hi := min(lo+per, len(live))
+		wg.Go(func() {
+			for i := lo; i < hi; i++ {
+				errs[i] = live[i].tick(ctx, now)
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// run runs c for each of its machines, or for none if one of them is no longer driven.
+func (c *driverCmd) run(live []*machine) {
+	defer close(c.ran)
+	for _, m := range c.ms {
+		if !slices.Contains(live, m) {
+			c.err = m.failure()
+			return
+		}
+	}
+	for _, m := range c.ms {
+		c.f(m)
+	}
+}
+
+// do runs f for each of ms on the driver goroutine, in one turn of it, and waits. It fails,
+// without running f, if one of ms is no longer driven (its tick failed, or the driver stopped).
+func (d *driver) do(ctx context.Context, ms []*machine, f func(m *machine)) error {
+	c := &driverCmd{ms: ms, f: f, ran: make(chan struct{})}
+	select {
+	case d.cmds <- c:
+	case <-d.stopped:
+		return ms[0].failure()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-c.ran:
+		return c.err
+	case <-d.stopped:
+		return ms[0].failure()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // do runs f on the driver goroutine and waits for it.
 func (m *machine) do(ctx context.Context, f func()) error {
-	ran := make(chan struct{})
-	select {
-	case m.cmds <- driverCmd{m, func() { f(); close(ran) }}:
-	case <-m.done:
-		return m.failure()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case <-ran:
-		return nil
-	case <-m.done:
-		return m.failure()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return m.drv.do(ctx, []*machine{m}, func(*machine) { f() })
 }
 
 func (m *machine) failure() error {

@@ -72,11 +72,8 @@ func TestReceiverCountsAndOrders(t *testing.T) {
 	if got := r.count(); got != 4 {
 		t.Errorf("count %d, want 4 distinct events", got)
 	}
-	r.mu.Lock()
-	dups, bad := r.dups, r.bad
-	r.mu.Unlock()
-	if dups != 1 || bad != 3 || r.refused.Load() != 1 {
-		t.Errorf("duplicates %d (want 1), bad %d (want 3), refused %d (want 1)", dups, bad, r.refused.Load())
+	if st := r.stats(); st != (Receiver{Distinct: 4, Duplicates: 1, Bad: 3, Refused: 1}) {
+		t.Errorf("receiver stats %+v, want 4 distinct, 1 duplicate, 3 bad, 1 refused", st)
 	}
 	if got := r.arrivals("thread-a"); strings.Join(got, ",") != "run-a1,run-a2" {
 		t.Errorf("thread-a's runs arrived as %v, want [run-a1 run-a2]", got)
@@ -111,7 +108,8 @@ func FuzzDecodeDelivery(f *testing.F) {
 	})
 }
 
-// One driver moves every machine: a machine whose tick fails (here its fake was given a run
+// One driver moves every machine: a command naming several machines runs for all of them or,
+// if one is no longer driven, for none; a machine whose tick fails (here its fake was given a run
 // behind the driver's back, so the driver's mirror of the step queue is wrong) stops being driven
 // and reports why through do, while the other machine's runs still take their steps.
 func TestDriverStopsOnlyTheFailingMachine(t *testing.T) {
@@ -132,9 +130,10 @@ func TestDriverStopsOnlyTheFailingMachine(t *testing.T) {
 	a, b := ms[0], ms[1]
 	dctx, dcancel := context.WithCancel(ctx)
 	stopped := make(chan struct{})
+	d := newDriver(ms)
 	go func() {
 		defer close(stopped)
-		newDriver(ms).run(dctx)
+		d.run(dctx)
 	}()
 	defer func() { dcancel(); <-stopped }()
 
@@ -148,6 +147,13 @@ func TestDriverStopsOnlyTheFailingMachine(t *testing.T) {
 	}
 	if err := a.do(ctx, func() {}); err == nil || !strings.Contains(err.Error(), "lost track") {
 		t.Errorf("a command for the stopped machine: %v, want its tick's error", err)
+	}
+	ran := 0
+	if err := d.do(ctx, []*machine{b, a}, func(*machine) { ran++ }); err == nil || ran != 0 {
+		t.Errorf("a command for both machines: %v after running for %d of them, want the error and none", err, ran)
+	}
+	if err := d.do(ctx, []*machine{b}, func(*machine) { ran++ }); err != nil || ran != 1 {
+		t.Errorf("a command for machine b: %v, ran %d times", err, ran)
 	}
 
 	var runs []*run

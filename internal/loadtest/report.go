@@ -217,6 +217,15 @@ type Accounting struct {
 	Lost      int    `json:"lost"`      // never recorded by the connector
 }
 
+// Receiver is what the webhook receiver took over the whole run (added 12-01 evening): every
+// delivery it answered is one of these.
+type Receiver struct {
+	Distinct   int   `json:"distinct"`   // events received (first delivery of each event id)
+	Duplicates int   `json:"duplicates"` // deliveries of an event id already received
+	Bad        int   `json:"bad"`        // bodies that did not decode, had no id, or whose id the webhook-id header did not repeat
+	Refused    int64 `json:"refused"`    // deliveries answered 503 while it was down (the outage phase)
+}
+
 // Report is everything one run measured.
 type Report struct {
 	Date       time.Time     `json:"date"`
@@ -230,6 +239,7 @@ type Report struct {
 	Outage     *Outage       `json:"outage,omitempty"`
 	Soak       *Soak         `json:"soak,omitempty"`
 	Accounting []Accounting  `json:"accounting,omitempty"`
+	Receiver   *Receiver     `json:"receiver,omitempty"`
 	PeakRSSKB  int64         `json:"peak_rss_kb"` // VmHWM at the end
 	TotalCPU   time.Duration `json:"total_cpu_ns"`
 	Elapsed    time.Duration `json:"elapsed_ns"`
@@ -319,6 +329,9 @@ func (r *Report) Text() string {
 	for _, a := range r.Accounting {
 		p("events     %-15s %6d watched runs settled: %6d delivered, %6d still in the outbox at the end, %6d never recorded",
 			a.Phase, a.Settled, a.Delivered, a.Pending, a.Lost)
+	}
+	if rc := r.Receiver; rc != nil {
+		p("receiver   %d events received, %d duplicate deliveries, %d bad, %d refused while down", rc.Distinct, rc.Duplicates, rc.Bad, rc.Refused)
 	}
 	p("connector  peak RSS (VmHWM) %s, CPU %.1f s in %.1f s", mb(r.PeakRSSKB), r.TotalCPU.Seconds(), r.Elapsed.Seconds())
 	for _, w := range r.Warnings {

@@ -77,6 +77,7 @@ var reportFields = []string{
 	"soak.tracked_growth", "soak.flat", "soak.usage", "soak.usage.wall_ns", "soak.usage.cpu_ns", "soak.usage.cores", "soak.usage.max_rss_kb",
 	"soak.usage.harness_cores", "soak.usage.loadavg", "soak.usage.harness_cpu_ns", "soak.usage.harness_minor_faults",
 	"accounting", "accounting[].phase", "accounting[].settled", "accounting[].delivered", "accounting[].pending", "accounting[].lost",
+	"receiver", "receiver.distinct", "receiver.duplicates", "receiver.bad", "receiver.refused",
 	"peak_rss_kb", "total_cpu_ns", "elapsed_ns", "warnings",
 }
 
