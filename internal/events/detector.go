@@ -481,6 +481,9 @@ func (d *Detector) passOver(machine string) {
 
 // applyLocked judges a change and commits what it found, under fence (nil: no lease).
 func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
+	if fence == nil && d.lease == nil && !c.Snapshot && d.onlyUpdatedAt(c) {
+		return nil
+	}
 	next := map[string]cached{}
 	dirty := map[string]struct{}{} // keys of next whose state must be committed (not only UpdatedAt moved)
 	var evs []store.Event
@@ -591,6 +594,56 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		}
 	}
 	return nil
+}
+
+// onlyUpdatedAt takes a chunk whose every row is of a thread with a cached state (a watched
+// thread seen before) and changes nothing in it but UpdatedAt — a run's steps between its start
+// and its end, most of a busy machine's chunks: the cached states take the rows' updatedAt, as
+// applyLocked would, without its read of the tracked rows (a read transaction and a decode per
+// thread, most of such a chunk's cost). It reports false, having changed nothing, for any other
+// chunk. Whether a thread is still tracked and watched need not be read for this: a chunk that
+// produces no event and no state to commit changes nothing that a stale answer could get wrong,
+// and every chunk that does goes through applyLocked's read. One process only (no lease): in
+// replica mode a cached state is used only with its tracked row (load).
+func (d *Detector) onlyUpdatedAt(c watch.Change) bool {
+	type state struct {
+		k string
+		s seen
+	}
+	var states [8]state // a chunk of a few rows needs no allocation
+	seenNow := states[:0]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, rs := range [][]t3rpc.ThreadShell{c.Passed, c.Threads} {
+		for i := range rs {
+			row := &rs[i]
+			k := key(c.Machine, row.ID)
+			j := slices.IndexFunc(seenNow, func(st state) bool { return st.k == k })
+			var prev seen
+			if j >= 0 {
+				prev = seenNow[j].s
+			} else if hit, ok := d.cache[k]; ok {
+				prev = hit.s
+			} else {
+				return false
+			}
+			cur, out := d.observe(prev, row, store.Thread{}, c.Machine, false)
+			if len(out) > 0 || !cur.equalButUpdatedAt(prev) {
+				return false
+			}
+			if j >= 0 {
+				seenNow[j].s = cur
+			} else {
+				seenNow = append(seenNow, state{k, cur})
+			}
+		}
+	}
+	for _, st := range seenNow {
+		hit := d.cache[st.k]
+		hit.s = st.s
+		d.cache[st.k] = hit
+	}
+	return true
 }
 
 // observe compares one row of a thread with what was seen last. It decides

@@ -1,10 +1,12 @@
 package events
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
 // rowAt is row with the row's updatedAt set.
@@ -104,4 +106,45 @@ func TestRestartWithAnOlderStoredUpdatedAtLooksUpOnce(t *testing.T) {
 	e2.want()
 	e2.apply(rowAt("2026-12-01T10:00:09Z", "t1", "completed", "", "r1", ""))
 	e2.want("completed r1")
+}
+
+// A chunk that only moves watched threads' updatedAt (a run's steps) is judged from the cached
+// states alone: no read of the tracked rows, no commit. A chunk with anything else in it (here a
+// run's end, beside such a row) is read and judged as before.
+func TestChunkMovingOnlyUpdatedAtReadsNothing(t *testing.T) {
+	e := newEnv(t, "")
+	ct := &countingTracked{Store: e.st}
+	e.d = New(Options{Store: e.g, Tracked: ct, Read: ReaderFunc(e.read), Logger: quiet()})
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.watchThread("t2", "", &t3rpc.ThreadShell{ID: "t2", Status: "idle"})
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "starting", "r1", "r1", ""), rowAt("2026-12-01T10:00:00Z", "t2", "starting", "r2", "r2", ""))
+	ct.mu.Lock()
+	ct.one, ct.many = 0, 0
+	ct.mu.Unlock()
+	txs := e.txs()
+	err := e.d.Apply(context.Background(), watch.Change{Machine: "m",
+		Passed:  []t3rpc.ThreadShell{rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", "")},
+		Threads: []t3rpc.ThreadShell{rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "r1", "r1", ""), rowAt("2026-12-01T10:00:02Z", "t2", "running", "r2", "r2", "")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct.one != 0 || ct.many != 0 || e.txs() != txs {
+		t.Fatalf("a chunk of updatedAt changes read tracked threads %d+%d times and wrote %d transactions", ct.one, ct.many, e.txs()-txs)
+	}
+	// The newest updatedAt is what a snapshot is judged against: the same row needs no look-up.
+	e.snapshot(rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "r1", "r1", ""))
+	if e.stored("t1").Lookup {
+		t.Fatal("a look-up noted for the row last seen")
+	}
+	ct.mu.Lock()
+	ct.one, ct.many = 0, 0
+	ct.mu.Unlock()
+	e.apply(rowAt("2026-12-01T10:00:03Z", "t2", "running", "r2", "r2", ""), rowAt("2026-12-01T10:00:03Z", "t1", "completed", "", "r1", ""))
+	if ct.many != 1 {
+		t.Fatalf("a chunk with a run's end read tracked threads %d times together, want 1", ct.many)
+	}
+	e.want("completed r1")
+	if got := e.stored("t2").UpdatedAt; got != "2026-12-01T10:00:00Z" {
+		t.Fatalf("t2's stored updatedAt %q, want its run start's", got)
+	}
 }
