@@ -330,7 +330,7 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	d.mu.Unlock()
 	if len(evs) > 0 {
 		for _, e := range evs {
-			d.log.Info("event recorded", "id", e.ID, "stream", e.Stream, "from", "look-up")
+			d.log.Debug("event recorded", "id", e.ID, "stream", e.Stream, "from", "look-up")
 		}
 		d.notify()
 	}

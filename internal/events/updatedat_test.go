@@ -1,8 +1,11 @@
 package events
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -146,5 +149,23 @@ func TestChunkMovingOnlyUpdatedAtReadsNothing(t *testing.T) {
 	e.want("completed r1")
 	if got := e.stored("t2").UpdatedAt; got != "2026-12-01T10:00:00Z" {
 		t.Fatalf("t2's stored updatedAt %q, want its run start's", got)
+	}
+}
+
+// "event recorded" is a debug line: at info an event's commit writes nothing to the log (it runs
+// before the chunk's Ack), at debug it names the event.
+func TestEventRecordedLoggedAtDebug(t *testing.T) {
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		e := newEnv(t, "")
+		var buf bytes.Buffer
+		e.d = New(Options{Store: e.g, Tracked: e.st, Read: ReaderFunc(e.read), Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: level}))})
+		e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+		e.apply(row("t1", "running", "r1", "r1", ""))
+		e.apply(row("t1", "completed", "", "r1", ""))
+		e.want("completed r1")
+		id := e.records()[0].ID
+		if got := strings.Contains(buf.String(), `msg="event recorded" id=`+id); got != (level == slog.LevelDebug) {
+			t.Fatalf("at %v the log has the event's line: %v\n%s", level, got, buf.String())
+		}
 	}
 }
