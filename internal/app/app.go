@@ -325,17 +325,25 @@ func (a *App) newEvents(replicaID string) error {
 	}
 	group := store.NewGroup(st).WithMetrics(gm)
 	var queue outbox.Queue = st
-	if group.SharesRecords() {
+	// With bbolt the group commit also hands every event it made durable to the outbox in
+	// memory (Group.OnDurable), so that the outbox neither scans for it nor reads it back before
+	// sending it; the outbox then needs no Notify from the detector.
+	handOver := group.SharesRecords()
+	if handOver {
 		queue = groupRecords{st, group}
 	}
 	ob, err := outbox.New(queue, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
 		Retention: s.HookRetention, PruneEvery: s.PruneInterval,
 		Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout,
-		Claimant: replicaID, ClaimTTL: s.ClaimTTL})
+		Claimant: replicaID, ClaimTTL: s.ClaimTTL, HandOver: handOver})
 	if err != nil {
 		return err
 	}
 	a.Outbox = ob
+	notify := ob.Notify
+	if handOver && group.OnDurable(ob.Committed) {
+		notify = nil // Committed wakes the outbox, before the detector's Commit returns
+	}
 	// The detector reads threads through the fleet (look-ups, off the
 	// Ack path) and the fleet hands it every chunk from Start on.
 	em, err := events.NewMetrics(a.Registry)
@@ -343,7 +351,7 @@ func (a *App) newEvents(replicaID string) error {
 		return err
 	}
 	do := events.Options{
-		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: ob.Notify, Metrics: em, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
+		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: notify, Metrics: em, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
 	}
 	if p, ok := any(st).(pooled); ok {
 		// Replicas share the store: each machine's events are detected by its lease holder.

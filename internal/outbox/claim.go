@@ -106,7 +106,7 @@ func (l *loop) claimReady(now time.Time) {
 		if len(s.queue) == 0 || s.queue[0] != c.Head {
 			// A head this loop had not seen yet (committed after its last scan, or requeued).
 			s.queue = append([]uint64{c.Head}, s.queue...)
-			s.newHead()
+			l.newHead(s)
 			s.known = 0
 		}
 		if !c.Claimed {
@@ -172,6 +172,7 @@ func (l *loop) skip(n int) {
 func (l *loop) dropBefore(s *stream, head uint64) int {
 	n := 0
 	for n < len(s.queue) && (head == 0 || s.queue[n] < head) {
+		l.unhold(s.queue[n])
 		if ev, ok := s.done[s.queue[n]]; ok {
 			delete(s.done, s.queue[n])
 			l.aheadBytes -= len(ev.Body)
@@ -183,7 +184,7 @@ func (l *loop) dropBefore(s *stream, head uint64) int {
 	}
 	s.queue = s.queue[n:]
 	s.known = max(0, s.known-n)
-	s.newHead()
+	l.newHead(s)
 	s.aheadFail = false
 	if len(s.queue) > 0 {
 		if ev, ok := s.done[s.queue[0]]; ok { // completed ahead: its body goes with the claim

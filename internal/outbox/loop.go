@@ -45,6 +45,10 @@ type stream struct {
 	// (no answer, a 5xx without Retry-After); it is in loop.outageWaiters.
 	waitsOutOutage bool
 
+	// held is the size of body when body is a handed-over one counted in the hand-over's budget
+	// (handover.go); 0 otherwise.
+	held int
+
 	// claimedAt is when this replica last claimed the head (replicas: claim.go).
 	claimedAt time.Time
 
@@ -52,11 +56,17 @@ type stream struct {
 	ebo backoff.BackOff // enrichment delays of the current head
 }
 
-// newHead forgets everything about the previous head.
+// newHead forgets everything about the previous head (loop.newHead also gives back a
+// handed-over body's bytes).
 func (s *stream) newHead() {
 	s.head, s.bo, s.ebo, s.due, s.waitsOutOutage = nil, nil, nil, false, false
 	s.body, s.enriched = nil, false
 	s.gen++
+}
+
+func (l *loop) newHead(s *stream) {
+	l.dropHeld(s)
+	s.newHead()
 }
 
 // wakeAt is a scheduled wake-up of a stream: its head is due at wall time at (the injected
@@ -120,6 +130,13 @@ type loop struct {
 	mono       wakeHeap // by the real monotonic clock (time.Now with its monotonic reading)
 	last       uint64   // the highest sequence number taken into the queues
 	more       bool     // the last scan hit scanLimit: look again without sleeping
+
+	// The hand-over (handover.go): handed is intake's buffer; mem holds the handed-over events
+	// (with their bodies) not yet their stream's head, by sequence number; lastScan is when the
+	// store was last scanned (with the hand-over, once every handScanEvery at least).
+	handed   []store.Event
+	mem      map[uint64]store.Event
+	lastScan time.Time
 
 	// Receiver outages. After outageAfter failed attempts in a row (across all streams) with no
 	// success between them, the receiver counts as down; the first delivery after that ends the
@@ -203,6 +220,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	defer func() {
 		cancel()
 		l.settle()
+		l.releaseHeld()
 		l.summarise(time.Now(), true)
 		if o.claimer != nil {
 			o.releaseClaims()
@@ -224,9 +242,17 @@ func (o *Outbox) Run(ctx context.Context) {
 		}
 		// From a shared database (replicas) the scan is a query: it runs when new events may
 		// have come (a Notify, the poll timer, a full scan before), not after every outcome.
-		if l.o.claimer == nil || l.scanDue || l.more {
+		// With the hand-over, the events the group commit handed over are taken in without a
+		// read, and the store is scanned only when they leave a gap, after a Notify, and
+		// once every handScanEvery (handover.go).
+		handOver := l.handOver()
+		if handOver && (l.intake() || time.Since(l.lastScan) >= o.handScanEvery) {
+			l.scanDue = true
+		}
+		if (l.o.claimer == nil && !handOver) || l.scanDue || l.more {
 			l.scanDue = false
 			l.scan()
+			l.lastScan = time.Now()
 		}
 		l.due(now)
 		l.dispatch(now)
@@ -285,6 +311,9 @@ func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
 	if l.delivered > 0 {
 		wait = min(wait, max(0, time.Until(l.deliveredSince.Add(l.o.summaryEvery))))
 	}
+	if l.handOver() {
+		wait = min(wait, max(0, time.Until(l.lastScan.Add(l.o.handScanEvery))))
+	}
 	if len(l.wall) > 0 {
 		wait = min(wait, max(0, l.wall[0].at.Sub(now)))
 	}
@@ -321,9 +350,12 @@ func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan tim
 	case <-l.enrichFreed:
 		l.enriching--
 	case <-wake:
-		l.scanDue = true
+		// A Notify asks for a scan; a hand-over (Committed) is taken by intake.
+		l.scanDue = l.scanDue || l.o.scanAsked.Swap(false)
 	case <-timer:
-		l.scanDue = true
+		// The store's new events are looked for at every turn, or with the hand-over every
+		// handScanEvery (Run), or, with replicas, when the poll timer fires.
+		l.scanDue = l.scanDue || !l.handOver()
 	}
 	return true
 }
@@ -370,20 +402,40 @@ func (l *loop) scan() {
 	for i := range evs {
 		e := &evs[i]
 		l.last = max(l.last, e.Seq)
-		s := l.stream(e.Stream)
-		if n := len(s.queue); n > 0 && s.queue[n-1] >= e.Seq {
-			continue // already queued (sequence numbers only grow)
+		l.takeIn(e, false)
+	}
+}
+
+// takeIn queues e, committed after every event queued so far, on its stream: as the head, with
+// its header (and a handed-over body, or one held in l.mem), or behind it (a handed-over body
+// held in l.mem until it is the head).
+func (l *loop) takeIn(e *store.Event, handed bool) {
+	s := l.stream(e.Stream)
+	if n := len(s.queue); n > 0 && s.queue[n-1] >= e.Seq {
+		if handed {
+			l.o.hand.release(len(e.Body))
 		}
-		s.queue = append(s.queue, e.Seq)
-		if len(s.queue) == 1 {
-			s.newHead()
-			h := *e // a copy: a pointer into evs would keep the whole scan's array alive
-			s.head = &h
-			l.makeReady(s)
-			continue
+		return // already queued (sequence numbers only grow)
+	}
+	s.queue = append(s.queue, e.Seq)
+	if len(s.queue) > 1 {
+		if handed && e.Body != nil {
+			l.hold(e)
 		}
 		l.maybeAhead(s)
+		return
 	}
+	l.newHead(s)
+	h := *e // a copy: a pointer into evs would keep the whole scan's array alive
+	h.Body = nil
+	s.head = &h
+	switch {
+	case handed && e.Body != nil:
+		l.setHeld(s, e.Body)
+	case !handed:
+		l.fromMem(s) // handed over past a gap: its body was held for this scan
+	}
+	l.makeReady(s)
 }
 
 func (l *loop) makeReady(s *stream) {
@@ -469,8 +521,10 @@ func (l *loop) dispatch(now time.Time) {
 			l.keepClaimed(s) // claim.go: it waits claimed, not claimed again next turn
 			putBack++
 		default:
-			if !s.enriched {
-				s.body = nil // read again when its turn comes: a waiting head holds no body
+			if !s.enriched && s.held == 0 {
+				// Read again when its turn comes: a waiting head holds no body, unless it is
+				// a handed-over one within the hand-over's budget.
+				s.body = nil
 			}
 			l.makeReady(s)
 			putBack++
@@ -528,15 +582,19 @@ func (l *loop) lookAt(s *stream, now time.Time) bool {
 		}
 		return false
 	}
+	if (s.head == nil || s.body == nil) && !s.enriched {
+		l.fromMem(s) // handed over by the group commit and held since: no read of the store
+	}
 	if s.head == nil {
 		e, err := l.o.q.PendingEvent(s.queue[0], true)
 		if errors.Is(err, store.ErrNotPending) {
 			// Not pending any more (never the case while this process is the only writer):
 			// drop it rather than block the stream.
 			l.notPending(s.name, s.queue[0], err)
+			l.unhold(s.queue[0])
 			s.queue = s.queue[1:]
 			s.known = max(0, s.known-1)
-			s.newHead()
+			l.newHead(s)
 			l.makeReady(s)
 			return false
 		}
@@ -555,6 +613,7 @@ func (l *loop) lookAt(s *stream, now time.Time) bool {
 	}
 	if !s.due && s.head.NextAttempt.After(now) {
 		if !s.enriched {
+			l.dropHeld(s)
 			s.body = nil // read again when due: a waiting head holds no body
 		}
 		l.schedule(s, s.head.NextAttempt, s.head.NextAttempt.Sub(now))
@@ -582,6 +641,7 @@ func (l *loop) startDelivery(s *stream) {
 	l.unsettled++
 	l.tickets++
 	j := job{s: s, seq: s.queue[0], bo: s.bo, client: l.o.client, head: *s.head, body: s.body, enriched: s.enriched, ebo: s.ebo, ticket: l.tickets}
+	l.dropHeld(s)
 	s.body = nil                   // the job's now; an enriched one comes back stored with the attempt's record
 	if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
 		j.client = l.o.burst
@@ -659,6 +719,7 @@ func (l *loop) startEnrich(s *stream, i int) {
 		}
 		s.busy = true
 		j.enrich, j.head, j.body, j.ebo = true, *s.head, s.body, s.ebo
+		l.dropHeld(s)
 		s.body = nil
 		go func() {
 			defer l.jobs.Done()
@@ -668,6 +729,13 @@ func (l *loop) startEnrich(s *stream, i int) {
 		return
 	}
 	j.ahead = true
+	if e, ok := l.mem[j.seq]; ok {
+		// Handed over and held: the facts to complete, without a read (the held copy stays
+		// for the head's turn, should this completion fail).
+		j.body = e.Body
+		e.Body = nil
+		j.head = e
+	}
 	go func() {
 		defer l.jobs.Done()
 		l.fromEnrich <- l.o.enrichAhead(l.ctx, j)
@@ -715,7 +783,7 @@ func (l *loop) finish(r outcome) {
 		// never lost), but not at once: a store that cannot record (a full disk) would otherwise
 		// have the receiver get the same event again and again without a pause.
 		log.Error("outbox: recording the attempt", "err", r.err)
-		s.newHead()
+		l.newHead(s)
 		s.known = 0 // read again from the store, which says what is complete
 		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)
 	case r.final:
@@ -736,6 +804,7 @@ func (l *loop) finish(r outcome) {
 		}
 		h := r.event
 		s.head = &h
+		l.dropHeld(s)
 		s.body, s.enriched = nil, false // stored with the attempt's record; read again when due
 		l.schedule(s, r.retryAt, r.retryIn)
 		if r.outage {
@@ -755,7 +824,7 @@ func (l *loop) finishEnrich(s *stream, r outcome) {
 		l.advance(s, r.job.seq)
 	case r.err != nil:
 		l.o.log.Error("outbox: reading the event to complete it", "stream", s.name, "seq", r.job.seq, "err", r.err)
-		s.newHead()
+		l.newHead(s)
 		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)
 	case len(s.queue) == 0 || s.queue[0] != r.job.seq:
 		l.makeReady(s) // the head changed meanwhile; this one is completed again later
@@ -793,6 +862,7 @@ func (l *loop) finishAhead(s *stream, r outcome) {
 		}
 	case i == 0: // it is the head now, waiting for this
 		h := r.event
+		l.dropHeld(s)
 		s.head, s.body, s.enriched = &h, r.body, true
 		s.known = max(s.known, 1)
 	default:
@@ -893,6 +963,7 @@ func (l *loop) receiverUp() {
 
 // advance moves s past seq once it is delivered or dead.
 func (l *loop) advance(s *stream, seq uint64) {
+	l.unhold(seq)
 	switch i := slices.Index(s.queue, seq); {
 	case i == 0:
 		s.queue = s.queue[1:] // the usual case: O(1), a long backlog is not shifted
@@ -907,7 +978,7 @@ func (l *loop) advance(s *stream, seq uint64) {
 			l.aheadBytes -= len(ev.Body)
 		}
 	}
-	s.newHead()
+	l.newHead(s)
 	s.aheadFail = false
 	if len(s.queue) > 0 {
 		if ev, ok := s.done[s.queue[0]]; ok { // completed ahead: delivered without reading T3 or the store

@@ -15,10 +15,11 @@
 // back another thread's.
 //
 // Cost: the loop keeps every stream's queue of pending sequence numbers in memory (rebuilt from
-// the store's stream index at start, extended by a cursor over the events committed since), so a
-// turn touches only the streams it starts or finishes, never the whole backlog; only the events
-// being delivered are read with their bodies; outcomes are recorded in batches, one fsync for
-// many (recorder.go).
+// the store's stream index at start, extended by the events the group commit hands over, or by a
+// cursor over the events committed since), so a turn touches only the streams it starts or
+// finishes, never the whole backlog; a handed-over event is sent from memory, and only the others
+// are read with their bodies (handover.go); outcomes are recorded in batches, one fsync for many
+// (recorder.go).
 //
 // Enrichment: events committed with only their facts (store.Event.Enrich) are completed from T3
 // by the Enricher in a stage of their own (EnrichConcurrency slots, apart from the delivery
@@ -28,8 +29,8 @@
 // turn. A completed body is stored with (or before) the event's first attempt's record.
 //
 // Files: attempt.go (one request and its classification), sign.go (Standard Webhooks), loop.go
-// (the scheduler), worker.go (enrichment and one delivery), recorder.go (group commit),
-// backoff.go (retry policy).
+// (the scheduler), handover.go (events handed over by the group commit), worker.go (enrichment
+// and one delivery), recorder.go (group commit), backoff.go (retry policy).
 package outbox
 
 import (
@@ -41,6 +42,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -144,6 +146,12 @@ type Config struct {
 	// Claimant names this outbox in delivery claims when the Queue is shared by replicas
 	// (store.Claimer, PostgreSQL): the replica's id (internal/lease); default a random id.
 	Claimant string
+	// HandOver: every event is committed through a store.Group that hands it to Committed
+	// (store.Group.OnDurable): the loop takes new events from the hand-over, and scans the store
+	// for them only on a gap in the sequence numbers, after Notify, and once every handScanEvery
+	// (handover.go). Ignored when replicas share the queue.
+	HandOver bool
+
 	// ClaimTTL is how long a delivery claim lasts unless renewed (T3CODE_MCP_CLAIM_TTL, default
 	// DefaultClaimTTL): a replica that died holding a claim is taken over after it. It must
 	// outlast one attempt (Timeout) and its record; see claim.go.
@@ -163,6 +171,14 @@ type Outbox struct {
 	redact  *strings.Replacer
 	wake    chan struct{}
 	running sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
+	// hand takes the events the group commit made durable (Committed, handover.go), within
+	// handBudget bytes of bodies and handMax events waiting, the store scanned every
+	// handScanEvery (the constants; tests change them).
+	hand                handover
+	handBudget, handMax int
+	handScanEvery       time.Duration
+	// scanAsked: Notify asked the loop to look for new events in the store.
+	scanAsked atomic.Bool
 	// summaryEvery is how often the deliveries are summed up at Info (summaryEvery; tests set it
 	// lower).
 	summaryEvery time.Duration
@@ -178,7 +194,7 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		// The URL is not echoed: it may carry a credential in its query.
 		return nil, errors.New("outbox: T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
 	}
-	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery}
+	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery, handBudget: handBudget, handMax: handMax, handScanEvery: handScanEvery}
 	o.claimer, _ = q.(store.Claimer)
 	if cfg.Claimant == "" {
 		cfg.Claimant = "outbox-" + rand.Text()
@@ -258,8 +274,10 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	return o, nil
 }
 
-// Notify wakes the delivery loop: call it after committing events. It never blocks.
+// Notify wakes the delivery loop to look for new events in the store: call it after committing
+// events other than through a group commit that hands them over (Committed). It never blocks.
 func (o *Outbox) Notify() {
+	o.scanAsked.Store(true)
 	select {
 	case o.wake <- struct{}{}:
 	default: // a wake-up is already pending; one is enough

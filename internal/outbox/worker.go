@@ -147,7 +147,7 @@ func (o *Outbox) enrichHead(ctx context.Context, j job) outcome {
 // head's). A failure is left to the head's enrichment, which retries and gives up in time.
 func (o *Outbox) enrichAhead(ctx context.Context, j job) outcome {
 	out := outcome{job: j}
-	e, err := o.q.PendingEvent(j.seq, true)
+	e, err := o.event(j)
 	if err != nil {
 		out.err = err
 		return out
