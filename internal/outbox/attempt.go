@@ -17,6 +17,12 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
 
+// The headers every request carries, shared by all of them (read only).
+var (
+	jsonType  = []string{"application/json"}
+	userAgent = []string{"t3code-mcp-outbox"}
+)
+
 // result of one attempt.
 type result struct {
 	ok         bool
@@ -36,15 +42,18 @@ func (o *Outbox) attempt(ctx context.Context, client *http.Client, e store.Event
 		return result{network: true, retryable: true, retryAfter: -1, msg: "network: cannot build the request"}
 	}
 	ts := o.cfg.Clock().Unix()
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "t3code-mcp-outbox")
-	req.Header.Set("webhook-id", e.ID)
-	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
-	if o.key != nil {
-		req.Header.Set("webhook-signature", Sign(o.key, e.ID, ts, e.Body))
+	// Set by their canonical keys (Header.Set canonicalised, and allocated, each one per
+	// request); the constant values are shared: the client only reads them.
+	h := req.Header
+	h["Content-Type"] = jsonType
+	h["User-Agent"] = userAgent
+	h["Webhook-Id"] = []string{e.ID}
+	h["Webhook-Timestamp"] = []string{strconv.FormatInt(ts, 10)}
+	if o.signer != nil {
+		h["Webhook-Signature"] = []string{o.signer.sign(e.ID, ts, e.Body)}
 	}
-	if o.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+o.cfg.Token)
+	if o.auth != nil {
+		h["Authorization"] = o.auth
 	}
 
 	resp, err := client.Do(req)
@@ -52,14 +61,16 @@ func (o *Outbox) attempt(ctx context.Context, client *http.Client, e store.Event
 		return result{network: true, retryable: true, retryAfter: -1, msg: o.networkError(ctx, err)}
 	}
 	defer resp.Body.Close()
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, snippetBytes))
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
-
 	r := result{status: resp.StatusCode, retryAfter: -1}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		// Read to the end (within drainBytes) so that the connection is reused; nothing of
+		// it is kept.
+		_, _ = io.CopyN(io.Discard, resp.Body, drainBytes)
 		r.ok = true
 		return r
 	}
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, snippetBytes))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
 	r.retryable = resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
 	if r.retryable {
 		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), o.cfg.Clock()); ok {

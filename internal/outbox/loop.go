@@ -771,7 +771,6 @@ func (l *loop) finish(r outcome) {
 		return
 	}
 	s.busy = false
-	log := l.o.log.With("stream", s.name, "seq", r.job.seq)
 	switch {
 	case r.cancelled:
 		// Shutting down: nothing happened that needs a record (beyond an enriched body).
@@ -782,7 +781,7 @@ func (l *loop) finish(r outcome) {
 		// Not recorded (or not even read): the event stays pending as it was and is attempted again (at least once,
 		// never lost), but not at once: a store that cannot record (a full disk) would otherwise
 		// have the receiver get the same event again and again without a pause.
-		log.Error("outbox: recording the attempt", "err", r.err)
+		l.o.log.Error("outbox: recording the attempt", "stream", s.name, "seq", r.job.seq, "err", r.err)
 		l.newHead(s)
 		s.known = 0 // read again from the store, which says what is complete
 		l.schedule(s, l.o.cfg.Clock().Add(storePause), storePause)

@@ -163,7 +163,8 @@ type Outbox struct {
 	q       Queue
 	cfg     Config
 	url     string
-	key     []byte       // decoded signing secret; nil: unsigned
+	signer  *signer      // the decoded signing secret's; nil: unsigned
+	auth    []string     // the Authorization header's value when a token is set (read only)
 	client  *http.Client // the first baseRequests requests in flight
 	burst   *http.Client // the others (the same client when Config.HTTPClient is set)
 	log     *slog.Logger
@@ -200,9 +201,11 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		cfg.Claimant = "outbox-" + rand.Text()
 	}
 	if cfg.Secret != "" {
-		if o.key, err = DecodeSecret(cfg.Secret); err != nil {
+		key, err := DecodeSecret(cfg.Secret)
+		if err != nil {
 			return nil, err
 		}
+		o.signer = newSigner(key)
 	}
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = DefaultMaxAge
@@ -270,6 +273,9 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		}
 	}
 	o.redact = strings.NewReplacer(olds...)
+	if cfg.Token != "" {
+		o.auth = []string{"Bearer " + cfg.Token}
+	}
 	o.cfg, o.log, o.m = cfg, cfg.Logger, cfg.Metrics
 	return o, nil
 }
