@@ -380,6 +380,33 @@ func TestWaitResultFallsBackToTheRead(t *testing.T) {
 	}
 }
 
+// TestALaggingFeedStillRacesTheRead: a subscription behind the row races the
+// result's read; when it catches up while the read hangs, the result comes
+// from it (the read is given up), the same as a read would say.
+func TestALaggingFeedStillRacesTheRead(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("race")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+	tid := str(d, "thread_id")
+	h.fake.StallThreadStreams(true)
+	h.fake.HangThreadReads(tid, true)
+	done := blockedWait(t, h, c, tid, 1)
+	before := readsOf(h.fake)
+	h.fake.StepAll()
+	eventually(t, 10*time.Second, "the result's read to start", func() bool { return readsOf(h.fake).minus(before).bounded == 1 }, nil)
+	h.fake.StallThreadStreams(false)
+	res := <-done
+	h.fake.HangThreadReads(tid, false)
+	if str(res, "reason") != "completed" || !strings.Contains(dump(res, "state", "runs"), "Done: "+promptDone) {
+		t.Fatalf("wait result %v", res)
+	}
+	if got := h.metric(`t3code_mcp_wait_result_seconds_count{stage="feed"}`); got != "1" {
+		t.Fatalf("results from the feed: %q, want 1", got)
+	}
+	feedsClosed(t, h)
+}
+
 // TestWaitFeedsAreSharedAndCapped: two waits on one thread share one
 // subscription, closed when the last leaves; beyond T3CODE_MCP_MAX_WAIT_FEEDS
 // a wait has none and its result reads.

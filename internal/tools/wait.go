@@ -237,25 +237,100 @@ func (w *waitRead) currentFeed() *threadfeed.Feed {
 	return w.feed
 }
 
-// feedCatchUp is how long a result waits for the thread's subscription to
-// show what the row showed when the wait ended. Both come over the machine's
-// one socket: T3 sends the run's own events with (mostly just before) the row
-// that says it settled; a stream further behind than this is lagging, and the
-// read is the surer answer.
-const feedCatchUp = 250 * time.Millisecond
+// feedHeadStart is how long a result waits for the thread's subscription to
+// show what the row showed when the wait ended before it also starts the
+// read. Both come over the machine's one socket and T3 sends the run's own
+// events with (mostly just before) the row that says it settled, so the
+// subscription is there within a frame; one further behind (a busy machine:
+// its next chunk waits for the Ack of the one before) still races the read,
+// and whichever answers first is the result.
+const feedHeadStart = 50 * time.Millisecond
 
-// fromFeed is the wait's result projection from its feed, once the feed
-// shows what the row said (caughtUp); ok is false without a feed, for a
-// reason a feed does not answer, or when the feed failed or lagged.
-func (w *waitRead) fromFeed(ctx context.Context, r wait.Result) (threadfeed.State, bool) {
-	f := w.currentFeed()
-	ready := caughtUp(r)
-	if f == nil || ready == nil {
-		return threadfeed.State{}, false
+// projection is what the wait's result r is rendered from: the wait's own
+// read when it made one; else its feed, once the feed shows the settle
+// (caughtUp); else one bounded read, started after feedHeadStart while the
+// feed may still answer first (at most one read either way). runCount is the
+// thread's number of runs (-1: count the projection's).
+func (w *waitRead) projection(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, r wait.Result) (p *t3api.ThreadProjection, runCount int, err error) {
+	if r.Projection != nil {
+		return r.Projection, w.runCount, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, feedCatchUp)
-	defer cancel()
-	return f.Await(ctx, ready)
+	start := time.Now()
+	feed, ready := w.currentFeed(), caughtUp(r)
+	if feed == nil || ready == nil {
+		return w.readNow(ctx, d, f, shell, start)
+	}
+	hctx, cancel := context.WithTimeout(ctx, feedHeadStart)
+	st, ok := feed.Await(hctx, ready)
+	cancel()
+	if ok {
+		d.observeWait(WaitFeed, time.Since(start))
+		return st.Projection, st.Runs, nil
+	}
+	if feed.Err() != nil || ctx.Err() != nil {
+		return w.readNow(ctx, d, f, shell, start)
+	}
+	// The race: the feed goes on until the read answers, the read is
+	// cancelled when the feed answers first.
+	type read struct {
+		p   *t3api.ThreadProjection
+		n   int
+		err error
+	}
+	rctx, cancelRead := context.WithCancel(ctx)
+	reads := make(chan read, 1)
+	go func() {
+		p, n, err := d.readState(rctx, f, shell, 3)
+		reads <- read{p, n, err}
+	}()
+	actx, cancelAwait := context.WithCancel(ctx)
+	defer cancelAwait()
+	feeds := make(chan threadfeed.State, 1)
+	go func() {
+		st, ok := feed.Await(actx, ready)
+		if !ok {
+			st = threadfeed.State{}
+		}
+		feeds <- st
+	}()
+	select {
+	case st := <-feeds:
+		if st.Projection != nil {
+			cancelRead()
+			<-reads
+			d.observeWait(WaitFeed, time.Since(start))
+			return st.Projection, st.Runs, nil
+		}
+		rd := <-reads // the feed failed: the read is the answer
+		cancelRead()
+		if rd.err == nil {
+			d.observeWait(WaitRead, time.Since(start))
+		}
+		return rd.p, rd.n, rd.err
+	case rd := <-reads:
+		cancelRead()
+		if rd.err == nil {
+			cancelAwait()
+			<-feeds
+			d.observeWait(WaitRead, time.Since(start))
+			return rd.p, rd.n, nil
+		}
+		// The read failed: the feed may still answer.
+		if st := <-feeds; st.Projection != nil {
+			d.observeWait(WaitFeed, time.Since(start))
+			return st.Projection, st.Runs, nil
+		}
+		return nil, -1, rd.err
+	}
+}
+
+// readNow is the result's one bounded read, timed from start.
+func (w *waitRead) readNow(ctx context.Context, d *Deps, f fleet.Found, shell t3rpc.ThreadShell, start time.Time) (*t3api.ThreadProjection, int, error) {
+	p, n, err := d.readState(ctx, f, shell, 3)
+	if err == nil {
+		d.observeWait(WaitRead, time.Since(start))
+	}
+	return p, n, err
 }
 
 // caughtUp says when a feed's projection shows what the row showed when the
@@ -297,34 +372,21 @@ func (w *waitRead) read(ctx context.Context) (*t3api.ThreadProjection, error) {
 	return rec.Projection, err
 }
 
-// state renders the wait's result r: from the wait's last read when it made
-// one, else from the thread's feed once it shows the settle (fromFeed), else
-// from a read now (the result's one bounded read).
+// state renders the wait's result r from its projection (the wait's own
+// read, the thread's feed, or the result's one bounded read: projection).
 func (w *waitRead) state(ctx context.Context, d *Deps, f fleet.Found, r wait.Result) (mcptools.ThreadState, error) {
 	shell := r.Shell
 	if shell.ID == "" {
 		shell = f.Shell
 	}
-	p := r.Projection
-	if p == nil {
-		start := time.Now()
-		if fs, ok := w.fromFeed(ctx, r); ok {
-			p, w.runCount = fs.Projection, fs.Runs
-			d.observeWait(WaitFeed, time.Since(start))
-		}
-	}
-	if p == nil {
-		start := time.Now()
-		var err error
-		if p, w.runCount, err = d.readState(ctx, f, shell, 3); err != nil {
-			return mcptools.ThreadState{}, err
-		}
-		d.observeWait(WaitRead, time.Since(start))
+	p, runCount, err := w.projection(ctx, d, f, shell, r)
+	if err != nil {
+		return mcptools.ThreadState{}, err
 	}
 	start := time.Now()
 	st, err := d.state(ctx, f, shell, 3, p)
-	if err == nil && w.runCount >= 0 {
-		st.RunCount.SetTo(w.runCount) // the thread's runs, not only those decoded
+	if err == nil && runCount >= 0 {
+		st.RunCount.SetTo(runCount) // the thread's runs, not only those decoded
 	}
 	d.observeWait(WaitRender, time.Since(start))
 	return st, err
