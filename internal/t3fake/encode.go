@@ -66,10 +66,11 @@ func withEncoder(f func(e *jx.Encoder)) jx.Raw {
 // evening"). Items go into blocks in sequence order, so a block is known by its newest item's
 // sequence.
 type slab struct {
-	enc  jx.Encoder     // for items written with the generated encoders (shellItemFunc)
-	buf  []byte         // the current block; its free part is buf[len(buf):cap(buf)]
-	last int64          // the sequence of the newest item written into buf
-	full []retiredBlock // retired blocks, oldest first
+	enc   jx.Encoder     // for items written with the generated encoders (shellItemFunc)
+	buf   []byte         // the current block; its free part is buf[len(buf):cap(buf)]
+	last  int64          // the sequence of the newest item written into buf
+	full  []retiredBlock // retired blocks, oldest first, that a reader may still hold
+	spare [][]byte       // free blocks, empty
 	// reusable reports whether no reader can hold an item with a sequence up to last any more
 	// (Server.slabReusable); nil: blocks are never reused.
 	reusable func(last int64) bool
@@ -84,9 +85,9 @@ type retiredBlock struct {
 const (
 	slabBlock   = 64 << 10 // a block's size
 	slabMinFree = 4 << 10  // a block with less free space left is retired
-	// maxSlabBlocks bounds the retired blocks kept per server (4 MiB): the replay window's rows
-	// need about 25; more are kept only while a subscriber lags, and let go once free.
-	maxSlabBlocks = 64
+	// maxSpareBlocks bounds the free blocks kept per server (768 KiB): the log frees about ten
+	// at each of its trims.
+	maxSpareBlocks = 12
 )
 
 // append writes the item with sequence seq with f, which appends it to the empty slice it is
@@ -107,8 +108,10 @@ func (sl *slab) append(seq int64, f func(buf []byte) []byte) jx.Raw {
 	return jx.Raw(out[:len(out):len(out)])
 }
 
-// block retires the current block and returns an empty one: the oldest retired block once no
-// reader can hold its items, a new one otherwise.
+// block retires the current block and returns an empty one: one whose items no reader can hold
+// any more if there is one, a new one otherwise. Retired blocks wait in full, oldest first,
+// until they are free; free ones wait in spare, a few at most: the log drops its old items in
+// bulk, and more blocks kept than the next few need would only hold memory the GC could have.
 func (sl *slab) block() []byte {
 	if sl.reusable == nil {
 		return make([]byte, 0, slabBlock)
@@ -117,14 +120,18 @@ func (sl *slab) block() []byte {
 		sl.full = append(sl.full, retiredBlock{sl.buf, sl.last})
 	}
 	for len(sl.full) > 0 && sl.reusable(sl.full[0].last) {
-		b := sl.full[0]
+		if len(sl.spare) < maxSpareBlocks {
+			sl.spare = append(sl.spare, sl.full[0].buf[:0])
+		}
 		sl.full[0] = retiredBlock{}
 		sl.full = sl.full[1:]
-		if len(sl.full) < maxSlabBlocks {
-			sl.reused++
-			return b.buf[:0]
-		}
-		// More blocks than a subscriber in step needs (one lagged): this one goes to the GC.
+	}
+	if n := len(sl.spare); n > 0 {
+		b := sl.spare[n-1]
+		sl.spare[n-1] = nil
+		sl.spare = sl.spare[:n-1]
+		sl.reused++
+		return b
 	}
 	return make([]byte, 0, slabBlock)
 }
@@ -132,7 +139,7 @@ func (sl *slab) block() []byte {
 // stopReuse makes the slab allocate every block from now on (Restart to a lower head: sequences
 // no longer grow, so a block's newest sequence says nothing).
 func (sl *slab) stopReuse() {
-	sl.reusable, sl.full = nil, nil
+	sl.reusable, sl.full, sl.spare = nil, nil, nil
 }
 
 // encode renders one generated value to its wire bytes. Stream items are encoded once here and the
