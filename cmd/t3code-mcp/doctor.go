@@ -124,7 +124,7 @@ func checkMachine(ctx context.Context, r *report, m config.Machine, timeout time
 	r.ok("token variable %s is set", m.TokenEnv)
 	hc := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	defer hc.CloseIdleConnections()
-	c, err := t3.NewClient(m.Name, m.URL, token, t3.Options{Timeout: timeout, HTTPClient: hc})
+	c, err := t3.NewClient(m.Name, m.URL, token, t3.Options{Timeout: timeout, HTTPClient: hc, Compression: m.Compression})
 	if err != nil {
 		r.fail("%v", err)
 		return

@@ -38,6 +38,16 @@ const (
 // approvable lists every value `approve` accepts.
 var approvable = []string{ApproveDispatch, ApproveInterrupt, ApproveAnswer}
 
+// What a machine's answers may be compressed with (`compression`).
+const (
+	CompressionAuto = "auto" // uncompressed from a loopback host, gzip otherwise (the default)
+	CompressionGzip = "gzip" // gzip, whatever the host (a loopback URL tunnelled to a distant machine)
+	CompressionNone = "none" // uncompressed, whatever the host (a fast network)
+)
+
+// compressions lists every value `compression` accepts.
+var compressions = []string{CompressionAuto, CompressionGzip, CompressionNone}
+
 // defaultProjects is the allowlist of a machine that has no `projects` key: every project. An
 // explicit `projects = []` allows none (a machine kept for status only).
 var defaultProjects = []string{"*"}
@@ -58,6 +68,8 @@ type Machine struct {
 	Options  map[string]any // model options; each value is a string or a bool
 	Access   string         // AccessOperate or AccessRead
 	Approve  []string       // subset of approvable, in file order, without duplicates
+	// Compression is one of compressions; "" (no key) is CompressionAuto.
+	Compression string
 }
 
 // Machine returns the machine with the given name.
@@ -197,7 +209,7 @@ func parseMachine(name string, v any) (Machine, error) {
 		}
 	}
 	// One parser per key, in the order the file's keys are documented; the first error wins.
-	for _, parse := range []keyParser{parseURL, parseTokenEnv, parseProjects, parseModel, parseOptions, parseAccess, parseApprove} {
+	for _, parse := range []keyParser{parseURL, parseTokenEnv, parseProjects, parseModel, parseOptions, parseAccess, parseApprove, parseCompression} {
 		if err := parse(&m, t, keyErr); err != nil {
 			return m, err
 		}
@@ -326,6 +338,21 @@ func parseApprove(m *Machine, t map[string]any, keyErr keyErrorf) error {
 		if !slices.Contains(m.Approve, a) {
 			m.Approve = append(m.Approve, a)
 		}
+	}
+	return nil
+}
+
+func parseCompression(m *Machine, t map[string]any, keyErr keyErrorf) error {
+	c, present, err := stringKey(t, "compression")
+	if err != nil {
+		return keyErr("compression", "%v", err)
+	}
+	m.Compression = CompressionAuto
+	if present {
+		if !slices.Contains(compressions, c) {
+			return keyErr("compression", "%q is not one of %s", c, text.QuoteList(compressions))
+		}
+		m.Compression = c
 	}
 	return nil
 }

@@ -35,6 +35,8 @@ func TestExampleFileParses(t *testing.T) {
 		Options:  map[string]any{"effort": "high", "contextWindow": "1m"},
 		Access:   AccessOperate,
 		Approve:  []string{"dispatch", "interrupt", "answer"},
+		// Compression: no key, auto.
+		Compression: CompressionAuto,
 	}
 	if !reflect.DeepEqual(mac, want) {
 		t.Fatalf("mac = %#v\nwant %#v", mac, want)
@@ -117,6 +119,18 @@ func TestApproveDeduplicated(t *testing.T) {
 	}
 }
 
+func TestCompressionValues(t *testing.T) {
+	for line, want := range map[string]string{"": CompressionAuto, `compression = "auto"`: CompressionAuto, `compression = "gzip"`: CompressionGzip, `compression = "none"`: CompressionNone} {
+		cfg, err := Parse([]byte(machine(line)), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Machines[0].Compression; got != want {
+			t.Fatalf("%q: Compression = %q, want %q", line, got, want)
+		}
+	}
+}
+
 // machine builds a [machines.mac] table from the required keys plus extra lines.
 func machine(extra string) string {
 	return "[machines.mac]\nurl = \"http://100.64.0.7:3773\"\ntoken_env = \"T3_MAC_TOKEN\"\n" + extra + "\n"
@@ -134,7 +148,7 @@ func TestParseErrors(t *testing.T) {
 		{"machines not a table", "machines = 3\n", `t3code.toml: key "machines" must be tables like [machines.mac], got an integer`},
 		{"machine not a table", "[machines]\nmac = 1\n", `t3code.toml: machine "mac": must be a table like [machines.mac], got an integer`},
 		{"bad machine name", "[machines.\"my mac\"]\nurl=\"http://h:1\"\ntoken_env=\"A\"\n", `t3code.toml: machine "my mac": the name must start`},
-		{"unknown key", machine(`colour = "blue"`), `t3code.toml: machine "mac": unknown key "colour" (known keys: url, token_env, projects, model, options, access, approve)`},
+		{"unknown key", machine(`colour = "blue"`), `t3code.toml: machine "mac": unknown key "colour" (known keys: url, token_env, projects, model, options, access, approve, compression)`},
 		{"token in file", machine(`token = "` + secret + `"`), `t3code.toml: machine "mac": key "token": tokens never go in the config file; put the token in an environment variable and name that variable with token_env`},
 		{"missing url", "[machines.mac]\ntoken_env = \"T\"\n", `t3code.toml: machine "mac": key "url": is required`},
 		{"empty url", "[machines.mac]\nurl = \"\"\ntoken_env = \"T\"\n", `t3code.toml: machine "mac": key "url": is required`},
@@ -164,6 +178,8 @@ func TestParseErrors(t *testing.T) {
 		{"option date", machine(`options = { d = 2024-01-01 }`), `t3code.toml: machine "mac": key "options.d": must be a string or a boolean, got a date/time`},
 		{"bad access", machine(`access = "write"`), `t3code.toml: machine "mac": key "access": "write" is not one of "operate", "read"`},
 		{"access not a string", machine(`access = false`), `t3code.toml: machine "mac": key "access": must be a string, got a boolean`},
+		{"bad compression", machine(`compression = "br"`), `t3code.toml: machine "mac": key "compression": "br" is not one of "auto", "gzip", "none"`},
+		{"compression not a string", machine(`compression = true`), `t3code.toml: machine "mac": key "compression": must be a string, got a boolean`},
 		{"unknown approve", machine(`approve = ["dispatch", "delete"]`), `t3code.toml: machine "mac": key "approve": "delete" is not one of "dispatch", "interrupt", "answer"`},
 		{"approve not a list", machine(`approve = "dispatch"`), `t3code.toml: machine "mac": key "approve": must be a list of strings, got a string`},
 		{"approve table entry", machine(`approve = [{a = 1}]`), `t3code.toml: machine "mac": key "approve": entry 1 must be a string, got a table`},

@@ -20,13 +20,14 @@ type File struct {
 // MachineTable is one [machines.NAME] table as written in the file; Machine is what Parse makes
 // of it.
 type MachineTable struct {
-	URL      string         `toml:"url" jsonschema:"required,format=uri" jsonschema_description:"Where 't3 serve' listens: http:// or https://, host and port; no user or password (the token goes in the variable named by token_env)."`
-	TokenEnv string         `toml:"token_env" jsonschema:"required" jsonschema_description:"The NAME of the environment variable that holds this machine's bearer token. The token itself never goes in the file."`
-	Projects []string       `toml:"projects,omitempty" jsonschema_description:"Which projects agents may see and use: fnmatch patterns (*, ?, [abc], [!abc], \\ escapes) matched against a project's title or workspace root. Default [\"*\"], every project; [] allows none."`
-	Model    string         `toml:"model,omitempty" jsonschema_description:"The model new threads use, as instanceId/model (e.g. claudeAgent/claude-opus-5). Without it T3 uses its own default."`
-	Options  map[string]any `toml:"options,omitempty" jsonschema_description:"Model options passed with the model, e.g. { effort = \"high\" }; each value is a string or a boolean."`
-	Access   string         `toml:"access,omitempty" jsonschema:"default=operate" jsonschema_description:"\"operate\" (default): agents may read and send commands. \"read\": agents may only read; t3_dispatch, t3_answer and t3_interrupt are refused."`
-	Approve  []string       `toml:"approve,omitempty" jsonschema_description:"Actions that need a person's approval (MCP elicitation) before they are sent to this machine."`
+	URL         string         `toml:"url" jsonschema:"required,format=uri" jsonschema_description:"Where 't3 serve' listens: http:// or https://, host and port; no user or password (the token goes in the variable named by token_env)."`
+	TokenEnv    string         `toml:"token_env" jsonschema:"required" jsonschema_description:"The NAME of the environment variable that holds this machine's bearer token. The token itself never goes in the file."`
+	Projects    []string       `toml:"projects,omitempty" jsonschema_description:"Which projects agents may see and use: fnmatch patterns (*, ?, [abc], [!abc], \\ escapes) matched against a project's title or workspace root. Default [\"*\"], every project; [] allows none."`
+	Model       string         `toml:"model,omitempty" jsonschema_description:"The model new threads use, as instanceId/model (e.g. claudeAgent/claude-opus-5). Without it T3 uses its own default."`
+	Options     map[string]any `toml:"options,omitempty" jsonschema_description:"Model options passed with the model, e.g. { effort = \"high\" }; each value is a string or a boolean."`
+	Access      string         `toml:"access,omitempty" jsonschema:"default=operate" jsonschema_description:"\"operate\" (default): agents may read and send commands. \"read\": agents may only read; t3_dispatch, t3_answer and t3_interrupt are refused."`
+	Approve     []string       `toml:"approve,omitempty" jsonschema_description:"Actions that need a person's approval (MCP elicitation) before they are sent to this machine."`
+	Compression string         `toml:"compression,omitempty" jsonschema:"default=auto" jsonschema_description:"Whether the machine's HTTP answers come gzipped. \"auto\" (default): uncompressed from localhost or a loopback address (gzip there only costs CPU on both sides), gzip from any other host. \"gzip\": always (a loopback URL that is a tunnel to a distant machine). \"none\": never (a fast network)."`
 }
 
 // JSONSchemaExtend adds what tags cannot say, from the same values Parse checks against.
@@ -52,6 +53,7 @@ func (MachineTable) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop("projects").Default = defaultProjects
 	prop("access").Enum = []any{AccessOperate, AccessRead}
 	prop("approve").Items.Enum = anySlice(approvable)
+	prop("compression").Enum = anySlice(compressions)
 	// Taplo (Even Better TOML) writes these keys when it completes a new [machines.NAME] table.
 	s.Extras = map[string]any{"x-taplo": map[string]any{"initKeys": []string{"url", "token_env"}}}
 }

@@ -144,7 +144,7 @@ approve = ["dispatch", "answer"]`), true},
 
 // The keys Parse knows are the schema's, in the order its messages list them.
 func TestKnownKeysAreTheSchemaTableKeys(t *testing.T) {
-	want := []string{"url", "token_env", "projects", "model", "options", "access", "approve"}
+	want := []string{"url", "token_env", "projects", "model", "options", "access", "approve", "compression"}
 	if strings.Join(knownMachineKeys, ",") != strings.Join(want, ",") {
 		t.Fatalf("knownMachineKeys = %v, want %v", knownMachineKeys, want)
 	}

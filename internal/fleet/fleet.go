@@ -121,7 +121,7 @@ func New(cfg *config.Config, threads TrackedThreads, o Options) *Fleet {
 		token, err := tokenOf(mc, o.Tokens)
 		if err != nil {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
-		} else if c, err := t3.NewClient(mc.Name, mc.URL, token, t3.Options{HTTPClient: hc, Timeout: o.HTTPTimeout, Logger: o.Logger, RPC: effectrpc.Options{PongTimeout: o.PongTimeout}}); err != nil {
+		} else if c, err := t3.NewClient(mc.Name, mc.URL, token, t3.Options{HTTPClient: hc, Timeout: o.HTTPTimeout, Logger: o.Logger, RPC: effectrpc.Options{PongTimeout: o.PongTimeout}, Compression: mc.Compression}); err != nil {
 			m.status, m.problem = Misconfigured, misconfigured(mc.Name, err)
 		} else {
 			m.client = c

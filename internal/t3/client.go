@@ -49,6 +49,23 @@ type Options struct {
 	// RPC tunes the sockets DialRPC opens (ping interval, read limit). Its
 	// HTTPClient, Header, Logger and Label are set by the client.
 	RPC effectrpc.Options
+	// Compression is the machine's `compression` (config.Compression*):
+	// "gzip" accepts gzipped answers, "none" asks for uncompressed ones, ""
+	// or "auto" asks for uncompressed answers from a loopback host only.
+	Compression string
+}
+
+// uncompressed reports whether a client with compression (Options) asks the
+// machine at host for uncompressed answers.
+func uncompressed(compression, host string) bool {
+	switch compression {
+	case "gzip":
+		return false
+	case "none":
+		return true
+	default: // "auto"
+		return isLoopback(host)
+	}
 }
 
 // Client is one T3 machine. It is safe for concurrent use.
@@ -122,7 +139,7 @@ func NewClient(name, baseURL, token string, opts Options) (*Client, error) {
 		hc: hc, log: log, rpc: opts.RPC,
 		errs: &errs{machine: name, where: base.String(), timeout: opts.Timeout, secrets: []string{token}},
 	}
-	api, err := t3api.NewClient(base.String(), bearer{c}, t3api.WithClient(recorder{hc: hc, identity: isLoopback(base.Hostname())}))
+	api, err := t3api.NewClient(base.String(), bearer{c}, t3api.WithClient(recorder{hc: hc, identity: uncompressed(opts.Compression, base.Hostname())}))
 	if err != nil {
 		return nil, fmt.Errorf("machine %q: %w", name, err)
 	}
@@ -176,7 +193,8 @@ type recorder struct {
 	// and the connector inflate on every t3_thread call, at 3-5 ms of the
 	// connector's CPU alone (docs/benchmarks.md, "t3_thread per byte").
 	// Over a network the compressed answer is kept: there it saves far more
-	// time than it costs.
+	// time than it costs. The machine's `compression` key overrides either
+	// (a loopback URL that is an SSH tunnel to a distant machine: "gzip").
 	identity bool
 }
 

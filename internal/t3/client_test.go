@@ -336,7 +336,8 @@ func TestLogsNeverCarryToken(t *testing.T) {
 
 // A machine on this host is asked for uncompressed answers (T3 gzips when
 // asked, and Go's transport asks by default: CPU on both sides for nothing on
-// a loopback link); one over the network keeps the transport's gzip.
+// a loopback link); one over the network keeps the transport's gzip; the
+// machine's compression key overrides either.
 func TestLoopbackMachineAsksForUncompressedAnswers(t *testing.T) {
 	var got atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -356,12 +357,27 @@ func TestLoopbackMachineAsksForUncompressedAnswers(t *testing.T) {
 			t.Fatalf("%s: Accept-Encoding %q, want identity", u, v)
 		}
 	}
+	// compression = "gzip" on a loopback URL (a tunnel to a distant machine): the
+	// transport's own Accept-Encoding, gzip.
+	c, err := NewClient("m", srv.URL, "tok", Options{Compression: "gzip"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.Shell(tctx(t))
+	if v := got.Load(); v != "gzip" {
+		t.Fatalf(`compression "gzip": Accept-Encoding %q, want gzip`, v)
+	}
 	for host, want := range map[string]bool{
 		"127.0.0.1": true, "127.3.4.5": true, "::1": true, "localhost": true, "LocalHost": true,
 		"10.0.0.7": false, "192.168.1.20": false, "100.64.1.2": false, "t3.example.com": false, "": false, "::": false,
 	} {
 		if got := isLoopback(host); got != want {
 			t.Errorf("isLoopback(%q) = %v, want %v", host, got, want)
+		}
+		for compression, want := range map[string]bool{"": want, "auto": want, "gzip": false, "none": true} {
+			if got := uncompressed(compression, host); got != want {
+				t.Errorf("uncompressed(%q, %q) = %v, want %v", compression, host, got, want)
+			}
 		}
 	}
 }
