@@ -161,6 +161,7 @@ func TestRecordedStreamsRenderAsTheirReads(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("compared %d recorded reads", compared)
 	if compared < 10 {
 		t.Fatalf("compared %d recorded reads with their streams; the fixtures hold more", compared)
 	}
