@@ -438,3 +438,33 @@ func TestWaitFeedsAreSharedAndCapped(t *testing.T) {
 	}
 	feedsClosed(t, h)
 }
+
+// TestWaitAnyResultsFromTheFeeds: t3_wait with thread_ids subscribes to each
+// thread it blocks on; the first to settle answers from its subscription, a
+// timeout from theirs, without a read; every subscription closes with the call.
+func TestWaitAnyResultsFromTheFeeds(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("any")
+	var ids []string
+	for _, p := range []string{promptHang, promptDone, promptHang} {
+		ids = append(ids, str(c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": p}), "thread_id"))
+	}
+	before := readsOf(h.fake)
+	done := waitAsync(c, map[string]any{"thread_ids": ids, "timeout": 60})
+	eventually(t, 10*time.Second, "a subscription per waited thread", func() bool { return h.fake.Stats().ThreadStreams == 3 }, nil)
+	h.fake.StepAll()
+	res := <-done
+	if str(res, "reason") != "completed" || str(res, "state", "thread_id") != ids[1] {
+		t.Fatalf("wait any %v", res)
+	}
+	feedsClosed(t, h)
+	res = c.ok("t3_wait", map[string]any{"thread_ids": []string{ids[0], ids[2]}, "timeout": 1})
+	if str(res, "reason") != "timeout" {
+		t.Fatalf("wait any on the hanging threads %v", res)
+	}
+	if got := readsOf(h.fake).minus(before); got != (threadReads{}) {
+		t.Fatalf("the waits read %+v, want none", got)
+	}
+	feedsClosed(t, h)
+}
