@@ -606,12 +606,19 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 // produces no event and no state to commit changes nothing that a stale answer could get wrong,
 // and every chunk that does goes through applyLocked's read. One process only (no lease): in
 // replica mode a cached state is used only with its tracked row (load).
+//
+// Only a chunk of a few rows (onlyUpdatedAtRows) is tried: that is what a machine sends while the
+// connector keeps up, and the states are looked up among its rows one by one under d.mu (which
+// every machine's detector work takes); a larger chunk goes through applyLocked's read.
 func (d *Detector) onlyUpdatedAt(c watch.Change) bool {
+	if len(c.Passed)+len(c.Threads) > onlyUpdatedAtRows {
+		return false
+	}
 	type state struct {
 		k string
 		s seen
 	}
-	var states [8]state // a chunk of a few rows needs no allocation
+	var states [onlyUpdatedAtRows]state
 	seenNow := states[:0]
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -646,6 +653,9 @@ func (d *Detector) onlyUpdatedAt(c watch.Change) bool {
 	}
 	return true
 }
+
+// onlyUpdatedAtRows bounds the chunks onlyUpdatedAt tries (see there).
+const onlyUpdatedAtRows = 8
 
 // observe compares one row of a thread with what was seen last. It decides
 // from the row's run pointers (threadstate.Judge), never from the status

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -167,5 +168,29 @@ func TestEventRecordedLoggedAtDebug(t *testing.T) {
 		if got := strings.Contains(buf.String(), `msg="event recorded" id=`+id); got != (level == slog.LevelDebug) {
 			t.Fatalf("at %v the log has the event's line: %v\n%s", level, got, buf.String())
 		}
+	}
+}
+
+// A chunk of more rows than onlyUpdatedAtRows (a machine the connector lags behind) goes through
+// the read of its tracked rows even when it only moves updatedAt; it still commits nothing.
+func TestLargeChunkOfUpdatedAtIsRead(t *testing.T) {
+	e := newEnv(t, "")
+	ct := &countingTracked{Store: e.st}
+	e.d = New(Options{Store: e.g, Tracked: ct, Read: ReaderFunc(e.read), Logger: quiet()})
+	var start, step []t3rpc.ThreadShell
+	for i := range onlyUpdatedAtRows + 1 {
+		id := fmt.Sprintf("t%d", i)
+		e.watchThread(id, "", &t3rpc.ThreadShell{ID: id, Status: "idle"})
+		start = append(start, rowAt("2026-12-01T10:00:00Z", id, "starting", "r-"+id, "r-"+id, ""))
+		step = append(step, rowAt("2026-12-01T10:00:01Z", id, "running", "r-"+id, "r-"+id, ""))
+	}
+	e.apply(start...)
+	ct.mu.Lock()
+	ct.one, ct.many = 0, 0
+	ct.mu.Unlock()
+	txs := e.txs()
+	e.apply(step...)
+	if ct.many != 1 || e.txs() != txs {
+		t.Fatalf("a chunk of %d rows read tracked threads %d times together and wrote %d transactions, want 1 and 0", len(step), ct.many, e.txs()-txs)
 	}
 }
