@@ -41,3 +41,26 @@ func TestSignerReusesStatesCorrectly(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// BenchmarkSign: one webhook-signature of a typical event body, with a fresh HMAC per request
+// (Sign, as before the signer) and with the outbox's signer (pooled states).
+func BenchmarkSign(b *testing.B) {
+	key, err := DecodeSecret(testSecret)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"id":"evt_3f1c9a0e5b7d2c4a6e8f0b1d","type":"thread.completed","occurred_at":"2026-11-29T08:52:43Z","machine":"mac","project":{"id":"project-006c84f3","title":"api"},"thread_id":"thread-edec8901","run_id":"run:thread:thread-edec8901:ordinal:1","title":"Fix the flaky test","summary":"Each test case now gets its own temp dir; go test ./... passes."}`)
+	b.Run("fresh", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Sign(key, "evt_3f1c9a0e5b7d2c4a6e8f0b1d", 1795942365, body)
+		}
+	})
+	b.Run("signer", func(b *testing.B) {
+		s := newSigner(key)
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = s.sign("evt_3f1c9a0e5b7d2c4a6e8f0b1d", 1795942365, body)
+		}
+	})
+}
