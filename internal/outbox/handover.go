@@ -146,6 +146,9 @@ func (l *loop) intake() (gap bool) {
 		}
 	}
 	clear(l.handed) // the bodies are the queues' now
+	if cap(l.handed) > 4096 {
+		l.handed = nil // a burst's buffer is not kept
+	}
 	return gap
 }
 
@@ -160,8 +163,17 @@ func (l *loop) hold(e *store.Event) {
 // unhold forgets seq's held body, if any (the event was delivered, dropped or given up).
 func (l *loop) unhold(seq uint64) {
 	if e, ok := l.mem[seq]; ok {
-		delete(l.mem, seq)
+		l.forget(seq)
 		l.o.hand.release(len(e.Body))
+	}
+}
+
+// forget deletes seq from l.mem, and l.mem itself once it is empty: a map keeps the buckets of
+// its largest size, and a backlog's would stay allocated after it drained.
+func (l *loop) forget(seq uint64) {
+	delete(l.mem, seq)
+	if len(l.mem) == 0 {
+		l.mem = nil
 	}
 }
 
@@ -172,7 +184,7 @@ func (l *loop) fromMem(s *stream) bool {
 	if !ok {
 		return false
 	}
-	delete(l.mem, s.queue[0])
+	l.forget(s.queue[0])
 	l.setHeld(s, e.Body)
 	e.Body = nil
 	s.head = &e
