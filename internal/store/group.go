@@ -14,7 +14,7 @@ import (
 //
 // There is one writer at a time: the goroutine that finds no commit running
 // becomes the writer, takes every pending batch (and of the outbox's records, while
-// batches wait, a bounded share: recordBudget), writes them, releases their
+// batches wait, a bounded share: recordShare), writes them, releases their
 // callers and goes on while batches keep arriving; it then ends, so nothing
 // runs while nothing is written.
 type Group struct {
@@ -110,7 +110,7 @@ func (g *Group) Record(ops []Op) ([]error, error) {
 		ops = []Op{}
 	}
 	// In parts of at most recordPart ops, so that a chunk's batch waiting meanwhile need not
-	// wait for all of them (write takes the parts while batches wait within recordBudget).
+	// wait for all of them (write takes the parts while batches wait within recordShare).
 	parts := make([]*groupReq, 0, (len(ops)+recordPart-1)/recordPart+1)
 	for i := 0; i == 0 || i < len(ops); i += recordPart {
 		parts = append(parts, &groupReq{ops: ops[i:min(i+recordPart, len(ops))], done: make(chan error, 1)})
@@ -135,7 +135,7 @@ func (g *Group) Record(ops []Op) ([]error, error) {
 
 // recordPart and recordBudget bound the outbox's share of a transaction that chunks' batches
 // wait for: a Record is queued in parts of recordPart ops, and while batches are waiting a
-// transaction takes parts of at most recordBudget ops in all (the rest go into the next one). A
+// transaction takes parts of at most recordShare ops in all (the rest go into the next one). A
 // delivery outcome costs ~25 µs in a transaction (BenchmarkRecord256): a backlog's 2,048
 // outcomes in one transaction were ~50 ms that every chunk arriving meanwhile waited for, and a
 // chunk is the more likely to arrive during the longest transactions. With no batch waiting the
@@ -144,6 +144,18 @@ const (
 	recordPart   = 128
 	recordBudget = 256
 )
+
+// recordShare is how many record ops a transaction takes while batches appending events are
+// among it: recordBudget, or twice the events those batches append when that is more. Every
+// appended event is one record op once delivered, so a fixed budget capped the recorded
+// deliveries at recordBudget per transaction however many events the transaction appended: under
+// a steady 5,000 transitions/s the transactions took 100-190 ms and the deliveries recorded
+// stopped at 1,400-1,800/s, a third of what was committed (docs/benchmarks.md, "Night quiet
+// window"). Twice the appended events lets the outbox keep pace and work off a backlog, while a
+// transaction's record part stays in proportion to the part its chunks wait for anyway.
+func recordShare(events int) int {
+	return max(recordBudget, 2*events)
+}
 
 func (g *Group) enqueue(rs ...*groupReq) {
 	if g.m != nil {
@@ -251,7 +263,7 @@ func (g *Group) commitReporting(bs []Batch, ops []Op) ([]error, error) {
 }
 
 // takeLocked takes the requests of the next transaction from pending: every batch, and the
-// Record parts in their order up to recordBudget ops while a batch is among them (all of them
+// Record parts in their order up to recordShare ops while a batch is among them (all of them
 // otherwise); the parts left stay pending, ahead of what comes next.
 func (g *Group) takeLocked() []*groupReq {
 	batches := false
@@ -266,13 +278,20 @@ func (g *Group) takeLocked() []*groupReq {
 		g.pending = nil
 		return reqs
 	}
+	events := 0
+	for _, r := range g.pending {
+		if r.ops == nil {
+			events += len(r.b.Events)
+		}
+	}
+	share := recordShare(events)
 	var take, left []*groupReq
 	ops := 0
 	for _, r := range g.pending {
 		switch {
 		case r.ops == nil:
 			take = append(take, r)
-		case len(left) == 0 && ops+len(r.ops) <= recordBudget:
+		case len(left) == 0 && ops+len(r.ops) <= share:
 			take = append(take, r)
 			ops += len(r.ops)
 		default:

@@ -235,3 +235,66 @@ func TestGroupRecordYieldsToBatches(t *testing.T) {
 		t.Fatalf("Counts: %d pending, %d delivered", p, d)
 	}
 }
+
+// A transaction whose batches append many events takes as many more record ops (recordShare):
+// with a fixed budget the deliveries recorded per transaction stayed at recordBudget however
+// many events each transaction appended, and fell behind the commits under a steady load.
+func TestGroupRecordKeepsPaceWithTheEventsAppended(t *testing.T) {
+	s := open(t, t.TempDir())
+	l := &txLog{Bolt: s}
+	g := NewGroup(l)
+	const n = 900 // eight parts: 7 × recordPart + 4
+	var evs []Event
+	ops := make([]Op, n)
+	for i := range ops {
+		id := fmt.Sprintf("k%03d", i)
+		evs = append(evs, ev(id, "s"+id))
+		ops[i] = Op{ID: id, Kind: OpDelivered, At: t0}
+	}
+	if err := s.Commit(Batch{Events: evs}); err != nil {
+		t.Fatal(err)
+	}
+	const appended = 300 // recordShare(300) = 600: four parts (512 ops) fit, the fifth does not
+	var batch []Event
+	for i := range appended {
+		id := fmt.Sprintf("a%03d", i)
+		batch = append(batch, ev(id, "t"+id))
+	}
+	first := make(chan error, 1)
+	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
+	rec := make(chan recorded, 1)
+	go func() {
+		errs, err := g.Record(ops)
+		rec <- recorded{errs, err}
+	}()
+	waitPending(g, 8)
+	committed := make(chan error, 1)
+	go func() { committed <- g.Commit(Batch{Events: batch}) }()
+	waitPending(g, 9)
+	release()
+
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	r := <-rec
+	if r.err != nil || len(r.errs) != n {
+		t.Fatalf("Record = %d results, %v", len(r.errs), r.err)
+	}
+	for i, err := range r.errs {
+		if err != nil {
+			t.Fatalf("result %d = %v", i, err)
+		}
+	}
+	l.mu.Lock()
+	got := fmt.Sprint(l.txs)
+	l.mu.Unlock()
+	if want := fmt.Sprint([][2]int{{1, 4 * recordPart}, {0, n - 4*recordPart}}); got != want {
+		t.Fatalf("transactions (batches, ops) = %s, want %s", got, want)
+	}
+	if p, _, d, _ := s.Counts(); p != 1+appended || d != n {
+		t.Fatalf("Counts: %d pending, %d delivered", p, d)
+	}
+}
