@@ -197,26 +197,7 @@ func TestGroupRecordYieldsToBatches(t *testing.T) {
 	if err := s.Commit(Batch{Events: evs}); err != nil {
 		t.Fatal(err)
 	}
-	first := make(chan error, 1)
-	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
-	rec := make(chan recorded, 1)
-	go func() {
-		errs, err := g.Record(ops)
-		rec <- recorded{errs, err}
-	}()
-	waitPending(g, 5)
-	committed := make(chan error, 1)
-	go func() { committed <- g.Commit(Batch{Events: []Event{ev("c2", "d")}}) }()
-	waitPending(g, 6)
-	release()
-
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-committed; err != nil {
-		t.Fatal(err)
-	}
-	r := <-rec
+	r := recordBesideBatch(t, s, g, ops, []Event{ev("c2", "d")})
 	if r.err != nil || len(r.errs) != n {
 		t.Fatalf("Record = %d results, %v", len(r.errs), r.err)
 	}
@@ -260,26 +241,7 @@ func TestGroupRecordKeepsPaceWithTheEventsAppended(t *testing.T) {
 		id := fmt.Sprintf("a%03d", i)
 		batch = append(batch, ev(id, "t"+id))
 	}
-	first := make(chan error, 1)
-	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
-	rec := make(chan recorded, 1)
-	go func() {
-		errs, err := g.Record(ops)
-		rec <- recorded{errs, err}
-	}()
-	waitPending(g, 8)
-	committed := make(chan error, 1)
-	go func() { committed <- g.Commit(Batch{Events: batch}) }()
-	waitPending(g, 9)
-	release()
-
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-committed; err != nil {
-		t.Fatal(err)
-	}
-	r := <-rec
+	r := recordBesideBatch(t, s, g, ops, batch)
 	if r.err != nil || len(r.errs) != n {
 		t.Fatalf("Record = %d results, %v", len(r.errs), r.err)
 	}
@@ -297,4 +259,31 @@ func TestGroupRecordKeepsPaceWithTheEventsAppended(t *testing.T) {
 	if p, _, d, _ := s.Counts(); p != 1+appended || d != n {
 		t.Fatalf("Counts: %d pending, %d delivered", p, d)
 	}
+}
+
+// recordBesideBatch holds the group's writer on a commit of event c1, queues Record(ops) (in
+// its parts) and then a commit of batch behind it, releases the writer, and returns Record's
+// answer once both are done.
+func recordBesideBatch(t *testing.T, s *Bolt, g *Group, ops []Op, batch []Event) recorded {
+	t.Helper()
+	parts := (len(ops) + recordPart - 1) / recordPart
+	first := make(chan error, 1)
+	release := holdWriter(t, s, g, func() { first <- g.Commit(Batch{Events: []Event{ev("c1", "c")}}) })
+	rec := make(chan recorded, 1)
+	go func() {
+		errs, err := g.Record(ops)
+		rec <- recorded{errs, err}
+	}()
+	waitPending(g, parts)
+	committed := make(chan error, 1)
+	go func() { committed <- g.Commit(Batch{Events: batch}) }()
+	waitPending(g, parts+1)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	return <-rec
 }
