@@ -266,23 +266,17 @@ func (g *Group) commitReporting(bs []Batch, ops []Op) ([]error, error) {
 // Record parts in their order up to recordShare ops while a batch is among them (all of them
 // otherwise); the parts left stay pending, ahead of what comes next.
 func (g *Group) takeLocked() []*groupReq {
-	batches := false
+	batches, events := false, 0
 	for _, r := range g.pending {
 		if r.ops == nil {
 			batches = true
-			break
+			events += len(r.b.Events)
 		}
 	}
 	if !batches {
 		reqs := g.pending
 		g.pending = nil
 		return reqs
-	}
-	events := 0
-	for _, r := range g.pending {
-		if r.ops == nil {
-			events += len(r.b.Events)
-		}
 	}
 	share := recordShare(events)
 	var take, left []*groupReq
