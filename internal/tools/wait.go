@@ -260,18 +260,30 @@ func (w *waitRead) projection(ctx context.Context, d *Deps, f fleet.Found, shell
 	if feed == nil || ready == nil {
 		return w.readNow(ctx, d, f, shell, start)
 	}
-	hctx, cancel := context.WithTimeout(ctx, feedHeadStart)
-	st, ok := feed.Await(hctx, ready)
-	cancel()
-	if ok {
-		d.observeWait(WaitFeed, time.Since(start))
-		return st.Projection, st.Runs, nil
-	}
-	if feed.Err() != nil || ctx.Err() != nil {
-		return w.readNow(ctx, d, f, shell, start)
-	}
-	// The race: the feed goes on until the read answers, the read is
+	// The feed is awaited until it answers or the read does; the read starts
+	// feedHeadStart after the settle unless the feed answered by then, and is
 	// cancelled when the feed answers first.
+	actx, cancelAwait := context.WithCancel(ctx)
+	defer cancelAwait()
+	feeds := make(chan threadfeed.State, 1)
+	go func() {
+		st, ok := feed.Await(actx, ready)
+		if !ok {
+			st = threadfeed.State{}
+		}
+		feeds <- st
+	}()
+	headStart := time.NewTimer(feedHeadStart)
+	defer headStart.Stop()
+	select {
+	case st := <-feeds:
+		if st.Projection != nil {
+			d.observeWait(WaitFeed, time.Since(start))
+			return st.Projection, st.Runs, nil
+		}
+		return w.readNow(ctx, d, f, shell, start) // the feed failed (or ctx ended)
+	case <-headStart.C:
+	}
 	type read struct {
 		p   *t3api.ThreadProjection
 		n   int
@@ -282,16 +294,6 @@ func (w *waitRead) projection(ctx context.Context, d *Deps, f fleet.Found, shell
 	go func() {
 		p, n, err := d.readState(rctx, f, shell, 3)
 		reads <- read{p, n, err}
-	}()
-	actx, cancelAwait := context.WithCancel(ctx)
-	defer cancelAwait()
-	feeds := make(chan threadfeed.State, 1)
-	go func() {
-		st, ok := feed.Await(actx, ready)
-		if !ok {
-			st = threadfeed.State{}
-		}
-		feeds <- st
 	}()
 	select {
 	case st := <-feeds:
