@@ -7,6 +7,7 @@
 //	t3code-load -short     the CI profile (a few seconds per phase)
 //	t3code-load -m 10 -t 500 -k 200 -e 500 -duration 10s -json out.json
 //	t3code-load -phases outage -outage 10m -outage-rate 100   the 60,000-event backlog, the slow way
+//	t3code-load -compression gzip -phases thread,latency      remote machines: answers gzipped, inflated
 //	t3code-load -short -phases soak -soak-duration 15m          state file and RSS over time, short retention
 //	t3code-load -database-url postgres://… -replicas 3   the same on PostgreSQL, three replicas
 //	t3code-load -database-url postgres://… -replicas 3 -replica-env T3CODE_MCP_LEASE_TTL=1500ms
@@ -113,6 +114,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&c.DatabaseURL, "database-url", "", "run the connector on this PostgreSQL database (postgres://…, an empty one) instead of a bbolt file")
 	fs.IntVar(&c.Replicas, "replicas", 1, "connectors sharing -database-url (lease per machine, any replica delivers); the first one is measured")
 	fs.Var((*envList)(&c.ReplicaEnv), "replica-env", "KEY=VALUE added to every connector's environment (each replica, the first included), over the harness's own; repeat it: -replica-env T3CODE_MCP_LEASE_TTL=1500ms -replica-env T3CODE_MCP_CLAIM_TTL=10s")
+	fs.StringVar(&c.Compression, "compression", "", "`mode` of the connector's compression key for every machine: auto, gzip or none (default: none written, the connector's auto, which reads these loopback fakes uncompressed); gzip measures the remote-machine case: the fakes gzip their larger answers as T3 does and the connector inflates them)")
 	fs.BoolVar(&c.NoHook, "no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
 	fs.DurationVar(&c.Timeout, "timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
@@ -187,6 +189,7 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 		cfg.Pollers = c.Pollers
 	}
 	cfg.NoHook = c.NoHook
+	cfg.Compression = c.Compression
 	cfg.DatabaseURL, cfg.Replicas, cfg.ReplicaEnv = c.DatabaseURL, c.Replicas, c.ReplicaEnv
 	cfg.Timeout = c.Timeout
 	cfg.WorkDir = o.dir

@@ -104,6 +104,14 @@ type Config struct {
 	SoakRetention time.Duration
 	SoakSample    time.Duration
 
+	// Compression is the `compression` key the harness writes into every machine's table of the
+	// connector's t3code.toml: "" writes none (the connector's default, auto: a loopback machine
+	// is read uncompressed), "gzip" measures the remote-machine case (the fakes gzip their larger
+	// HTTP answers as T3 does, the connector inflates them), "none" and "auto" are written as
+	// they are. The harness's own reads of the fakes (the thread phase's direct GET, the
+	// comparison's pollers) ask for the same.
+	Compression string
+
 	Drain    time.Duration // the longest wait for deliveries after a phase
 	KeepRuns int           // the fakes' KeepRuns (older runs leave a thread's projection)
 	LogLevel string        // the connector's T3CODE_MCP_LOG_LEVEL
@@ -285,6 +293,9 @@ func (c Config) validate() error {
 		if !slices.Contains(allPhases, p) {
 			errs = append(errs, fmt.Errorf("phase %q: want one of %v", p, allPhases))
 		}
+	}
+	if !slices.Contains([]string{"", "auto", "gzip", "none"}, c.Compression) {
+		errs = append(errs, fmt.Errorf("compression %q: want auto, gzip or none", c.Compression))
 	}
 	if _, ok := scriptSteps[c.Script]; !ok {
 		errs = append(errs, fmt.Errorf("script %q: want default or fail", c.Script))

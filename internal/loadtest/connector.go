@@ -46,11 +46,16 @@ const clockTicks = 100
 // TokenEnv is the variable holding the fakes' shared bearer token in the connector's environment.
 const TokenEnv = "T3_LOAD_TOKEN"
 
-// writeConfig writes t3code.toml with one table per machine.
-func writeConfig(path string, machines []*machine) error {
+// writeConfig writes t3code.toml with one table per machine, with compression as its
+// `compression` key unless empty (Config.Compression).
+func writeConfig(path string, machines []*machine, compression string) error {
 	var b strings.Builder
 	for _, m := range machines {
-		fmt.Fprintf(&b, "[machines.%s]\nurl = %q\ntoken_env = %q\nprojects = [\"*\"]\n\n", m.name, m.fk.URL(), TokenEnv)
+		fmt.Fprintf(&b, "[machines.%s]\nurl = %q\ntoken_env = %q\nprojects = [\"*\"]\n", m.name, m.fk.URL(), TokenEnv)
+		if compression != "" {
+			fmt.Fprintf(&b, "compression = %q\n", compression)
+		}
+		b.WriteString("\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o600)
 }

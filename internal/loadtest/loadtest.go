@@ -100,6 +100,9 @@ func describe(c Config) string {
 	if c.NoHook {
 		where += ", events off (no T3CODE_MCP_HOOK_URL)"
 	}
+	if c.Compression != "" {
+		where += ", compression " + c.Compression
+	}
 	if len(c.Phases) > 0 {
 		where += fmt.Sprintf(", phases %v", c.Phases)
 	}

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/pgtest"
+	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
 // fasthttp's worker pool (the webhook receiver's) has a cleaner goroutine that notices the
@@ -244,5 +247,42 @@ func TestTinyReplicas(t *testing.T) {
 		if a.Lost != 0 || a.Pending != 0 || a.Delivered != a.Settled {
 			t.Errorf("accounting: %+v", a)
 		}
+	}
+}
+
+// The t3code.toml the harness writes carries -compression into every machine's table, as the
+// connector's own parser reads it, and leaves the key out (the connector's auto) by default.
+func TestWriteConfigCompression(t *testing.T) {
+	var machines []*machine
+	for i := range 2 {
+		m, err := newMachine(i, fmt.Sprintf("m%d", i), t3fake.Options{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.fk.Close)
+		machines = append(machines, m)
+	}
+	for compression, want := range map[string]string{"": config.CompressionAuto, "gzip": config.CompressionGzip, "none": config.CompressionNone} {
+		path := filepath.Join(t.TempDir(), "t3code.toml")
+		if err := writeConfig(path, machines, compression); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cfg.Machines) != len(machines) {
+			t.Fatalf("compression %q: %d machines", compression, len(cfg.Machines))
+		}
+		for _, m := range cfg.Machines {
+			if m.Compression != want {
+				t.Errorf("compression %q: machine %s has %q, want %q", compression, m.Name, m.Compression, want)
+			}
+		}
+	}
+	c := Tiny().withDefaults()
+	c.Binary, c.Compression = "x", "brotli"
+	if err := c.validate(); err == nil || !strings.Contains(err.Error(), "compression") {
+		t.Errorf("compression brotli: %v", err)
 	}
 }

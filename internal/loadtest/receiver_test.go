@@ -117,7 +117,7 @@ func TestDriverStopsOnlyTheFailingMachine(t *testing.T) {
 	defer cancel()
 	var ms []*machine
 	for i, name := range []string{"a", "b"} {
-		m, err := newMachine(i, name, t3fake.Options{})
+		m, err := newMachine(i, name, t3fake.Options{}, "")
 		if err != nil {
 			t.Fatal(err)
 		}

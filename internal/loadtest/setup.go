@@ -41,7 +41,7 @@ func (h *harness) setup(ctx context.Context) error {
 	token := "t3load-" + fmt.Sprint(rand.Uint64())
 	opts := t3fake.Options{Token: token, KeepRuns: cfg.KeepRuns}
 	for i := 0; i < cfg.Machines; i++ {
-		m, err := newMachine(i, fmt.Sprintf("load-%03d", i), opts)
+		m, err := newMachine(i, fmt.Sprintf("load-%03d", i), opts, cfg.Compression)
 		if err != nil {
 			return err
 		}
@@ -51,7 +51,7 @@ func (h *harness) setup(ctx context.Context) error {
 	if cfg.BigThreadItems > 0 && cfg.runs("thread") {
 		bo := opts
 		bo.KeepRuns = -1
-		if h.big, err = newMachine(cfg.Machines, "big", bo); err != nil {
+		if h.big, err = newMachine(cfg.Machines, "big", bo, cfg.Compression); err != nil {
 			return err
 		}
 		h.all = append(h.all, h.big)
@@ -185,7 +185,7 @@ func (h *harness) startReplicas(ctx context.Context, env []string) error {
 
 func (h *harness) startConnector(ctx context.Context) error {
 	cfgPath := filepath.Join(h.dir, "t3code.toml")
-	if err := writeConfig(cfgPath, h.all); err != nil {
+	if err := writeConfig(cfgPath, h.all, h.cfg.Compression); err != nil {
 		return err
 	}
 	env := []string{

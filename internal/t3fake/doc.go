@@ -69,7 +69,9 @@
 // arrays of messages in either direction (Options.BatchFrames makes the fake send arrays), one
 // Chunk in flight per stream until its Ack, one global event sequence, the subscription order
 // (snapshot or replay, then synchronized, then live), dispatch results {sequence}, commandId
-// receipts, and the failure texts of the recordings.
+// receipts, and the failure texts of the recordings. HTTP answers carry Vary: Accept-Encoding and
+// come gzipped when the request accepts gzip and the body is at least 1 KiB, plain otherwise
+// (gzip.go: what the recordings show of T3's answers; the exact threshold is not recorded).
 //
 // Deliberate differences, all in fields the connector does not read (the shape test in this
 // package pins them): records carry only the fields the generated types declare, so T3's nodeId,

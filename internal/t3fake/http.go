@@ -27,7 +27,14 @@ func (s *Server) routes() http.Handler {
 	handle := func(pattern string, h http.HandlerFunc) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			s.countHTTP(pattern)
-			h(w, r)
+			w.Header().Set("Vary", "Accept-Encoding") // on every recorded answer
+			if pattern == "GET /ws" || !acceptsGzip(r.Header.Get("Accept-Encoding")) {
+				h(w, r)
+				return
+			}
+			a := &gzipAnswer{w: w}
+			defer a.finish()
+			h(a, r)
 		})
 	}
 	handle("GET /.well-known/t3/environment", s.handleDescriptor)
