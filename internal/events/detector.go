@@ -127,6 +127,44 @@ func (s seen) equalButUpdatedAt(o seen) bool {
 		s.GapAfter == o.GapAfter && s.Gen == o.Gen
 }
 
+// sameDurable reports whether the move from prev (the state in memory) to s changes nothing that
+// must be durable before a chunk's Ack (one process; replicas: equalButUpdatedAt). Besides
+// UpdatedAt (see equalButUpdatedAt) that leaves out two things every run changes and a restart
+// learns again from its snapshot:
+//
+//   - Active, the row's activeRunId: every judgement takes it from the row at hand (observe); only
+//     a look-up reads the stored one, to decide whether to read again, and a look-up follows the
+//     snapshot's judgement of the same row after a restart;
+//   - a new latest run that has not ended (its start, Latest with Settled false), while nothing
+//     else changes (Open the same: the previous latest was reported). A restart then finds the
+//     older latest run, reported, in the store, and the snapshot's newer one: observe notes the gap
+//     and its look-up reads the thread and reports whatever ended meanwhile, exactly as for a
+//     run that started and ended while the connector was down. Before this, a busy thread at the
+//     restart got a look-up as well (its row's updatedAt had moved), so there are no more of them.
+//
+// Everything an event says (a settled run, a question asked), the runs followed (Open), the
+// look-up's note (Lookup, Gap, Gen) is committed before the Ack as before, with the newest
+// Latest, Active and UpdatedAt beside it. A default run's rows change the detector's state at
+// its start, when its turn ends (activeRunId cleared) and at its end: two of those three commits
+// are gone, and the chunks that carried them are acknowledged without waiting for the group
+// commit.
+func (s seen) sameDurable(prev seen) bool {
+	latest := s.Latest == prev.Latest && s.Settled == prev.Settled || s.Latest != prev.Latest && !s.Settled
+	return latest && slices.Equal(s.Open, prev.Open) && s.Question == prev.Question && slices.Equal(s.Asked, prev.Asked) &&
+		s.Lookup == prev.Lookup && s.Gap == prev.Gap && s.GapAfter == prev.GapAfter && s.Gen == prev.Gen
+}
+
+// mustCommit reports whether cur, following prev, must be durable before the chunk's Ack.
+// Replicas (Options.Lease) commit every change but UpdatedAt: a new holder judges its rows against
+// the stored state at every hand-over, not only after a crash, and an older stored state would
+// cost a look-up read per busy thread at each.
+func (d *Detector) mustCommit(prev, cur seen) bool {
+	if d.lease != nil {
+		return !cur.equalButUpdatedAt(prev)
+	}
+	return !cur.sameDurable(prev)
+}
+
 // busy reports whether a run of the thread was underway when last seen.
 func (s seen) busy() bool { return (s.Latest != "" && !s.Settled) || len(s.Open) > 0 }
 
@@ -165,7 +203,8 @@ type Detector struct {
 
 // cached is a thread's seen state as this process last committed or read it, with the UpdatedAt
 // of the tracked row it went with (replica mode: see load). Its seen.UpdatedAt may be newer than
-// the stored one (seen.equalButUpdatedAt); every other field is as committed.
+// the stored one (seen.equalButUpdatedAt), and in one process also its Active and a started run's
+// Latest (seen.sameDurable); every other field is as committed.
 type cached struct {
 	s     seen
 	rowAt time.Time
@@ -537,7 +576,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		}
 		if !known || !cur.equal(prev) {
 			next[k] = cached{cur, t.UpdatedAt} // encoded once per thread below, its last state
-			if !known || !cur.equalButUpdatedAt(prev) {
+			if !known || d.mustCommit(prev, cur) {
 				dirty[k] = struct{}{}
 			}
 		}
@@ -598,8 +637,9 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 }
 
 // onlyUpdatedAt takes a chunk whose every row is of a thread with a cached state (a watched
-// thread seen before) and changes nothing in it but UpdatedAt — a run's steps between its start
-// and its end, most of a busy machine's chunks: the cached states take the rows' updatedAt, as
+// thread seen before) and changes nothing in it that must be committed (seen.sameDurable: its
+// UpdatedAt, Active, a run's start) — a run's steps up to its end, most of a busy machine's
+// chunks: the cached states take the rows' changes, as
 // applyLocked would, without its read of the tracked rows (a read transaction and a decode per
 // thread, most of such a chunk's cost). It reports false, having changed nothing, for any other
 // chunk. Whether a thread is still tracked and watched need not be read for this: a chunk that
@@ -636,7 +676,7 @@ func (d *Detector) onlyUpdatedAt(c watch.Change) bool {
 				return false
 			}
 			cur, out := d.observe(prev, row, store.Thread{}, c.Machine, false)
-			if len(out) > 0 || !cur.equalButUpdatedAt(prev) {
+			if len(out) > 0 || d.mustCommit(prev, cur) {
 				return false
 			}
 			if j >= 0 {

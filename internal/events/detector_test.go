@@ -504,7 +504,9 @@ func TestUnwatchedAndBaselineProduceNothing(t *testing.T) {
 }
 
 // A transition that happened while the connector was down is emitted once
-// after restart, from the persisted last-seen state.
+// after restart, from the persisted last-seen state. The run's start was not
+// committed (seen.sameDurable): the snapshot shows a latest run the store does
+// not know, and its look-up reports it.
 func TestTransitionWhileDownEmittedOnceAfterRestart(t *testing.T) {
 	dir := t.TempDir()
 	e := newEnv(t, dir)
@@ -513,8 +515,12 @@ func TestTransitionWhileDownEmittedOnceAfterRestart(t *testing.T) {
 	e.st.Close()
 
 	e2 := newEnv(t, dir)
+	e2.setRuns("t1", fakeRun{id: "r1", status: "completed"})
 	done := row("t1", "completed", "", "r1", "")
 	e2.snapshot(done)
+	if n := e2.lookups(); n != 0 {
+		t.Fatalf("%d look-ups still pending", n)
+	}
 	e2.apply(done)
 	e2.want("completed r1")
 }

@@ -39,33 +39,78 @@ func (e *env) txs() uint64 {
 	return txs
 }
 
-// A run's steps between its start and its end change only the row's updatedAt: the chunks that
-// carry them commit nothing (their Ack need not wait for the group commit). The next change that
-// matters writes the newest updatedAt with it.
+// A run's start and its steps up to its end change only the row's updatedAt, activeRunId and
+// latestRunId (an unsettled new run): the chunks that carry them commit nothing (their Ack need
+// not wait for the group commit; seen.sameDurable). The run's end writes the newest state.
 func TestUpdatedAtAloneIsNotCommitted(t *testing.T) {
 	e := newEnv(t, "")
 	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
-	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "starting", "r1", "r1", ""))
 	before := e.txs()
-	if got := e.stored("t1"); got.Latest != "r1" || got.UpdatedAt != "2026-12-01T10:00:00Z" {
-		t.Fatalf("after the run's start the store holds %+v", got)
-	}
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "starting", "r1", "r1", ""))
 	e.apply(rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", ""))
-	e.apply(rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "r1", "r1", ""))
+	// The turn is over, the checkpoint not captured yet: T3 drops activeRunId (recorded).
+	e.apply(rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "", "r1", ""))
 	if n := e.txs(); n != before {
-		t.Fatalf("%d transactions for rows that changed only their updatedAt", n-before)
+		t.Fatalf("%d transactions for a run's start and steps", n-before)
 	}
-	if got := e.stored("t1").UpdatedAt; got != "2026-12-01T10:00:00Z" {
-		t.Fatalf("stored updatedAt %q, want the run start's", got)
+	if got := e.stored("t1"); got.Latest != "" || got.UpdatedAt != "" {
+		t.Fatalf("before the run's end the store holds %+v, want the baseline", got)
 	}
 	e.apply(rowAt("2026-12-01T10:00:03Z", "t1", "completed", "", "r1", ""))
 	if n := e.txs(); n != before+1 {
 		t.Fatalf("%d transactions for the run's end, want 1", n-before)
 	}
-	if got := e.stored("t1"); !got.Settled || got.UpdatedAt != "2026-12-01T10:00:03Z" {
+	if got := e.stored("t1"); got.Latest != "r1" || !got.Settled || got.UpdatedAt != "2026-12-01T10:00:03Z" {
 		t.Fatalf("after the run's end the store holds %+v", got)
 	}
 	e.want("completed r1")
+}
+
+// What a snapshot cannot tell again is still committed before the Ack: a question, a run passed
+// over by a queued one (Open), a look-up's note.
+func TestRunsFollowedAndQuestionsAreCommitted(t *testing.T) {
+	e := newEnv(t, "")
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "running", "r1", "r1", ""))
+	before := e.txs()
+	e.apply(rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", "q1"))
+	if got := e.stored("t1"); e.txs() != before+1 || got.Question != "q1" || got.Latest != "r1" {
+		t.Fatalf("after a question: %d transactions, the store holds %+v", e.txs()-before, got)
+	}
+	// r2 queued behind r1 becomes the latest while r1 still runs: r1 is followed (Open).
+	e.apply(rowAt("2026-12-01T10:00:02Z", "t1", "running", "r1", "r2", ""))
+	if got := e.stored("t1"); e.txs() != before+2 || got.Latest != "r2" || len(got.Open) != 1 || got.Open[0] != "r1" {
+		t.Fatalf("after a queued run: %d transactions, the store holds %+v", e.txs()-before, got)
+	}
+	e.want("question q1")
+}
+
+// After a crash between a run's start (not committed) and its end, the restart's snapshot finds
+// a latest run the store does not know: one look-up, which reports nothing while the run is
+// underway; the run's end is then reported once, from its row. Had it ended while the connector
+// was down, the look-up reports it (TestTransitionWhileDownEmittedOnceAfterRestart).
+func TestRestartAfterAnUncommittedStartReportsTheRunOnce(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, dir)
+	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
+	e.apply(rowAt("2026-12-01T09:59:59Z", "t1", "running", "r0", "r0", ""))
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "completed", "", "r0", "")) // reported and committed
+	e.apply(rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", ""))
+	if got := e.stored("t1"); got.Latest != "r0" || !got.Settled {
+		t.Fatalf("the store holds %+v, want r0 reported and r1's start not committed", got)
+	}
+	e.st.Close()
+
+	e2 := newEnv(t, dir)
+	e2.setRuns("t1", fakeRun{id: "r0", status: "completed"}, fakeRun{id: "r1", status: "running"})
+	running := rowAt("2026-12-01T10:00:05Z", "t1", "running", "r1", "r1", "")
+	e2.snapshot(running)
+	if n := e2.lookups(); n != 0 || e2.reads != 1 {
+		t.Fatalf("%d look-ups still pending after %d reads", n, e2.reads)
+	}
+	e2.apply(rowAt("2026-12-01T10:00:06Z", "t1", "waiting", "", "r1", ""))
+	e2.apply(rowAt("2026-12-01T10:00:07Z", "t1", "completed", "", "r1", ""))
+	e2.want("completed r0", "completed r1")
 }
 
 // The updatedAt held in memory is the newest: a reconnect's snapshot of a busy thread whose row
@@ -148,8 +193,8 @@ func TestChunkMovingOnlyUpdatedAtReadsNothing(t *testing.T) {
 		t.Fatalf("a chunk with a run's end read tracked threads %d times together, want 1", ct.many)
 	}
 	e.want("completed r1")
-	if got := e.stored("t2").UpdatedAt; got != "2026-12-01T10:00:00Z" {
-		t.Fatalf("t2's stored updatedAt %q, want its run start's", got)
+	if got := e.stored("t2"); got.Latest != "" || got.UpdatedAt != "" {
+		t.Fatalf("t2's stored state %+v, want its baseline (its run's start is not committed)", got)
 	}
 }
 
