@@ -215,6 +215,9 @@ type App struct {
 	Detector *events.Detector // nil without a hook URL
 	Push     *tools.Push      // MCP resource subscriptions
 	Outbox   *outbox.Outbox   // nil without a hook URL
+	// enricher completes the outbox's events from T3; the detector starts its reads before an
+	// event's commit (events.Enricher.Prefetch). Nil without a hook URL.
+	enricher *events.Enricher
 	Deps     *tools.Deps
 	MCP      *mcp.Server
 	Handler  http.Handler
@@ -332,9 +335,10 @@ func (a *App) newEvents(replicaID string) error {
 	if handOver {
 		queue = groupRecords{st, group}
 	}
+	a.enricher = events.NewEnricher(fl)
 	ob, err := outbox.New(queue, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
 		Retention: s.HookRetention, PruneEvery: s.PruneInterval,
-		Enricher: events.NewEnricher(fl), EnrichTimeout: s.HookEnrichTimeout,
+		Enricher: a.enricher, EnrichTimeout: s.HookEnrichTimeout,
 		Claimant: replicaID, ClaimTTL: s.ClaimTTL, HandOver: handOver})
 	if err != nil {
 		return err
@@ -352,6 +356,7 @@ func (a *App) newEvents(replicaID string) error {
 	}
 	do := events.Options{
 		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: notify, Metrics: em, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
+		Prefetch: a.enricher.Prefetch,
 	}
 	if p, ok := any(st).(pooled); ok {
 		// Replicas share the store: each machine's events are detected by its lease holder.
@@ -470,6 +475,10 @@ func (a *App) Run(ctx context.Context) {
 	if a.Outbox != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Outbox.Run(ctx) }()
+	}
+	if a.enricher != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.enricher.RunPrefetch(ctx) }()
 	}
 	if a.replication != nil {
 		wg.Add(1)

@@ -153,14 +153,25 @@ func missing(t genevents.EventType) []string {
 // attempt (outbox.Enricher), off the watcher's Ack path.
 type Enricher struct {
 	read Reader
+	pre  prefetcher // reads started before the event's commit (prefetch.go)
 }
 
 // NewEnricher reads threads through read.
 func NewEnricher(read Reader) *Enricher { return &Enricher{read: read} }
 
 // Enrich reads the thread and returns the complete body. An error means T3
-// could not be read now: the outbox tries again later.
+// could not be read now: the outbox tries again later. The read the detector
+// started before the event's commit (Prefetch) is taken when there is one:
+// waited for while under way, read again when it failed.
 func (en *Enricher) Enrich(ctx context.Context, e store.Event) ([]byte, error) {
+	if body, ok, err := en.pre.prefetched(ctx, e.ID); err != nil || ok {
+		return body, err
+	}
+	return en.enrich(ctx, e)
+}
+
+// enrich reads the thread and completes e's body.
+func (en *Enricher) enrich(ctx context.Context, e store.Event) ([]byte, error) {
 	var ev genevents.Event
 	if err := ev.UnmarshalJSON(e.Body); err != nil {
 		// Not ours to fix: deliver what was stored rather than retrying forever.

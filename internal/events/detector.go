@@ -174,7 +174,8 @@ type Detector struct {
 	tracked   Tracked
 	read      Reader
 	notify    func()
-	m         *Metrics // nil: none
+	prefetch  func(store.Event) // nil: none
+	m         *Metrics          // nil: none
 	log       *slog.Logger
 	now       func() time.Time
 	retention time.Duration
@@ -226,6 +227,10 @@ type Options struct {
 	Read Reader
 	// Notify is called after events were committed (wakes the outbox).
 	Notify func()
+	// Prefetch, when set, is handed every event committed with only its facts (store.Event.Enrich)
+	// before its chunk's commit is queued: Enricher.Prefetch starts the read that completes it, so
+	// that the read runs beside the commit. It must not block (it is on the Ack path).
+	Prefetch func(store.Event)
 	// Metrics, when set, times each event from T3 to durable.
 	Metrics *Metrics
 	Logger  *slog.Logger
@@ -279,7 +284,7 @@ func New(o Options) *Detector {
 	if o.PruneEvery <= 0 {
 		o.PruneEvery = DefaultPruneEvery
 	}
-	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, m: o.Metrics, log: o.Logger, now: o.Now,
+	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, prefetch: o.Prefetch, m: o.Metrics, log: o.Logger, now: o.Now,
 		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]cached{}, locks: map[string]*sync.Mutex{},
 		lease: o.Lease, rows: o.Rows, claim: o.ClaimRemoved, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
@@ -600,6 +605,15 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		}
 		d.mu.Unlock()
 		return nil
+	}
+	if d.prefetch != nil {
+		// The reads that complete these events run beside the commit (prefetch.go); the Ack
+		// waits for the commit alone.
+		for _, e := range evs {
+			if e.Enrich {
+				d.prefetch(e)
+			}
+		}
 	}
 	states := make(map[string][]byte, len(dirty))
 	for k := range dirty {

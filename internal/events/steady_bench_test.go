@@ -20,7 +20,7 @@ import (
 // steady rate: 100 machines, 1,000 watched threads each (the state file's size matters: every
 // detector write dirties a page of a 100,000-key bucket), runs started at 1,000/s in all, each
 // publishing the eight rows of T3's default script 5 ms apart (starting, running, four in-run
-// changes, waiting, completed), as the harness's fake does. Each machine is a watcher: T3 holds
+// changes, waiting with activeRunId cleared, completed), as the harness's fake does. Each machine is a watcher: T3 holds
 // a stream's items until the Ack of the previous chunk, so a machine's next chunk is every row
 // that arrived while its last one was applied and committed. One op is one run (one event).
 //
@@ -214,9 +214,13 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 			LatestRunId: t3rpc.NewOptNilString(r.id), UpdatedAt: t3rpc.NewOptString(at.UTC().Format("2006-01-02T15:04:05.000000Z"))}
 		settle := status == "completed"
 		if settle {
+			row.LatestRunCompletedAt = t3rpc.NewOptNilString(at.UTC().Format(time.RFC3339Nano))
+		}
+		if settle || status == "waiting" {
+			// T3 drops activeRunId when the turn is over, before the checkpoint (recorded; the
+			// fake's stepWaiting does the same).
 			row.ActiveRunId = t3rpc.NewOptNilString("")
 			row.ActiveRunId.Null = true
-			row.LatestRunCompletedAt = t3rpc.NewOptNilString(at.UTC().Format(time.RFC3339Nano))
 		} else {
 			row.ActiveRunId = t3rpc.NewOptNilString(r.id)
 		}
