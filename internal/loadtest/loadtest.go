@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"sync"
@@ -236,13 +237,14 @@ type usageMark struct {
 	at       time.Time
 	cpu, own time.Duration
 	faults   int64 // the harness's minor page faults
+	gc       gcSample
 }
 
 func (h *harness) mark() usageMark {
 	cpu, _ := h.conn.cpu()
 	own, faults, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), cpu, own, faults}
+	return usageMark{time.Now(), cpu, own, faults, readGC()}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
@@ -251,6 +253,8 @@ func (h *harness) usageSince(m usageMark) Usage {
 	rss, _, _ := h.conn.memory()
 	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
 		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults}
+	gc := readGC()
+	u.HarnessGCCPU, u.HarnessGCCycles, u.HarnessHeapLiveKB = gc.cpu-m.gc.cpu, gc.cycles-m.gc.cycles, gc.liveKB
 	if u.Wall > 0 {
 		u.Cores = u.CPU.Seconds() / u.Wall.Seconds()
 		u.HarnessCores = u.HarnessCPU.Seconds() / u.Wall.Seconds()
@@ -568,4 +572,32 @@ func (h *harness) cleanup() error {
 		_ = os.RemoveAll(h.dir)
 	}
 	return errors.Join(errs...)
+}
+
+// gcSample is the harness process's garbage collection so far (runtime/metrics).
+type gcSample struct {
+	cpu    time.Duration // the runtime's estimate of the CPU spent on GC
+	cycles int64
+	liveKB int64 // heap marked live by the last cycle
+}
+
+var gcMetrics = []string{"/cpu/classes/gc/total:cpu-seconds", "/gc/cycles/total:gc-cycles", "/gc/heap/live:bytes"}
+
+func readGC() gcSample {
+	s := make([]metrics.Sample, len(gcMetrics))
+	for i, name := range gcMetrics {
+		s[i].Name = name
+	}
+	metrics.Read(s)
+	var g gcSample
+	if s[0].Value.Kind() == metrics.KindFloat64 {
+		g.cpu = time.Duration(s[0].Value.Float64() * float64(time.Second))
+	}
+	if s[1].Value.Kind() == metrics.KindUint64 {
+		g.cycles = int64(s[1].Value.Uint64())
+	}
+	if s[2].Value.Kind() == metrics.KindUint64 {
+		g.liveKB = int64(s[2].Value.Uint64() / 1024)
+	}
+	return g
 }

@@ -98,11 +98,19 @@ type Usage struct {
 	// more than most of its work.
 	HarnessCPU    time.Duration `json:"harness_cpu_ns"`
 	HarnessFaults int64         `json:"harness_minor_faults"`
+	// The harness's garbage collection over the window (runtime/metrics; with the connector
+	// in-process, the process's): the runtime's estimate of the CPU it spent collecting (mark
+	// workers, assists, pauses), the cycles completed, and the live heap at the end (the last
+	// cycle's marked heap: mostly the fakes' state, which every cycle marks).
+	HarnessGCCPU      time.Duration `json:"harness_gc_cpu_ns"`
+	HarnessGCCycles   int64         `json:"harness_gc_cycles"`
+	HarnessHeapLiveKB int64         `json:"harness_heap_live_kb"`
 }
 
 func (u Usage) String() string {
-	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile (%d minor page faults); load average %s",
-		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.HarnessFaults, u.LoadAvg)
+	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB); load average %s",
+		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.HarnessFaults,
+		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.LoadAvg)
 }
 
 // Startup is the connector's start.

@@ -3,6 +3,7 @@ package loadtest
 import (
 	"os"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -49,13 +50,13 @@ var reportFields = []string{
 	"thread_tool", "thread_tool.items", "thread_tool.bytes", "thread_tool.bounded_bytes",
 	"thread_tool.latency", "thread_tool.latency.n", "thread_tool.latency.p50_ns", "thread_tool.latency.p99_ns", "thread_tool.latency.max_ns", "thread_tool.latency.mean_ns",
 	"thread_tool.direct", "thread_tool.direct.n", "thread_tool.direct.p50_ns", "thread_tool.direct.p99_ns", "thread_tool.direct.max_ns", "thread_tool.direct.mean_ns",
-	"thread_tool.usage", "thread_tool.usage.wall_ns", "thread_tool.usage.cpu_ns", "thread_tool.usage.cores", "thread_tool.usage.max_rss_kb", "thread_tool.usage.harness_cores", "thread_tool.usage.loadavg", "thread_tool.usage.harness_cpu_ns", "thread_tool.usage.harness_minor_faults",
+	"thread_tool.usage", "thread_tool.usage.wall_ns", "thread_tool.usage.cpu_ns", "thread_tool.usage.cores", "thread_tool.usage.max_rss_kb", "thread_tool.usage.harness_cores", "thread_tool.usage.loadavg", "thread_tool.usage.harness_cpu_ns", "thread_tool.usage.harness_minor_faults", "thread_tool.usage.harness_gc_cpu_ns", "thread_tool.usage.harness_gc_cycles", "thread_tool.usage.harness_heap_live_kb",
 	"thread_tool.cpu_per_call_ns",
 	"latency", "latency.offered_per_s", "latency.settled_per_s",
 	"latency.event_latency", "latency.event_latency.n", "latency.event_latency.p50_ns", "latency.event_latency.p99_ns", "latency.event_latency.max_ns", "latency.event_latency.mean_ns",
 	"latency.wake_latency", "latency.wake_latency.n", "latency.wake_latency.p50_ns", "latency.wake_latency.p99_ns", "latency.wake_latency.max_ns", "latency.wake_latency.mean_ns",
 	"latency.missing_events", "latency.missing_wakes", "latency.early_wakes", "latency.active_waits",
-	"latency.usage", "latency.usage.wall_ns", "latency.usage.cpu_ns", "latency.usage.cores", "latency.usage.max_rss_kb", "latency.usage.harness_cores", "latency.usage.loadavg", "latency.usage.harness_cpu_ns", "latency.usage.harness_minor_faults", "latency.stages", "latency.stages[].name", "latency.stages[].n", "latency.stages[].mean_ns", "latency.stages[].p50_ns", "latency.stages[].p99_ns",
+	"latency.usage", "latency.usage.wall_ns", "latency.usage.cpu_ns", "latency.usage.cores", "latency.usage.max_rss_kb", "latency.usage.harness_cores", "latency.usage.loadavg", "latency.usage.harness_cpu_ns", "latency.usage.harness_minor_faults", "latency.usage.harness_gc_cpu_ns", "latency.usage.harness_gc_cycles", "latency.usage.harness_heap_live_kb", "latency.stages", "latency.stages[].name", "latency.stages[].n", "latency.stages[].mean_ns", "latency.stages[].p50_ns", "latency.stages[].p99_ns",
 	"latency.skipped", "latency.behind",
 	"compare", "compare[].name", "compare[].runs", "compare[].noticed",
 	"compare[].time_to_notice", "compare[].time_to_notice.n", "compare[].time_to_notice.p50_ns", "compare[].time_to_notice.p99_ns", "compare[].time_to_notice.max_ns", "compare[].time_to_notice.mean_ns",
@@ -64,18 +65,18 @@ var reportFields = []string{
 	"throughput.backlog", "throughput.drained_ns", "throughput.left",
 	"throughput.event_latency", "throughput.event_latency.n", "throughput.event_latency.p50_ns", "throughput.event_latency.p99_ns", "throughput.event_latency.max_ns", "throughput.event_latency.mean_ns",
 	"throughput.dropped", "throughput.skipped", "throughput.behind",
-	"throughput.usage", "throughput.usage.wall_ns", "throughput.usage.cpu_ns", "throughput.usage.cores", "throughput.usage.max_rss_kb", "throughput.usage.harness_cores", "throughput.usage.loadavg", "throughput.harness_cpu_per_run_ns", "throughput.usage.harness_cpu_ns", "throughput.usage.harness_minor_faults", "throughput.stages", "throughput.stages[].name", "throughput.stages[].n", "throughput.stages[].mean_ns", "throughput.stages[].p50_ns", "throughput.stages[].p99_ns",
+	"throughput.usage", "throughput.usage.wall_ns", "throughput.usage.cpu_ns", "throughput.usage.cores", "throughput.usage.max_rss_kb", "throughput.usage.harness_cores", "throughput.usage.loadavg", "throughput.harness_cpu_per_run_ns", "throughput.usage.harness_cpu_ns", "throughput.usage.harness_minor_faults", "throughput.usage.harness_gc_cpu_ns", "throughput.usage.harness_gc_cycles", "throughput.usage.harness_heap_live_kb", "throughput.stages", "throughput.stages[].name", "throughput.stages[].n", "throughput.stages[].mean_ns", "throughput.stages[].p50_ns", "throughput.stages[].p99_ns",
 	"outage", "outage.down_ns", "outage.offered_per_s", "outage.threads", "outage.settled", "outage.pending_before", "outage.backlog",
 	"outage.commit_wait_ns", "outage.refused", "outage.drained_ns", "outage.drain_per_s", "outage.delivered", "outage.undelivered",
 	"outage.threads_checked", "outage.order_violations",
-	"outage.usage_down", "outage.usage_down.wall_ns", "outage.usage_down.cpu_ns", "outage.usage_down.cores", "outage.usage_down.max_rss_kb", "outage.usage_down.harness_cores", "outage.usage_down.loadavg", "outage.usage_down.harness_cpu_ns", "outage.usage_down.harness_minor_faults",
-	"outage.usage_drain", "outage.usage_drain.wall_ns", "outage.usage_drain.cpu_ns", "outage.usage_drain.cores", "outage.usage_drain.max_rss_kb", "outage.usage_drain.harness_cores", "outage.usage_drain.loadavg", "outage.usage_drain.harness_cpu_ns", "outage.usage_drain.harness_minor_faults",
+	"outage.usage_down", "outage.usage_down.wall_ns", "outage.usage_down.cpu_ns", "outage.usage_down.cores", "outage.usage_down.max_rss_kb", "outage.usage_down.harness_cores", "outage.usage_down.loadavg", "outage.usage_down.harness_cpu_ns", "outage.usage_down.harness_minor_faults", "outage.usage_down.harness_gc_cpu_ns", "outage.usage_down.harness_gc_cycles", "outage.usage_down.harness_heap_live_kb",
+	"outage.usage_drain", "outage.usage_drain.wall_ns", "outage.usage_drain.cpu_ns", "outage.usage_drain.cores", "outage.usage_drain.max_rss_kb", "outage.usage_drain.harness_cores", "outage.usage_drain.loadavg", "outage.usage_drain.harness_cpu_ns", "outage.usage_drain.harness_minor_faults", "outage.usage_drain.harness_gc_cpu_ns", "outage.usage_drain.harness_gc_cycles", "outage.usage_drain.harness_heap_live_kb",
 	"soak", "soak.duration_ns", "soak.offered_per_s", "soak.retention_ns", "soak.prune_interval_ns", "soak.settled", "soak.delivered",
 	"soak.threads_churned", "soak.churn_errors", "soak.samples", "soak.samples[].at_ns", "soak.samples[].rss_kb", "soak.samples[].heap_inuse_kb",
 	"soak.samples[].goroutines", "soak.samples[].state_file_kb", "soak.samples[].tracked", "soak.samples[].watched", "soak.samples[].pending",
 	"soak.samples[].received", "soak.samples[].loadavg", "soak.warm_up_ns", "soak.rss_growth", "soak.heap_growth", "soak.state_file_growth",
 	"soak.tracked_growth", "soak.flat", "soak.usage", "soak.usage.wall_ns", "soak.usage.cpu_ns", "soak.usage.cores", "soak.usage.max_rss_kb",
-	"soak.usage.harness_cores", "soak.usage.loadavg", "soak.usage.harness_cpu_ns", "soak.usage.harness_minor_faults",
+	"soak.usage.harness_cores", "soak.usage.loadavg", "soak.usage.harness_cpu_ns", "soak.usage.harness_minor_faults", "soak.usage.harness_gc_cpu_ns", "soak.usage.harness_gc_cycles", "soak.usage.harness_heap_live_kb",
 	"accounting", "accounting[].phase", "accounting[].settled", "accounting[].delivered", "accounting[].pending", "accounting[].lost",
 	"receiver", "receiver.distinct", "receiver.duplicates", "receiver.bad", "receiver.refused",
 	"peak_rss_kb", "total_cpu_ns", "elapsed_ns", "warnings",
@@ -114,5 +115,21 @@ func TestReportFieldsDocumented(t *testing.T) {
 		if !strings.Contains(string(doc), "`"+key+"`") {
 			t.Errorf("docs/benchmarks.md does not document the report field `%s` (%s)", key, p)
 		}
+	}
+}
+
+// readGC counts the harness's collections: a forced one shows as a cycle, with the live heap
+// it found and GC CPU not going backwards.
+func TestReadGCCountsCollections(t *testing.T) {
+	before := readGC()
+	keep := make([][]byte, 0, 64)
+	for range 64 {
+		keep = append(keep, make([]byte, 64<<10))
+	}
+	runtime.GC()
+	after := readGC()
+	runtime.KeepAlive(keep)
+	if after.cycles <= before.cycles || after.liveKB < 4<<10 || after.cpu < before.cpu {
+		t.Errorf("before %+v, after a forced GC with 4 MiB live %+v", before, after)
 	}
 }

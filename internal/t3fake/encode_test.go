@@ -490,3 +490,52 @@ func TestShellRowBlocksReusedOnlyOnceSent(t *testing.T) {
 		t.Errorf("%d blocks reused in all (%d while the subscriber lagged): reuse never happened", n, lagReused)
 	}
 }
+
+// Seeding starts a run on every thread at once, each with a row cache of its own; once they have
+// settled the free list keeps at most maxFreeRows of those caches (the rest go to the GC), and
+// the caches taken from it afterwards still make rows byte-equal to the generated encoder's.
+func TestFreeRowCachesBounded(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	pid := s.AddProject("load", "/srv/load")
+	threads := make([]string, 192)
+	for i := range threads {
+		threads[i] = s.AddThread(pid, fmt.Sprint("Load thread ", i), "idle")
+		if _, err := s.StartRun(threads[i], "Fix the flaky payment test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.StepAll()
+	s.mu.Lock()
+	free := len(s.freeRows)
+	from := s.head
+	s.mu.Unlock()
+	if free == 0 || free > 64 {
+		t.Fatalf("%d row caches free after %d runs settled, want 1…64", free, len(threads))
+	}
+	for _, tid := range threads[:8] {
+		if _, err := s.StartRun(tid, "Fix the flaky payment test again"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.StepAll()
+	s.mu.Lock()
+	var rows [][]byte
+	for _, e := range s.log {
+		if e.seq > from && e.shellKind == "shell:thread.updated" {
+			rows = append(rows, append([]byte(nil), e.shell...))
+		}
+	}
+	s.mu.Unlock()
+	if len(rows) < 8*7 {
+		t.Fatalf("%d rows after the second runs", len(rows))
+	}
+	for _, row := range rows {
+		var item t3rpc.ShellStreamItem
+		if err := item.Decode(jx.DecodeBytes(row)); err != nil {
+			t.Fatalf("%v\n%s", err, row)
+		}
+		if want := encode(&item); !bytes.Equal(row, want) {
+			t.Fatalf("row from a reused cache\n%s\nwant\n%s", row, want)
+		}
+	}
+}
