@@ -11,6 +11,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -34,8 +35,10 @@ const FileName = "t3code-mcp.db"
 // an older binary refuses a newer file instead of misreading it. An older file is migrated at
 // Open (migrate.go). 2: event records are a JSON header, the body raw in ev_bodies (1: one JSON
 // record per event, the body base64 inside it). 3: delivered events are indexed by delivery time
-// (ev_delivered_at), so a prune reads only what it deletes.
-const schemaVersion = 3
+// (ev_delivered_at), so a prune reads only what it deletes. 4: detector states may wait in the
+// detector journal (detjournal.go) before they are in their bucket: a binary that does not read
+// the journal would see older states.
+const schemaVersion = 4
 
 // lockTimeout bounds how long Open waits for another process to release the file.
 const lockTimeout = 2 * time.Second
@@ -60,7 +63,7 @@ var (
 	kVersion     = []byte("version")
 )
 
-var allBuckets = [][]byte{bMeta, bThreads, bDetector, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads, bDeliveredAt, bIdempotency}
+var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads, bDeliveredAt, bIdempotency}
 
 // Errors callers may test with errors.Is.
 var (
@@ -79,6 +82,11 @@ type Bolt struct {
 	// so Counts is O(1) instead of a walk of three buckets.
 	countsMu sync.Mutex
 	counts   countDelta
+
+	// writeMu is held by every write transaction that may change the detector state (update),
+	// from its start until the overlay has its changes, so the next one sees them.
+	writeMu sync.Mutex
+	det     *detJournal
 }
 
 // Thread is a thread the connector tracks (started or adopted through it). The type is
@@ -149,7 +157,7 @@ func Open(dir string) (*Bolt, error) {
 			return nil, fmt.Errorf("store: cannot open %s: %w", path, err)
 		}
 	}
-	s := &Bolt{db: db, path: path}
+	s := &Bolt{db: db, path: path, det: newDetJournal()}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, err
@@ -182,6 +190,9 @@ func (s *Bolt) init() error {
 		if err := meta.Put(kVersion, seqKey(schemaVersion)); err != nil {
 			return err
 		}
+		if err := s.det.load(tx); err != nil {
+			return fmt.Errorf("store: %s: %w", s.path, err)
+		}
 		s.counts = countDelta{
 			pending:   tx.Bucket(bPending).Stats().KeyN,
 			dead:      tx.Bucket(bDead).Stats().KeyN,
@@ -191,16 +202,25 @@ func (s *Bolt) init() error {
 	})
 }
 
-// update runs fn in one fsynced write transaction and, once it committed, applies the change of
-// the event counts fn noted in d.
+// update runs fn in one fsynced write transaction (with a slice of the detector journal's
+// checkpoint) and, once it committed, applies the change of the event counts fn noted in d and
+// the detector changes it journaled.
 func (s *Bolt) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
 	var d countDelta
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		d = countDelta{} // bbolt runs fn once, but a reset keeps a failed attempt's notes out
-		return fn(tx, &d)
+		s.det.begin()
+		if err := fn(tx, &d); err != nil {
+			return err
+		}
+		return s.det.checkpoint(tx)
 	}); err != nil {
+		s.det.begin() // the changes were not written
 		return err
 	}
+	s.det.committed()
 	s.countsMu.Lock()
 	s.counts.pending += d.pending
 	s.counts.dead += d.dead
@@ -316,7 +336,7 @@ func (s *Bolt) Commit(b Batch) error {
 	if err := validate(b); err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx, d *countDelta) error { return writeBatch(tx, b, d) })
+	return s.update(func(tx *bolt.Tx, d *countDelta) error { return s.writeBatch(tx, b, d) })
 }
 
 // CommitBatches writes several batches in one fsynced transaction: all of them or none of them.
@@ -328,7 +348,7 @@ func (s *Bolt) CommitBatches(bs []Batch) error {
 	}
 	return s.update(func(tx *bolt.Tx, d *countDelta) error {
 		for _, b := range bs {
-			if err := writeBatch(tx, b, d); err != nil {
+			if err := s.writeBatch(tx, b, d); err != nil {
 				return err
 			}
 		}
@@ -349,7 +369,7 @@ func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) (
 	}
 	err = s.update(func(tx *bolt.Tx, d *countDelta) error {
 		for _, b := range bs {
-			if err := writeBatchReporting(tx, b, d, appended); err != nil {
+			if err := s.writeBatchReporting(tx, b, d, appended); err != nil {
 				return err
 			}
 		}
@@ -393,19 +413,15 @@ func validate(b Batch) error {
 	return nil
 }
 
-func writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error { return writeBatchReporting(tx, b, d, nil) }
+func (s *Bolt) writeBatch(tx *bolt.Tx, b Batch, d *countDelta) error {
+	return s.writeBatchReporting(tx, b, d, nil)
+}
 
 // writeBatchReporting is writeBatch calling appended (when not nil) with each event it appends.
-func writeBatchReporting(tx *bolt.Tx, b Batch, d *countDelta, appended func(Event)) error {
-	det := tx.Bucket(bDetector)
+// The detector states are journaled (detjournal.go).
+func (s *Bolt) writeBatchReporting(tx *bolt.Tx, b Batch, d *countDelta, appended func(Event)) error {
 	for k, v := range b.Detector {
-		var err error
-		if v == nil {
-			err = det.Delete([]byte(k))
-		} else {
-			err = det.Put([]byte(k), v)
-		}
-		if err != nil {
+		if err := s.det.set(tx, k, v); err != nil {
 			return err
 		}
 	}
@@ -419,7 +435,7 @@ func writeBatchReporting(tx *bolt.Tx, b Batch, d *countDelta, appended func(Even
 			return err
 		}
 	}
-	if err := prune(tx, b); err != nil {
+	if err := s.prune(tx, b); err != nil {
 		return err
 	}
 	return appendEvents(tx, b.Events, d, appended)
@@ -428,8 +444,8 @@ func writeBatchReporting(tx *bolt.Tx, b Batch, d *countDelta, appended func(Even
 // prune writes a batch's PruneStates and PruneThreads, each deletion only while the tracked row
 // this transaction reads allows it (Orphaned, Prunable). The states are judged first, against
 // the rows as they were before this batch's thread deletions.
-func prune(tx *bolt.Tx, b Batch) error {
-	threads, det := tx.Bucket(bThreads), tx.Bucket(bDetector)
+func (s *Bolt) prune(tx *bolt.Tx, b Batch) error {
+	threads := tx.Bucket(bThreads)
 	row := func(id string) (Thread, bool, error) {
 		var t Thread
 		v := threads.Get([]byte(id))
@@ -444,7 +460,7 @@ func prune(tx *bolt.Tx, b Batch) error {
 			return err
 		}
 		if Orphaned(t, found, o) {
-			if err := det.Delete([]byte(k)); err != nil {
+			if err := s.det.set(tx, k, nil); err != nil {
 				return err
 			}
 		}
@@ -464,18 +480,46 @@ func prune(tx *bolt.Tx, b Batch) error {
 }
 
 // ForEachDetector calls fn with every detector key and value, in key order
-// (the detector's start-up scan for pending look-ups, and pruning). The slices
-// are copies.
+// (the detector's start-up scan for pending look-ups, and pruning): the journal's overlay over
+// the bucket. The slices are copies.
 func (s *Bolt) ForEachDetector(fn func(key string, value []byte) error) error {
+	// The overlay first, then the bucket: a change checkpointed after the copy was taken is in
+	// the bucket the read transaction sees (the overlay loses a key only after its checkpoint
+	// committed).
+	over := s.det.snapshot()
 	return s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bDetector).ForEach(func(k, v []byte) error {
-			return fn(string(k), append([]byte{}, v...))
-		})
+		c := tx.Bucket(bDetector).Cursor()
+		k, v := c.First()
+		for k != nil || len(over) > 0 {
+			if len(over) > 0 && (k == nil || over[0].key <= string(k)) {
+				e := over[0]
+				over = over[1:]
+				if k != nil && e.key == string(k) {
+					k, v = c.Next()
+				}
+				if e.del {
+					continue
+				}
+				if err := fn(e.key, bytes.Clone(e.val)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := fn(string(k), append([]byte{}, v...)); err != nil {
+				return err
+			}
+			k, v = c.Next()
+		}
+		return nil
 	})
 }
 
-// Detector returns the detector state stored under key.
+// Detector returns the detector state stored under key: the journal's, else the bucket's.
 func (s *Bolt) Detector(key string) ([]byte, bool, error) {
+	// The overlay first (see ForEachDetector).
+	if v, deleted, ok := s.det.get(key); ok {
+		return v, !deleted, nil
+	}
 	var out []byte
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bDetector).Get([]byte(key)); v != nil {
