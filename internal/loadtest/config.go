@@ -73,6 +73,10 @@ type Config struct {
 
 	BigThreadItems int // turn items of the t3_thread thread (on one extra machine); <0: none
 	ThreadCalls    int // t3_thread calls on it
+	// ThreadFirst is how many more threads of BigThreadItems items the big machine holds, each
+	// called once before the ThreadCalls calls: first calls, which read the thread from T3
+	// whatever the connector keeps of threads it has shown (its t3_thread feeds); negative: none.
+	ThreadFirst int
 
 	PushRuns  int           // comparison runs noticed through the connector (t3_wait + webhook)
 	Pollers   []Poller      // comparison pollers
@@ -156,7 +160,7 @@ func Full() Config {
 	return Config{
 		Machines: 100, Threads: 1000, Waits: 1000,
 		Rate: 1000, PeakRate: 5000, Duration: 20 * time.Second, Script: "default",
-		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 50,
+		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 50, ThreadFirst: 10,
 		PushRuns: 200, Pollers: []Poller{{time.Second, 200}, {30 * time.Second, 50}}, RunLength: 60 * time.Second,
 		Drain: 60 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		// 60,000 events, the backlog of a 10-minute outage at 100/s, built ten times faster.
@@ -171,7 +175,7 @@ func Short() Config {
 	return Config{
 		Machines: 4, Threads: 250, Waits: 100,
 		Rate: 200, PeakRate: 1000, Duration: 5 * time.Second, Script: "default",
-		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 20,
+		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 20, ThreadFirst: 5,
 		PushRuns: 20, Pollers: []Poller{{time.Second, 20}, {5 * time.Second, 10}}, RunLength: 5 * time.Second,
 		Drain: 30 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		Outage: 10 * time.Second, OutageRate: 200, OutageThreads: 50, OutageDrain: time.Minute,
@@ -184,7 +188,7 @@ func Tiny() Config {
 	return Config{
 		Machines: 2, Threads: 10, Waits: 4,
 		Rate: 20, PeakRate: 50, Duration: time.Second, Script: "default",
-		WaitsPerSession: 50, BigThreadItems: 50, ThreadCalls: 2,
+		WaitsPerSession: 50, BigThreadItems: 50, ThreadCalls: 2, ThreadFirst: 2,
 		PushRuns: 2, Pollers: []Poller{{200 * time.Millisecond, 2}}, RunLength: 500 * time.Millisecond,
 		Drain: 10 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		Outage: 2 * time.Second, OutageRate: 10, OutageThreads: 2, OutageDrain: 30 * time.Second,
@@ -221,6 +225,10 @@ func (c Config) withDefaults() Config {
 	setI(&c.WaitsPerSession, f.WaitsPerSession)
 	setI(&c.BigThreadItems, f.BigThreadItems)
 	setI(&c.ThreadCalls, f.ThreadCalls)
+	setI(&c.ThreadFirst, f.ThreadFirst)
+	if c.ThreadFirst < 0 {
+		c.ThreadFirst = 0 // explicitly none
+	}
 	setI(&c.PushRuns, f.PushRuns)
 	if c.Pollers == nil {
 		c.Pollers = f.Pollers

@@ -298,6 +298,34 @@ func (c *connector) metrics(ctx context.Context) (map[string]float64, error) {
 	return out, nil
 }
 
+// counterBy scrapes the counter name from /metrics, by the value of its label (found false
+// when the connector has no such counter).
+func (c *connector) counterBy(ctx context.Context, name, label string) (by map[string]float64, found bool, err error) {
+	body, err := c.get(ctx, "/metrics")
+	if err != nil {
+		return nil, false, err
+	}
+	defer body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(body)
+	if err != nil {
+		return nil, false, err
+	}
+	fam, found := families[name]
+	if !found || fam.GetType() != dto.MetricType_COUNTER {
+		return nil, false, nil
+	}
+	by = map[string]float64{}
+	for _, m := range fam.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				by[l.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return by, true, nil
+}
+
 // stop sends SIGTERM and waits (SIGKILL after 10 s).
 func (c *connector) stop() error {
 	var once sync.Once

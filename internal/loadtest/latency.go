@@ -8,21 +8,85 @@ import (
 // This file: the latency phase: t3_thread reads and t3_wait wake-ups, and the event latency of
 // the runs they settle.
 
-func (h *harness) threadTool(ctx context.Context) error {
-	tid := h.big.threads[0]
-	h.logf("t3_thread on a %d-item thread × %d", h.cfg.BigThreadItems, h.cfg.ThreadCalls)
-	u := h.mark()
-	var lat []time.Duration
-	for i := 0; i <= h.cfg.ThreadCalls; i++ {
-		t0 := time.Now()
-		if _, err := h.agents.call(ctx, 0, "t3_thread", map[string]any{"thread_id": tid}); err != nil {
-			return err
-		}
-		if i > 0 { // the first call warms the connection and caches
-			lat = append(lat, time.Since(t0))
+// threadResults is t3code_mcp_thread_results_total, the connector's count of t3_thread results
+// by where it took them from (source: feed, read).
+const threadResults = "t3code_mcp_thread_results_total"
+
+// threadSources is the connector's threadResults by source now; nil when it has none.
+func (h *harness) threadSources(ctx context.Context) map[string]float64 {
+	by, found, err := h.conn.counterBy(ctx, threadResults, "source")
+	if err != nil || !found {
+		return nil
+	}
+	return by
+}
+
+// sourcesSince is what threadResults gained since before; nil when the connector has none.
+func sourcesSince(before, after map[string]float64) map[string]int64 {
+	if after == nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for k, v := range after {
+		if d := int64(v - before[k]); d > 0 {
+			out[k] = d
 		}
 	}
+	return out
+}
+
+// threadTool calls t3_thread once on each of the big machine's other threads (first calls), then
+// ThreadCalls+1 times on its first thread (a first call, then the repeated ones), and reads the
+// same thread straight from the fake for comparison.
+func (h *harness) threadTool(ctx context.Context) error {
+	tid, others := h.big.threads[0], h.big.threads[1:]
+	call := func(thread string) (time.Duration, error) {
+		t0 := time.Now()
+		_, err := h.agents.call(ctx, 0, "t3_thread", map[string]any{"thread_id": thread})
+		return time.Since(t0), err
+	}
+	tt := &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5)}
+	if len(others) > 0 {
+		h.logf("t3_thread: first calls on %d threads of %d items", len(others), h.cfg.BigThreadItems)
+		src0 := h.threadSources(ctx)
+		u := h.mark()
+		var first []time.Duration
+		for _, other := range others {
+			d, err := call(other)
+			if err != nil {
+				return err
+			}
+			first = append(first, d)
+		}
+		// What the calls left running (a t3_thread feed's subscription decoding its snapshot)
+		// is theirs too: counted before the repeated calls begin.
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+		fu := h.usageSince(u)
+		tt.FirstLatency, tt.FirstCPUPerCall = dist(first), fu.CPU/time.Duration(len(others))
+		tt.FirstSources = sourcesSince(src0, h.threadSources(ctx))
+	}
+	h.logf("t3_thread on a %d-item thread × %d", h.cfg.BigThreadItems, h.cfg.ThreadCalls)
+	src0 := h.threadSources(ctx) // outside the CPU windows: a scrape costs the connector CPU
+	u := h.mark()
+	if _, err := call(tid); err != nil {
+		return err
+	}
+	ru := h.mark()
+	var lat []time.Duration
+	for range h.cfg.ThreadCalls {
+		d, err := call(tid)
+		if err != nil {
+			return err
+		}
+		lat = append(lat, d)
+	}
+	if h.cfg.ThreadCalls > 0 {
+		tt.RepeatCPUPerCall = h.usageSince(ru).CPU / time.Duration(h.cfg.ThreadCalls)
+	}
 	usage := h.usageSince(u)
+	tt.Sources = sourcesSince(src0, h.threadSources(ctx))
 	// The same read straight from the fake, for the share of the fake T3 in the above.
 	var direct []time.Duration
 	size := 0
@@ -40,8 +104,9 @@ func (h *harness) threadTool(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	h.rep.ThreadTool = &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5), Bytes: size, BoundedBytes: bounded, Latency: dist(lat), Direct: dist(direct), Usage: usage,
-		CPUPerCall: usage.CPU / time.Duration(h.cfg.ThreadCalls+1)}
+	tt.Bytes, tt.BoundedBytes, tt.Latency, tt.Direct, tt.Usage = size, bounded, dist(lat), dist(direct), usage
+	tt.CPUPerCall = usage.CPU / time.Duration(h.cfg.ThreadCalls+1)
+	h.rep.ThreadTool = tt
 	h.logf("t3_thread: %s; the fake's GET alone: %s", h.rep.ThreadTool.Latency, h.rep.ThreadTool.Direct)
 	return nil
 }

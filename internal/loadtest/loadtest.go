@@ -113,9 +113,9 @@ func describe(c Config) string {
 			c.Soak, c.SoakRate, c.SoakChurn, c.SoakRetention, soakPruneInterval(c.SoakRetention), c.SoakSample)
 	}
 	return fmt.Sprintf("connector %s, M=%d machines × T=%d threads, K=%d waits, E=%.0f/s (latency), peak %.0f/s, %s phases, script %s, "+
-		"push %d runs, pollers %v over %s runs, t3_thread %d items × %d calls, outage %s at %.0f/s on %d threads per machine, fake KeepRuns %d, log %s",
+		"push %d runs, pollers %v over %s runs, t3_thread %d items × %d calls (and %d first calls), outage %s at %.0f/s on %d threads per machine, fake KeepRuns %d, log %s",
 		where, c.Machines, c.Threads, c.Waits, c.Rate, c.PeakRate, c.Duration, c.Script, c.PushRuns, c.Pollers, c.RunLength,
-		c.BigThreadItems, c.ThreadCalls, c.Outage, c.OutageRate, c.OutageThreads, c.KeepRuns, c.LogLevel) + soak
+		c.BigThreadItems, c.ThreadCalls, c.ThreadFirst, c.Outage, c.OutageRate, c.OutageThreads, c.KeepRuns, c.LogLevel) + soak
 }
 
 func (h *harness) run(ctx context.Context) error {

@@ -60,10 +60,10 @@ func TestTinyRun(t *testing.T) {
 		log, _ := os.ReadFile(filepath.Join(cfg.WorkDir, "connector.log"))
 		t.Fatalf(format+"\nreport:\n%s\nprogress:\n%s\nconnector log (tail):\n%s", append(args, text, progress.String(), tail(string(log), 3000))...)
 	}
-	if rep.Startup.Threads != cfg.Machines*cfg.Threads+1 || rep.Startup.Ready <= 0 || rep.Startup.IdleRSS <= 0 {
+	if rep.Startup.Threads != cfg.Machines*cfg.Threads+1+cfg.ThreadFirst || rep.Startup.Ready <= 0 || rep.Startup.IdleRSS <= 0 {
 		fail("start-up: %+v", rep.Startup)
 	}
-	if rep.ThreadTool == nil || rep.ThreadTool.Latency.N != cfg.ThreadCalls || rep.ThreadTool.Items != cfg.BigThreadItems {
+	if tt := rep.ThreadTool; tt == nil || tt.Latency.N != cfg.ThreadCalls || tt.Items != cfg.BigThreadItems || tt.FirstLatency.N != cfg.ThreadFirst {
 		fail("t3_thread: %+v", rep.ThreadTool)
 	}
 	l := rep.Latency

@@ -219,9 +219,8 @@ func (m *machine) finishRuns(runs int) error {
 	return nil
 }
 
-// bigThread gives the machine's first thread runs default-script runs (five turn items each).
-func (m *machine) bigThread(runs int) error {
-	tid := m.threads[0]
+// bigThread gives the machine's thread tid runs default-script runs (five turn items each).
+func (m *machine) bigThread(tid string, runs int) error {
 	for i := 0; i < runs; i++ {
 		if _, err := m.fk.StartRun(tid, fmt.Sprintf("%s (attempt %d)", Prompt, i+1)); err != nil {
 			return err

@@ -3,6 +3,7 @@ package loadtest
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -140,8 +141,28 @@ type ThreadTool struct {
 	Latency      Dist  `json:"latency"` // t3_thread through MCP
 	Direct       Dist  `json:"direct"`  // the same GET straight from the fake T3, body read, not decoded
 	Usage        Usage `json:"usage"`   // the connector during the t3_thread calls
-	// CPUPerCall is the connector's CPU (utime+stime) per t3_thread call.
+	// CPUPerCall is the connector's CPU (utime+stime) per t3_thread call on the thread: its first
+	// call and the repeated ones (Latency) together.
 	CPUPerCall time.Duration `json:"cpu_per_call_ns"`
+
+	// First and repeated calls apart (added 12-01 night): a connector that keeps the threads it
+	// has shown current (t3_thread's feeds) reads only on a thread's first call, so a mean over
+	// both says little about either.
+	//
+	// FirstLatency is the first call on each of the other -thread-first threads (as many items),
+	// FirstCPUPerCall the connector's CPU over those calls and the second after them (what the
+	// calls left running, such as a subscription's snapshot) per call.
+	FirstLatency    Dist          `json:"first_latency"`
+	FirstCPUPerCall time.Duration `json:"first_cpu_per_call_ns"`
+	// RepeatCPUPerCall is the connector's CPU per repeated call on the thread (Latency's calls),
+	// from the end of its first call on.
+	RepeatCPUPerCall time.Duration `json:"repeat_cpu_per_call_ns"`
+	// FirstSources counts the first calls' results by where the connector took them from (its
+	// t3code_mcp_thread_results_total{source}: "feed", "read"), Sources the results of the calls
+	// on the thread (its first and the repeated ones); absent when the connector does not count
+	// them. (Scraped outside the CPU windows.)
+	FirstSources map[string]int64 `json:"first_sources,omitempty"`
+	Sources      map[string]int64 `json:"sources,omitempty"`
 }
 
 // Latency is the latency phase.
@@ -273,6 +294,13 @@ func (r *Report) Text() string {
 		p("t3_thread  %d-item thread (%.1f MiB; its bounded read %.1f MiB): %s", t.Items, float64(t.Bytes)/(1<<20), float64(t.BoundedBytes)/(1<<20), t.Latency)
 		p("           the fake T3's GET of it alone:  %s", t.Direct)
 		p("           connector: %s; %s CPU per call", t.Usage, ms(t.CPUPerCall))
+		if t.FirstLatency.N > 0 {
+			p("           first calls (one on each of %d other threads): %s; %s CPU per call%s", t.FirstLatency.N, t.FirstLatency, ms(t.FirstCPUPerCall), sources(t.FirstSources))
+		}
+		p("           repeated calls on the thread: %s CPU per call", ms(t.RepeatCPUPerCall))
+		if len(t.Sources) > 0 {
+			p("           the thread's %d calls (its first and the repeated)%s", t.Latency.N+1, sources(t.Sources))
+		}
 	}
 	if l := r.Latency; l != nil {
 		p("latency    offered %.0f runs/s, settled %.0f/s; %d t3_wait blocked at once", l.Offered, l.Settled, l.ActiveWaits)
@@ -357,4 +385,16 @@ func stagesText(p func(string, ...any), stages []Stage) {
 		}
 		p("           %-7s %-70s n %7d  mean %s  p50 %s  p99 %s", label, s.Name, s.N, ms(s.Mean), ms(s.P50), ms(s.P99))
 	}
+}
+
+// sources says where t3_thread results came from, when the connector counts it.
+func sources(by map[string]int64) string {
+	if len(by) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(by))
+	for _, k := range slices.Sorted(maps.Keys(by)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, by[k]))
+	}
+	return "; results from " + strings.Join(parts, ", ")
 }

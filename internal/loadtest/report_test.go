@@ -48,6 +48,8 @@ var reportFields = []string{
 	"startup.rss_file_kb", "startup.heap_inuse_kb", "startup.heap_retained_kb", "startup.next_gc_kb", "startup.state_file_kb",
 	"startup.threads", "startup.watched",
 	"thread_tool", "thread_tool.items", "thread_tool.bytes", "thread_tool.bounded_bytes",
+	"thread_tool.first_latency", "thread_tool.first_latency.n", "thread_tool.first_latency.p50_ns", "thread_tool.first_latency.p99_ns", "thread_tool.first_latency.max_ns", "thread_tool.first_latency.mean_ns",
+	"thread_tool.first_cpu_per_call_ns", "thread_tool.repeat_cpu_per_call_ns", "thread_tool.first_sources", "thread_tool.sources",
 	"thread_tool.latency", "thread_tool.latency.n", "thread_tool.latency.p50_ns", "thread_tool.latency.p99_ns", "thread_tool.latency.max_ns", "thread_tool.latency.mean_ns",
 	"thread_tool.direct", "thread_tool.direct.n", "thread_tool.direct.p50_ns", "thread_tool.direct.p99_ns", "thread_tool.direct.max_ns", "thread_tool.direct.mean_ns",
 	"thread_tool.usage", "thread_tool.usage.wall_ns", "thread_tool.usage.cpu_ns", "thread_tool.usage.cores", "thread_tool.usage.max_rss_kb", "thread_tool.usage.harness_cores", "thread_tool.usage.loadavg", "thread_tool.usage.harness_cpu_ns", "thread_tool.usage.harness_minor_faults", "thread_tool.usage.harness_gc_cpu_ns", "thread_tool.usage.harness_gc_cycles", "thread_tool.usage.harness_heap_live_kb",

@@ -65,7 +65,7 @@ func (h *harness) setup(ctx context.Context) error {
 	for _, m := range h.all {
 		n := cfg.Threads
 		if m == h.big {
-			n = 1
+			n = 1 + cfg.ThreadFirst
 		}
 		wg.Add(1)
 		go func() {
@@ -89,12 +89,17 @@ func (h *harness) setup(ctx context.Context) error {
 		return err
 	}
 	if h.big != nil {
-		if err := h.big.bigThread((cfg.BigThreadItems + 4) / 5); err != nil {
-			return err
+		for _, tid := range h.big.threads {
+			if err := h.big.bigThread(tid, (cfg.BigThreadItems+4)/5); err != nil {
+				return err
+			}
 		}
 	}
 	h.rep.Startup.SeedTime = time.Since(t0)
-	h.rep.Startup.Threads = cfg.Machines*cfg.Threads + len(h.all) - len(h.machines)
+	h.rep.Startup.Threads = cfg.Machines * cfg.Threads
+	if h.big != nil {
+		h.rep.Startup.Threads += len(h.big.threads)
+	}
 	h.logf("seeded in %.1f s", h.rep.Startup.SeedTime.Seconds())
 
 	// Roles: threads interleaved across machines, so every role spreads over all of them.

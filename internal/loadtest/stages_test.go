@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"context"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -125,5 +126,42 @@ func TestParseHistogramsOfARealRegistry(t *testing.T) {
 	}
 	if got.count != 3 || got.buckets[0.01] != 1 || got.buckets[0.1] != 2 || got.buckets[math.Inf(1)] != 3 {
 		t.Errorf("histogram %+v", got)
+	}
+}
+
+// The t3_thread sources come from the connector's counter as its registry exposes it, by label;
+// a connector without the counter gives none (the report then leaves the field out), and the
+// difference of two scrapes is what the calls between them added.
+func TestThreadSourcesFromTheCounter(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	results := prometheus.NewCounterVec(prometheus.CounterOpts{Name: threadResults}, []string{"source"})
+	reg.MustRegister(results)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	c := &connector{base: srv.URL, http: client}
+	ctx := context.Background()
+	if by, found, err := c.counterBy(ctx, threadResults, "source"); err != nil || found || by != nil {
+		t.Fatalf("no series yet: %v %v %v", by, found, err) // a CounterVec with no child is not exposed
+	}
+	results.WithLabelValues("read").Add(2)
+	before, found, err := c.counterBy(ctx, threadResults, "source")
+	if err != nil || !found || before["read"] != 2 {
+		t.Fatalf("before: %v %v %v", before, found, err)
+	}
+	results.WithLabelValues("read").Inc()
+	results.WithLabelValues("feed").Add(50)
+	after, _, err := c.counterBy(ctx, threadResults, "source")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sourcesSince(before, after); len(got) != 2 || got["read"] != 1 || got["feed"] != 50 {
+		t.Errorf("sources since: %v", got)
+	}
+	if got := sourcesSince(before, nil); got != nil {
+		t.Errorf("without the counter: %v", got)
+	}
+	if by, found, err := c.counterBy(ctx, "t3code_mcp_no_such_total", "source"); err != nil || found || by != nil {
+		t.Errorf("a counter the connector lacks: %v %v %v", by, found, err)
 	}
 }
