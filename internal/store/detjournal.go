@@ -34,13 +34,23 @@ import (
 // holds what the bucket holds, or is followed by a newer one), so what Commit made durable stays
 // durable; readers see the overlay over the bucket.
 
-// bDetJournal: journal seq (8 bytes big-endian) → a detector change (encodeJournal).
-var bDetJournal = []byte("detector_journal")
+// The event id index (ev_ids: event id → seq) is written the same way, for the same reason: an
+// event's id is a hash, so every appended event rewrote a random page of an index holding every
+// event kept.
+
+// bDetJournal and bIDJournal: journal seq (8 bytes big-endian) → a change of bDetector or
+// bEventIDs (encodeJournal).
+var (
+	bDetJournal = []byte("detector_journal")
+	bIDJournal  = []byte("ev_ids_journal")
+)
 
 const (
 	// detOverlayMin is the overlay's size below which nothing is checkpointed: a few hundred KiB
-	// of memory, and enough keys to share the pages of a small bucket.
+	// of memory, and enough keys to share the pages of a small bucket. detOverlayMax bounds the
+	// overlay of a large bucket (the id index of a long retention): ~6 MiB.
 	detOverlayMin = 4096
+	detOverlayMax = 65536
 	// detOverlayShare: a checkpoint starts once the overlay holds more than the bucket's keys /
 	// detOverlayShare, so that a slice of the overlay's keys in key order finds about
 	// (keys per page) / detOverlayShare changes on each leaf page it rewrites (a state is ~150
@@ -64,9 +74,11 @@ type detChange struct {
 	gone bool
 }
 
-// detJournal is the overlay and the checkpoint's progress. over is read under mu by anyone;
-// the rest is the writer's (Bolt.writeMu), and over changes only under both.
-type detJournal struct {
+// journal is a bucket's journal: the overlay and the checkpoint's progress. over is read under
+// mu by anyone; the rest is the writer's (Bolt.writeMu), and over changes only under both.
+type journal struct {
+	bucket, records []byte // the bucket journaled and the journal's bucket
+
 	mu   sync.RWMutex
 	over map[string]detEntry
 
@@ -86,18 +98,18 @@ type detJournal struct {
 	threshold int
 }
 
-func newDetJournal() *detJournal {
-	return &detJournal{over: map[string]detEntry{}, tx: map[string]detChange{}}
+func newJournal(bucket, records []byte) *journal {
+	return &journal{bucket: bucket, records: records, over: map[string]detEntry{}, tx: map[string]detChange{}}
 }
 
 // begin starts a write transaction's changes (the writer's, under Bolt.writeMu).
-func (j *detJournal) begin() {
+func (j *journal) begin() {
 	clear(j.tx)
 	j.written = 0
 }
 
 // committed applies the committed transaction's changes to the overlay.
-func (j *detJournal) committed() {
+func (j *journal) committed() {
 	if len(j.tx) == 0 {
 		return
 	}
@@ -114,7 +126,7 @@ func (j *detJournal) committed() {
 }
 
 // current is the key's journaled change as the running transaction sees it.
-func (j *detJournal) current(key string) (detEntry, bool) {
+func (j *journal) current(key string) (detEntry, bool) {
 	if c, ok := j.tx[key]; ok {
 		return c.detEntry, !c.gone
 	}
@@ -123,7 +135,7 @@ func (j *detJournal) current(key string) (detEntry, bool) {
 }
 
 // set journals a change of key in tx: val, or (val == nil) the key's deletion.
-func (j *detJournal) set(tx *bolt.Tx, key string, val []byte) error {
+func (j *journal) set(tx *bolt.Tx, key string, val []byte) error {
 	// What the bucket would refuse, refused now: at the checkpoint it would fail another batch's
 	// transaction.
 	switch {
@@ -134,7 +146,7 @@ func (j *detJournal) set(tx *bolt.Tx, key string, val []byte) error {
 	case len(val) > bolt.MaxValueSize:
 		return bolterrors.ErrValueTooLarge
 	}
-	jb := tx.Bucket(bDetJournal)
+	jb := tx.Bucket(j.records)
 	seq, err := jb.NextSequence()
 	if err != nil {
 		return err
@@ -149,9 +161,9 @@ func (j *detJournal) set(tx *bolt.Tx, key string, val []byte) error {
 
 // checkpoint moves a slice of the overlay into the detector bucket in tx, when a pass is running
 // or the overlay has grown past its share of the bucket, and deletes dead journal records.
-func (j *detJournal) checkpoint(tx *bolt.Tx) error {
+func (j *journal) checkpoint(tx *bolt.Tx) error {
 	budget := max(detSliceMin, 2*j.written)
-	det, jb := tx.Bucket(bDetector), tx.Bucket(bDetJournal)
+	det, jb := tx.Bucket(j.bucket), tx.Bucket(j.records)
 	for n := budget; n > 0 && j.front <= j.dead; n-- {
 		if err := jb.Delete(seqKey(j.front)); err != nil {
 			return err
@@ -202,13 +214,13 @@ func (j *detJournal) checkpoint(tx *bolt.Tx) error {
 }
 
 // count sets threshold from the detector bucket's keys as tx sees them.
-func (j *detJournal) count(tx *bolt.Tx) {
-	j.threshold = max(detOverlayMin, tx.Bucket(bDetector).Stats().KeyN/detOverlayShare)
+func (j *journal) count(tx *bolt.Tx) {
+	j.threshold = min(detOverlayMax, max(detOverlayMin, tx.Bucket(j.bucket).Stats().KeyN/detOverlayShare))
 }
 
 // load reads the journal into the overlay (at Open), the newer record of a key winning.
-func (j *detJournal) load(tx *bolt.Tx) error {
-	jb := tx.Bucket(bDetJournal)
+func (j *journal) load(tx *bolt.Tx) error {
+	jb := tx.Bucket(j.records)
 	j.front = jb.Sequence() + 1
 	if k, _ := jb.Cursor().First(); k != nil {
 		j.front = binary.BigEndian.Uint64(k)
@@ -229,8 +241,22 @@ func (j *detJournal) load(tx *bolt.Tx) error {
 	return nil
 }
 
+// getTx returns key's value as the running write transaction sees it (nil: none); bbolt's memory
+// when it comes from the bucket.
+func (j *journal) getTx(tx *bolt.Tx, key string) []byte {
+	if e, ok := j.current(key); ok {
+		if e.del {
+			return nil
+		}
+		return e.val
+	}
+	return tx.Bucket(j.bucket).Get([]byte(key))
+}
+
 // get returns key's journaled value: found says the overlay has the key (val nil: deleted).
-func (j *detJournal) get(key string) (val []byte, deleted, found bool) {
+// Outside a write transaction, a reader asks it before it begins its read transaction (a key
+// leaves the overlay only once its checkpoint committed, so it then finds it in the bucket).
+func (j *journal) get(key string) (val []byte, deleted, found bool) {
 	j.mu.RLock()
 	e, ok := j.over[key]
 	j.mu.RUnlock()
@@ -241,7 +267,7 @@ func (j *detJournal) get(key string) (val []byte, deleted, found bool) {
 }
 
 // snapshot returns the overlay's entries in key order.
-func (j *detJournal) snapshot() []journaled {
+func (j *journal) snapshot() []journaled {
 	j.mu.RLock()
 	out := make([]journaled, 0, len(j.over))
 	for k, e := range j.over {
@@ -266,7 +292,7 @@ type journaled struct {
 }
 
 // len is how many keys the overlay holds (tests).
-func (j *detJournal) len() int {
+func (j *journal) len() int {
 	j.mu.RLock()
 	defer j.mu.RUnlock()
 	return len(j.over)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -234,5 +236,77 @@ func noErr(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEventIDJournal: the event id index is journaled too. Across enough events that
+// checkpoint passes run (and after reopening the file), an id already stored is skipped however
+// long ago it was appended, every event is found by id (Get, Record), and a pruned id is new
+// again.
+func TestEventIDJournal(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	const n = 3 * detOverlayMin
+	id := func(i int) string { return fmt.Sprintf("evt_%08x", uint32(i)*2654435761) } // hash-like order
+	for from := 0; from < n; from += 256 {
+		var evs []Event
+		for i := from; i < from+256; i++ {
+			evs = append(evs, ev(id(i), fmt.Sprintf("m/t%d", i%100)))
+		}
+		noErr(t, s.Commit(Batch{Events: evs}))
+	}
+	if s.ids.len() > detOverlayMin+512 {
+		t.Fatalf("the id overlay holds %d ids: no checkpoint ran", s.ids.len())
+	}
+	check := func() {
+		t.Helper()
+		// Every id again, in one batch with a new one: only the new one is appended.
+		var again []Event
+		for i := range n {
+			again = append(again, ev(id(i), "m/again"))
+		}
+		before, _, _, _ := s.Counts()
+		noErr(t, s.Commit(Batch{Events: append(again, ev("evt_new_"+strconv.Itoa(before), "m/new"))}))
+		if after, _, _, _ := s.Counts(); after != before+1 {
+			t.Fatalf("pending %d → %d: stored ids were appended again", before, after)
+		}
+		for _, i := range []int{0, 1, n / 2, n - 1} {
+			e, err := s.Get(id(i))
+			if err != nil || e.Stream != fmt.Sprintf("m/t%d", i%100) {
+				t.Fatalf("Get(%s) = %+v %v", id(i), e, err)
+			}
+		}
+	}
+	check()
+	noErr(t, s.Close())
+	s = open(t, dir)
+	check()
+	// Deliver the first half, prune it: those ids are new again; the rest still are not.
+	var ops []Op
+	for i := range n / 2 {
+		ops = append(ops, Op{ID: id(i), Kind: OpDelivered, At: t0})
+	}
+	errs, err := s.Record(ops)
+	noErr(t, err)
+	for i, e := range errs {
+		if e != nil {
+			t.Fatalf("Record %s: %v", ops[i].ID, e)
+		}
+	}
+	if pruned, err := s.Prune(t0.Add(time.Second)); err != nil || pruned != n/2 {
+		t.Fatalf("Prune = %d %v, want %d", pruned, err, n/2)
+	}
+	noErr(t, s.Close())
+	s = open(t, dir)
+	if _, err := s.Get(id(0)); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get(pruned) = %v, want ErrNotFound", err)
+	}
+	before, _, _, _ := s.Counts()
+	noErr(t, s.Commit(Batch{Events: []Event{ev(id(0), "m/back"), ev(id(n-1), "m/dup")}}))
+	if after, _, _, _ := s.Counts(); after != before+1 {
+		t.Fatalf("pending %d → %d: want the pruned id appended again and the kept one skipped", before, after)
+	}
+	if e, err := s.Get(id(0)); err != nil || e.Stream != "m/back" {
+		t.Fatalf("Get(re-added) = %+v %v", e, err)
 	}
 }

@@ -86,10 +86,10 @@ func checkEvents(evs []Event) error {
 
 // appendEvents appends evs (checked by checkEvents) to the outbox; an id already stored is skipped.
 // appended, when not nil, gets each event appended, as stored.
-func appendEvents(tx *bolt.Tx, evs []Event, d *countDelta, appended func(Event)) error {
-	pending, bodies, ids, heads := tx.Bucket(bPending), tx.Bucket(bBodies), tx.Bucket(bEventIDs), tx.Bucket(bHeads)
+func (s *Bolt) appendEvents(tx *bolt.Tx, evs []Event, d *countDelta, appended func(Event)) error {
+	pending, bodies, heads := tx.Bucket(bPending), tx.Bucket(bBodies), tx.Bucket(bHeads)
 	for _, e := range evs {
-		if ids.Get([]byte(e.ID)) != nil {
+		if s.ids.getTx(tx, e.ID) != nil {
 			continue // already stored: idempotent
 		}
 		seq, err := pending.NextSequence()
@@ -109,7 +109,7 @@ func appendEvents(tx *bolt.Tx, evs []Event, d *countDelta, appended func(Event))
 		if err := bodies.Put(seqKey(seq), e.Body); err != nil {
 			return err
 		}
-		if err := ids.Put([]byte(e.ID), seqKey(seq)); err != nil {
+		if err := s.ids.set(tx, e.ID, seqKey(seq)); err != nil {
 			return err
 		}
 		if err := heads.Put(headKey(e.Stream, seq), nil); err != nil {
@@ -219,9 +219,15 @@ func pendingAt(tx *bolt.Tx, seq uint64, withBody bool) (Event, error) {
 // Get returns an event in any state, with its body.
 func (s *Bolt) Get(id string) (Event, error) {
 	var e Event
+	sk, deleted, journaled := s.ids.get(id) // before the read transaction (journal.get)
 	err := s.db.View(func(tx *bolt.Tx) error {
+		if !journaled {
+			sk = tx.Bucket(bEventIDs).Get([]byte(id))
+		} else if deleted {
+			sk = nil
+		}
 		var err error
-		if e, _, err = find(tx, id); err != nil {
+		if e, _, err = findSeq(tx, id, sk); err != nil {
 			return err
 		}
 		e.Body, err = body(tx, seqKey(e.Seq))
@@ -277,10 +283,10 @@ func (s *Bolt) Record(ops []Op) (errs []error, err error) {
 
 // applyOps applies ops in tx, each op's own failure at its index in errs; fatal fails the
 // transaction.
-func applyOps(tx *bolt.Tx, ops []Op, d *countDelta) (errs []error, fatal error) {
+func (s *Bolt) applyOps(tx *bolt.Tx, ops []Op, d *countDelta) (errs []error, fatal error) {
 	errs = make([]error, len(ops))
 	for i, op := range ops {
-		if errs[i], fatal = apply(tx, op, d); fatal != nil {
+		if errs[i], fatal = s.apply(tx, op, d); fatal != nil {
 			return nil, fatal
 		}
 	}
@@ -288,8 +294,8 @@ func applyOps(tx *bolt.Tx, ops []Op, d *countDelta) (errs []error, fatal error) 
 }
 
 // apply applies one op; opErr concerns only this op, fatal the transaction.
-func apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
-	e, b, err := find(tx, op.ID)
+func (s *Bolt) apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
+	e, b, err := s.find(tx, op.ID)
 	if err != nil {
 		return err, nil
 	}
@@ -372,7 +378,7 @@ func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 			}
 		}
 		for _, id := range ids {
-			e, _, err := find(tx, id)
+			e, _, err := s.find(tx, id)
 			if err != nil {
 				return err
 			}
@@ -416,7 +422,7 @@ func (s *Bolt) Prune(deliveredBefore time.Time) (int, error) {
 	n := 0
 	err := s.update(func(tx *bolt.Tx, d *countDelta) error {
 		n = 0
-		ids, delivered, bodies, at := tx.Bucket(bEventIDs), tx.Bucket(bDelivered), tx.Bucket(bBodies), tx.Bucket(bDeliveredAt)
+		delivered, bodies, at := tx.Bucket(bDelivered), tx.Bucket(bBodies), tx.Bucket(bDeliveredAt)
 		// Collect first, delete after: deleting under a live bbolt cursor can skip keys.
 		type victim struct{ key, id []byte }
 		var victims []victim
@@ -427,7 +433,7 @@ func (s *Bolt) Prune(deliveredBefore time.Time) (int, error) {
 		}
 		for _, v := range victims {
 			seq := v.key[8:]
-			if err := ids.Delete(v.id); err != nil {
+			if err := s.ids.set(tx, string(v.id), nil); err != nil {
 				return err
 			}
 			if err := delivered.Delete(seq); err != nil {
@@ -512,9 +518,14 @@ func body(tx *bolt.Tx, k []byte) ([]byte, error) {
 	return append([]byte(nil), v...), nil
 }
 
-// find looks an event up by id and returns its header with the bucket holding it.
-func find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
-	sk := tx.Bucket(bEventIDs).Get([]byte(id))
+// find looks an event up by id in a write transaction (update) and returns its header with the
+// bucket holding it.
+func (s *Bolt) find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
+	return findSeq(tx, id, s.ids.getTx(tx, id))
+}
+
+// findSeq is find of the event whose id the index maps to sk (nil: none).
+func findSeq(tx *bolt.Tx, id string, sk []byte) (Event, *bolt.Bucket, error) {
 	if sk == nil {
 		return Event{}, nil, fmt.Errorf("store: event %q: %w", id, ErrNotFound)
 	}

@@ -35,9 +35,9 @@ const FileName = "t3code-mcp.db"
 // an older binary refuses a newer file instead of misreading it. An older file is migrated at
 // Open (migrate.go). 2: event records are a JSON header, the body raw in ev_bodies (1: one JSON
 // record per event, the body base64 inside it). 3: delivered events are indexed by delivery time
-// (ev_delivered_at), so a prune reads only what it deletes. 4: detector states may wait in the
-// detector journal (detjournal.go) before they are in their bucket: a binary that does not read
-// the journal would see older states.
+// (ev_delivered_at), so a prune reads only what it deletes. 4: detector states and event ids may
+// wait in their journals (detjournal.go) before they are in their buckets: a binary that does not
+// read the journals would see older states and miss ids.
 const schemaVersion = 4
 
 // lockTimeout bounds how long Open waits for another process to release the file.
@@ -63,7 +63,7 @@ var (
 	kVersion     = []byte("version")
 )
 
-var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bHeads, bDeliveredAt, bIdempotency}
+var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bIDJournal, bHeads, bDeliveredAt, bIdempotency}
 
 // Errors callers may test with errors.Is.
 var (
@@ -83,10 +83,13 @@ type Bolt struct {
 	countsMu sync.Mutex
 	counts   countDelta
 
-	// writeMu is held by every write transaction that may change the detector state (update),
-	// from its start until the overlay has its changes, so the next one sees them.
+	// writeMu is held by every write transaction that may change the detector state or the
+	// event ids (update), from its start until the overlays have its changes, so the next one
+	// sees them.
 	writeMu sync.Mutex
-	det     *detJournal
+	det     *journal // bDetector's
+	ids     *journal // bEventIDs'
+
 }
 
 // Thread is a thread the connector tracks (started or adopted through it). The type is
@@ -157,7 +160,7 @@ func Open(dir string) (*Bolt, error) {
 			return nil, fmt.Errorf("store: cannot open %s: %w", path, err)
 		}
 	}
-	s := &Bolt{db: db, path: path, det: newDetJournal()}
+	s := &Bolt{db: db, path: path, det: newJournal(bDetector, bDetJournal), ids: newJournal(bEventIDs, bIDJournal)}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, err
@@ -190,8 +193,10 @@ func (s *Bolt) init() error {
 		if err := meta.Put(kVersion, seqKey(schemaVersion)); err != nil {
 			return err
 		}
-		if err := s.det.load(tx); err != nil {
-			return fmt.Errorf("store: %s: %w", s.path, err)
+		for _, j := range []*journal{s.det, s.ids} {
+			if err := j.load(tx); err != nil {
+				return fmt.Errorf("store: %s: %w", s.path, err)
+			}
 		}
 		s.counts = countDelta{
 			pending:   tx.Bucket(bPending).Stats().KeyN,
@@ -212,15 +217,21 @@ func (s *Bolt) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		d = countDelta{} // bbolt runs fn once, but a reset keeps a failed attempt's notes out
 		s.det.begin()
+		s.ids.begin()
 		if err := fn(tx, &d); err != nil {
 			return err
 		}
-		return s.det.checkpoint(tx)
+		if err := s.det.checkpoint(tx); err != nil {
+			return err
+		}
+		return s.ids.checkpoint(tx)
 	}); err != nil {
 		s.det.begin() // the changes were not written
+		s.ids.begin()
 		return err
 	}
 	s.det.committed()
+	s.ids.committed()
 	s.countsMu.Lock()
 	s.counts.pending += d.pending
 	s.counts.dead += d.dead
@@ -374,7 +385,7 @@ func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) (
 			}
 		}
 		var fatal error
-		errs, fatal = applyOps(tx, ops, d)
+		errs, fatal = s.applyOps(tx, ops, d)
 		return fatal
 	})
 	if err != nil {
@@ -438,7 +449,7 @@ func (s *Bolt) writeBatchReporting(tx *bolt.Tx, b Batch, d *countDelta, appended
 	if err := s.prune(tx, b); err != nil {
 		return err
 	}
-	return appendEvents(tx, b.Events, d, appended)
+	return s.appendEvents(tx, b.Events, d, appended)
 }
 
 // prune writes a batch's PruneStates and PruneThreads, each deletion only while the tracked row
