@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +30,8 @@ import (
 //
 // Reported: a settling row's time from T3 publishing it to its event being durable (event-p50/p99:
 // T3's queue behind the previous chunk's Ack, the chunk's apply and its group commit), a chunk's
-// own apply-to-durable time (chunk-p50/p99), the group's transactions and batches per run, and
+// own apply-to-durable time (chunk-p50/p99), the group's transactions and batches per run, the
+// process's CPU per run (cpu-µs/run), and
 // txs-taken/commit: the transactions the group took while a committing chunk waited (1 when it
 // waited for one of its own, 0 when it joined the one being written).
 func BenchmarkChunkDurableSteady(b *testing.B) {
@@ -239,6 +241,7 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 	nextThread := make([]int, machines)
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU(b)
 	t0 := time.Now()
 	started := 0
 	tick := time.NewTicker(time.Millisecond)
@@ -276,6 +279,7 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	cpu := processCPU(b) - cpu0
 	cancel()
 	wg.Wait()
 	if err := record(); err != nil {
@@ -294,7 +298,18 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 	txs, batches := g.Stats()
 	b.ReportMetric(float64(txs)/float64(b.N), "txs/run")
 	b.ReportMetric(float64(batches)/float64(b.N), "batches/run")
+	// The whole process's: the driver and the recorder are in it too, the same work in any tree.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/run")
 	if p, _, delivered, err := st.Counts(); err != nil || p != 0 || delivered != b.N || recorded != b.N {
 		b.Fatalf("%d events pending, %d delivered (%d recorded) for %d runs (%v)", p, delivered, recorded, b.N, err)
 	}
+}
+
+// processCPU is the CPU time (user and system) the process has used so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
