@@ -81,6 +81,14 @@ type Settings struct {
 	// that a result is rendered without reading the thread (internal/threadfeed);
 	// waits beyond it read the thread when their run settles.
 	MaxWaitFeeds int
+	// ThreadFeeds (T3CODE_MCP_THREAD_FEEDS, 100; 0: none): how many threads
+	// t3_thread keeps current from their own T3 subscription after a call
+	// (within MaxWaitFeeds), so that the next call on the thread renders from
+	// memory instead of reading it; each is let go ThreadFeedIdle
+	// (T3CODE_MCP_THREAD_FEED_IDLE, 2m) after the thread's last t3_thread, the
+	// least recently used first when more are wanted.
+	ThreadFeeds    int
+	ThreadFeedIdle time.Duration
 
 	// LeaseTTL (T3CODE_MCP_LEASE_TTL, 6s): with PostgreSQL, how long a replica's lease on a
 	// machine lives without renewal; a dead holder's machines move within TTL + TTL/3.
@@ -183,15 +191,21 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	intVar("T3CODE_MCP_MAX_ANSWER_BYTES", &s.Limits.MaxAnswerBytes, 64<<10)
 	intVar("T3CODE_MCP_MAX_WAITS", &s.Limits.MaxWaits, 2000)
 	intVar("T3CODE_MCP_MAX_WAITS_PER_SESSION", &s.Limits.MaxWaitsPerSession, 50)
-	s.MaxWaitFeeds = 2000
-	if v := getenv("T3CODE_MCP_MAX_WAIT_FEEDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			errs = append(errs, fmt.Errorf("T3CODE_MCP_MAX_WAIT_FEEDS=%q: want a whole number, 0 for none", v))
-		} else {
-			s.MaxWaitFeeds = n
+	// countVar is intVar that takes 0 (none) too.
+	countVar := func(name string, dst *int, def int) {
+		*dst = def
+		if v := getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a whole number, 0 for none", name, v))
+				return
+			}
+			*dst = n
 		}
 	}
+	countVar("T3CODE_MCP_MAX_WAIT_FEEDS", &s.MaxWaitFeeds, 2000)
+	countVar("T3CODE_MCP_THREAD_FEEDS", &s.ThreadFeeds, 100)
+	durVar("T3CODE_MCP_THREAD_FEED_IDLE", &s.ThreadFeedIdle, 2*time.Minute)
 	durVar("T3CODE_MCP_CALL_TIMEOUT", &s.Limits.CallTimeout, 60*time.Second)
 	durVar("T3CODE_MCP_MAX_WAIT", &s.Limits.MaxWait, time.Hour)
 	// Audit log rotation.
@@ -280,7 +294,7 @@ func New(s Settings, o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines, WatchMetrics: wm, MaxWaitFeeds: s.MaxWaitFeeds})
+	a.Fleet = fleet.New(cfg, st, fleet.Options{Logger: log, HTTPTimeout: s.HTTPTimeout, PongTimeout: s.PongTimeout, Tokens: o.Tokens, DemoMachines: o.DemoMachines, WatchMetrics: wm, MaxWaitFeeds: s.MaxWaitFeeds, ThreadFeeds: s.ThreadFeeds, ThreadFeedIdle: s.ThreadFeedIdle})
 	if s.HookURL != "" {
 		if err := a.newEvents(replicaID); err != nil {
 			a.Close()
@@ -377,6 +391,9 @@ func (a *App) newDeps() {
 		Help:    "t3_wait results by stage, once the wait was over: feed (waiting for the thread's subscription to show the settle, results rendered from it), read (the result's read of the thread from T3, when no subscription could answer), render, answered (the whole result, until handed to the MCP SDK).",
 		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}}, []string{"stage"})
 	a.Registry.MustRegister(waitResult)
+	threadResults := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_thread_results_total",
+		Help: "t3_thread results by where they came from: feed (the thread's lingering subscription, no read), read (a read of the thread from T3)."}, []string{"source"})
+	a.Registry.MustRegister(threadResults)
 	a.Push = tools.NewPush()
 	a.Deps = &tools.Deps{Fleet: fl, Threads: st, Keys: store.DispatchKeys{Store: st}, Push: a.Push, Logger: a.Log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		IdempotencyRetention: s.IdempotencyRetention,
@@ -389,13 +406,15 @@ func (a *App) newDeps() {
 		},
 		OnWaitResult: func(stage tools.WaitStage, d time.Duration) {
 			waitResult.WithLabelValues(string(stage)).Observe(d.Seconds())
-		}}
+		},
+		OnThreadResult: func(src tools.ThreadSource) { threadResults.WithLabelValues(string(src)).Inc() }}
 	if a.Detector != nil { // a nil *Detector in the interface would not be a nil Tracker
 		a.Deps.Tracker = detectorTracker{a.Detector}
 	}
 	a.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_active_waits", Help: "t3_wait calls now blocking."}, func() float64 { return float64(a.Deps.ActiveWaits()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_wait_feeds", Help: "Thread subscriptions t3_wait holds open now (T3CODE_MCP_MAX_WAIT_FEEDS)."}, func() float64 { return float64(fl.WaitFeeds()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_thread_feeds", Help: "Thread subscriptions kept open for t3_thread now (T3CODE_MCP_THREAD_FEEDS), some shared with waits."}, func() float64 { return float64(fl.ThreadFeeds()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_machines_online", Help: "Configured machines whose socket is up."}, func() float64 {
 			n := 0
 			for _, m := range fl.Machines() {

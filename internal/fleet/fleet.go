@@ -56,6 +56,12 @@ type Options struct {
 	// MaxWaitFeeds bounds the thread subscriptions t3_wait keeps open, all
 	// machines together (Machine.Feed); 0: none, every wait result reads.
 	MaxWaitFeeds int
+	// ThreadFeeds bounds the thread subscriptions kept open after a
+	// t3_thread call (Machine.ThreadFeed), within MaxWaitFeeds; each is let
+	// go ThreadFeedIdle after its thread's last t3_thread. 0: none, every
+	// t3_thread reads.
+	ThreadFeeds    int
+	ThreadFeedIdle time.Duration
 }
 
 // Fleet is every configured machine.
@@ -114,6 +120,7 @@ func New(cfg *config.Config, threads TrackedThreads, o Options) *Fleet {
 		o.Logger = slog.Default()
 	}
 	f := &Fleet{byName: map[string]*Machine{}, threads: threads, log: o.Logger, transport: readTransport(len(cfg.Machines)), feeds: threadfeed.NewPool(o.MaxWaitFeeds)}
+	f.feeds.SetLinger(o.ThreadFeeds, o.ThreadFeedIdle)
 	hc := &http.Client{Transport: f.transport}
 	ws := fleetSink{f}
 	for _, mc := range cfg.Machines {
@@ -189,6 +196,7 @@ func (f *Fleet) Run(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+	f.feeds.Close() // the t3_thread feeds; the waits' close with their waits
 	f.transport.CloseIdleConnections()
 }
 
@@ -204,6 +212,22 @@ func (m *Machine) Feed(threadID string) (feed *threadfeed.Feed, release func(), 
 		return nil, nil, false
 	}
 	return m.feeds.Acquire(m.Name, threadID, m.watcher.Conn)
+}
+
+// ThreadFeeds counts the thread subscriptions kept open for t3_thread now.
+func (f *Fleet) ThreadFeeds() int { return f.feeds.Lingering() }
+
+// ThreadFeed returns the subscription that keeps a thread's projection
+// current for t3_thread (internal/threadfeed), kept open for a while after
+// this call so that the next t3_thread on the thread renders from memory;
+// ok is false when none may be kept or the machine cannot be used (the call
+// then reads the thread). The feed answers only once it is live and not
+// behind the row (Feed.Current).
+func (m *Machine) ThreadFeed(threadID string) (feed *threadfeed.Feed, ok bool) {
+	if m.watcher == nil {
+		return nil, false
+	}
+	return m.feeds.Linger(m.Name, threadID, m.watcher.Conn)
 }
 
 // connect is the watcher's way in: handshake first (a protocol-1 machine is
@@ -408,6 +432,9 @@ var errThreadArchived = errors.New("thread archived")
 type Found struct {
 	Machine *Machine
 	Shell   t3rpc.ThreadShell
+	// Seq is the sequence of the item that brought Shell (watch.ThreadAt):
+	// a thread feed that has reached it is not behind the row.
+	Seq     int64
 	Project t3rpc.Project
 	Tracked tracked.Thread
 	// IsTracked is true when the state file knows the thread.
@@ -453,11 +480,13 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 			unchecked = append(unchecked, fmt.Sprintf("%s (%s)", m.Name, Misconfigured))
 			continue
 		}
-		shell, ok := m.watcher.Thread(id)
+		shell, seq, ok := m.watcher.ThreadAt(id)
 		if !ok && known {
 			// Dispatched a moment ago: T3 has the thread, but its row may not
 			// have reached the watcher yet.
-			shell, ok = m.awaitRow(id, trackedRowGrace)
+			if _, ok = m.awaitRow(id, trackedRowGrace); ok {
+				shell, seq, ok = m.watcher.ThreadAt(id)
+			}
 		}
 		if !ok {
 			if !m.watcher.Status().Synced {
@@ -469,7 +498,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 		if !ok || !m.Allowed(p) {
 			return Found{}, notFound
 		}
-		return Found{Machine: m, Shell: shell, Project: p, Tracked: tr, IsTracked: known}, nil
+		return Found{Machine: m, Shell: shell, Seq: seq, Project: p, Tracked: tr, IsTracked: known}, nil
 	}
 	for _, m := range candidates {
 		if m.watcher == nil {

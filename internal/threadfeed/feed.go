@@ -107,6 +107,7 @@ func (f *Feed) applyChunk(values []jx.Raw) error {
 			return fmt.Errorf("thread %s: %w", f.ThreadID, err)
 		}
 	}
+	f.compactLocked() // cache.go: bounded however long the feed lives
 	f.broadcastLocked()
 	return nil
 }

@@ -68,6 +68,51 @@ func (d *Deps) state(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell
 	return st, nil
 }
 
+// ThreadSource says where a t3_thread result came from (Deps.OnThreadResult;
+// the t3code_mcp_thread_results_total counter's label).
+type ThreadSource string
+
+const (
+	// ThreadFromFeed: rendered from the thread's lingering subscription
+	// (threadfeed), without reading the thread.
+	ThreadFromFeed ThreadSource = "feed"
+	// ThreadFromRead: rendered from a read of the thread (the first call on
+	// it, a feed not live or behind the row, more turns than a feed holds,
+	// a diff).
+	ThreadFromRead ThreadSource = "read"
+)
+
+// feedTurns is how many runs a thread feed holds from its snapshot
+// (threadfeed keeps the newest three): a t3_thread showing more reads.
+const feedTurns = 3
+
+// fromFeed is t3_thread's projection from the thread's lingering feed
+// (fleet.Machine.ThreadFeed), with the thread's run count; nil, -1 when the
+// feed cannot answer now: none could be opened, it has no snapshot yet (the
+// first call on the thread opens it and reads), its stream ended, or it has
+// not reached the row the state is rendered with (f.Seq). The call then
+// reads. Either way the thread's feed is kept for the next call.
+func (d *Deps) fromFeed(f fleet.Found, turns int) (*t3api.ThreadProjection, int) {
+	if turns > feedTurns {
+		d.observeThread(ThreadFromRead)
+		return nil, -1
+	}
+	if feed, ok := f.Machine.ThreadFeed(f.Shell.ID); ok {
+		if st, ok := feed.Current(f.Seq); ok {
+			d.observeThread(ThreadFromFeed)
+			return st.Projection, st.Runs
+		}
+	}
+	d.observeThread(ThreadFromRead)
+	return nil, -1
+}
+
+func (d *Deps) observeThread(src ThreadSource) {
+	if d.OnThreadResult != nil {
+		d.OnThreadResult(src)
+	}
+}
+
 func stateText(st mcptools.ThreadState) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "thread %s on %s (%s): %s", st.ThreadID, st.Machine, st.Project.Title, st.Status)
@@ -124,18 +169,24 @@ func threadTool(d *Deps) func(context.Context, *Call, *mcptools.ThreadInput) (Re
 			return Result{}, err
 		}
 		var p *t3api.ThreadProjection // read once for the state and the diff
+		turns, runCount := in.Turns.Or(3), -1
 		if in.Diff.Or(false) {
 			rec, err := f.Machine.Recent(ctx, f.Shell.ID)
 			if err != nil {
 				return Result{}, fmt.Errorf("reading thread %q on machine %q: %w", f.Shell.ID, f.Machine.Name, err)
 			}
 			p = rec.Projection
+		} else {
+			p, runCount = d.fromFeed(f, turns)
 		}
-		st, err := d.state(ctx, f, f.Shell, in.Turns.Or(3), p)
+		st, err := d.state(ctx, f, f.Shell, turns, p)
 		if err != nil {
 			return Result{}, err
 		}
-		if p != nil {
+		if runCount >= 0 {
+			st.RunCount.SetTo(runCount) // the thread's runs, not only those the feed holds
+		}
+		if in.Diff.Or(false) {
 			diff, err := d.runDiff(ctx, f, p, in.RunID.Or(""))
 			if err != nil {
 				return Result{}, err

@@ -152,6 +152,9 @@ type Deps struct {
 	// result took once its wait was over (metrics; stage is one of the
 	// WaitStage constants).
 	OnWaitResult func(stage WaitStage, d time.Duration)
+	// OnThreadResult, when set, counts each t3_thread result by where it
+	// came from (ThreadSource).
+	OnThreadResult func(src ThreadSource)
 	// Audit, when set, gets one record per call of a mutating tool
 	// (t3_dispatch, t3_answer, t3_interrupt).
 	Audit Auditor

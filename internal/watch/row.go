@@ -41,6 +41,11 @@ type row struct {
 	// shared nullWorkspace when both were null (nearly every thread not on a
 	// worktree), so most rows pay one pointer for them.
 	ws *rowWorkspace
+	// seq is the sequence of the item that brought the row (a snapshot's
+	// snapshotSequence): T3 gives a thread's row the sequence of its newest
+	// event, so a thread subscription whose cursor has reached seq shows at
+	// least what the row shows (Watcher.ThreadAt).
+	seq int64
 }
 
 // rowWorkspace is a row's branch and worktreePath, kept as they came.

@@ -350,7 +350,7 @@ func (w *Watcher) applyItemLocked(it *t3rpc.ShellStreamItem, change *Change, tou
 				w.removeLocked(t.ID, &GoneThread{Where: "archive", ProjectID: t.ProjectId, Title: t.Title}, change, touched)
 			} else {
 				w.gone.drop(t.ID) // unarchived, or a thread id seen again
-				w.putLocked(&t)
+				w.putLocked(&t, it.Sequence.Or(w.status.Cursor))
 				w.touchLocked(t.ID)
 				if idx, ok := touched[t.ID]; ok {
 					if change.Passed == nil {
@@ -425,7 +425,7 @@ func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
 	w.threads = make(map[string]*row, len(snap.Threads))
 	for i := range snap.Threads {
 		w.gone.drop(snap.Threads[i].ID)
-		w.putLocked(&snap.Threads[i])
+		w.putLocked(&snap.Threads[i], snap.SnapshotSequence)
 	}
 	w.projects = make(map[string]t3rpc.Project, len(snap.Projects))
 	for _, p := range snap.Projects {
@@ -440,14 +440,16 @@ func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
 	}
 }
 
-// putLocked stores t's compact row, reusing the thread's previous one.
-func (w *Watcher) putLocked(t *t3rpc.ThreadShell) {
+// putLocked stores t's compact row, brought by the item of sequence seq,
+// reusing the thread's previous one.
+func (w *Watcher) putLocked(t *t3rpc.ThreadShell, seq int64) {
 	r := w.threads[t.ID]
 	if r == nil {
 		r = new(row)
 		w.threads[t.ID] = r
 	}
 	r.set(t, w.intern, w.models)
+	r.seq = seq
 }
 
 // removeLocked takes a thread off the list; gone, when not nil, is what to
@@ -538,13 +540,22 @@ func (w *Watcher) Status() Status {
 
 // Thread returns the latest shell row of a thread, without latestVisibleMessage (see row).
 func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
+	t, _, ok := w.ThreadAt(id)
+	return t, ok
+}
+
+// ThreadAt is Thread with the sequence of the item that brought the row (a
+// shell snapshot's snapshotSequence, else the sequence of the thread's newest
+// event as T3 numbered the row): a thread subscription (threadfeed) whose
+// cursor has reached it is not behind the row.
+func (w *Watcher) ThreadAt(id string) (t3rpc.ThreadShell, int64, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	t, ok := w.threads[id]
 	if !ok {
-		return t3rpc.ThreadShell{}, false
+		return t3rpc.ThreadShell{}, 0, false
 	}
-	return t.shell(id), true
+	return t.shell(id), t.seq, true
 }
 
 // Gone reports why a thread that is not in the list left it: "archive" when it
