@@ -174,7 +174,7 @@ type rig struct {
 	conn   *effectrpc.Conn
 }
 
-func newRig(t *testing.T, o t3fake.Options) *rig {
+func newRig(t testing.TB, o t3fake.Options) *rig {
 	t.Helper()
 	fk := t3fake.StartT(t, o)
 	c, err := t3.NewClient("mac", fk.URL(), fk.Token(), t3.Options{Timeout: 5 * time.Second})
@@ -196,7 +196,7 @@ func newRig(t *testing.T, o t3fake.Options) *rig {
 
 func (r *rig) dial(context.Context) (*effectrpc.Conn, error) { return r.conn, nil }
 
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
