@@ -413,7 +413,7 @@ func (a *App) newDeps() {
 	}
 	a.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_active_waits", Help: "t3_wait calls now blocking."}, func() float64 { return float64(a.Deps.ActiveWaits()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_wait_feeds", Help: "Thread subscriptions t3_wait holds open now (T3CODE_MCP_MAX_WAIT_FEEDS)."}, func() float64 { return float64(fl.WaitFeeds()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_wait_feeds", Help: "Thread subscriptions open now, for t3_wait and t3_thread (T3CODE_MCP_MAX_WAIT_FEEDS bounds them all)."}, func() float64 { return float64(fl.WaitFeeds()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_thread_feeds", Help: "Thread subscriptions kept open for t3_thread now (T3CODE_MCP_THREAD_FEEDS), some shared with waits."}, func() float64 { return float64(fl.ThreadFeeds()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_machines_online", Help: "Configured machines whose socket is up."}, func() float64 {
 			n := 0

@@ -200,7 +200,8 @@ func (f *Fleet) Run(ctx context.Context) {
 	f.transport.CloseIdleConnections()
 }
 
-// WaitFeeds counts the thread subscriptions t3_wait holds open now.
+// WaitFeeds counts the thread subscriptions open now, for waits and for
+// t3_thread (ThreadFeeds).
 func (f *Fleet) WaitFeeds() int { return f.feeds.Open() }
 
 // Feed returns the subscription that keeps a waited thread's projection

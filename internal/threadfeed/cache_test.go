@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
+
+	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
@@ -227,6 +230,31 @@ func BenchmarkCachedThreadRender(b *testing.B) {
 					b.Fatalf("run count %d, want %d", out.RunCount.Value, items/5)
 				}
 			}
+			// What a lingering feed holds: its projection, measured as the
+			// heap one more decoded copy of it takes (the feed's share of
+			// T3CODE_MCP_THREAD_FEEDS; the heap of the whole process would
+			// count the fake T3's side of the stream too).
+			st, _ := f.Current(head)
+			js, err := st.Projection.MarshalJSON()
+			if err != nil {
+				b.Fatal(err)
+			}
+			heap0 := liveHeap()
+			held := new(t3api.ThreadProjection)
+			if err := held.Decode(jx.DecodeBytes(js)); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(liveHeap()-heap0), "heap-B/feed")
+			runtime.KeepAlive(held)
 		})
 	}
+}
+
+// liveHeap is the heap in use after a collection.
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC() // and what the pools kept for one more (sync.Pool's victims)
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
 }
