@@ -623,6 +623,7 @@ func TestFaultMachineHangingOnHTTP(t *testing.T) {
 	h, mac, pc := twoMachines(t, hl, t3fake.Options{ManualSteps: true}, func(s *appSettings) {
 		s.Limits.CallTimeout = 6 * time.Second
 		s.HTTPTimeout = 30 * time.Second
+		s.ThreadFeeds = 0 // every t3_thread reads (a thread's subscription could answer it)
 	})
 	c := h.client("faults")
 	mm := dispatchMix(c, "mac", 1, promptDone, promptFail)

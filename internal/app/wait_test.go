@@ -174,7 +174,11 @@ func TestBoundedRouteMissingFallsBack(t *testing.T) {
 	for _, status := range []int{404, 503} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
 			leakCheck(t)
-			h := manualHarness(t)
+			fk := t3fake.StartT(t, t3fake.Options{Label: "mac-env", ManualSteps: true})
+			fk.AddProject("api", "/srv/api")
+			// Every t3_thread reads: a thread's subscription could answer it.
+			h := newHarness(t, harnessOpts{fake: fk, settings: func(s *app.Settings) { s.ThreadFeeds = 0 }})
+			h.waitOnline("mac")
 			c := h.client("fallback")
 			d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
 			h.fake.StepAll()
