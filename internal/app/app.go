@@ -349,7 +349,12 @@ func (a *App) newEvents(replicaID string) error {
 	if handOver {
 		queue = groupRecords{st, group}
 	}
-	a.enricher = events.NewEnricher(fl)
+	// The detector's metrics, the enricher's too (its prefetches).
+	em, err := events.NewMetrics(a.Registry)
+	if err != nil {
+		return err
+	}
+	a.enricher = events.NewEnricher(fl).WithMetrics(em)
 	ob, err := outbox.New(queue, outbox.Config{URL: s.HookURL, Token: s.HookToken, Secret: s.HookSecret, MaxAge: s.HookMaxAge, Concurrency: s.HookConcurrency, EnrichConcurrency: s.HookEnrichConcurrency, Logger: a.Log, Metrics: m,
 		Retention: s.HookRetention, PruneEvery: s.PruneInterval,
 		Enricher: a.enricher, EnrichTimeout: s.HookEnrichTimeout,
@@ -364,10 +369,6 @@ func (a *App) newEvents(replicaID string) error {
 	}
 	// The detector reads threads through the fleet (look-ups, off the
 	// Ack path) and the fleet hands it every chunk from Start on.
-	em, err := events.NewMetrics(a.Registry)
-	if err != nil {
-		return err
-	}
 	do := events.Options{
 		Store: group, Tracked: st, Read: fl, Logger: a.Log, Notify: notify, Metrics: em, Retention: s.ThreadRetention, PruneEvery: s.PruneInterval, Lookup: s.Lookup,
 		Prefetch: a.enricher.Prefetch,

@@ -154,18 +154,30 @@ func missing(t genevents.EventType) []string {
 type Enricher struct {
 	read Reader
 	pre  prefetcher // reads started before the event's commit (prefetch.go)
+	m    *Metrics   // nil: none
 }
 
 // NewEnricher reads threads through read.
 func NewEnricher(read Reader) *Enricher { return &Enricher{read: read} }
+
+// WithMetrics counts the prefetches' outcomes in m (t3code_mcp_events_enrich_prefetch_total).
+func (en *Enricher) WithMetrics(m *Metrics) *Enricher {
+	en.m = m
+	return en
+}
 
 // Enrich reads the thread and returns the complete body. An error means T3
 // could not be read now: the outbox tries again later. The read the detector
 // started before the event's commit (Prefetch) is taken when there is one:
 // waited for while under way, read again when it failed.
 func (en *Enricher) Enrich(ctx context.Context, e store.Event) ([]byte, error) {
-	if body, ok, err := en.pre.prefetched(ctx, e.ID); err != nil || ok {
-		return body, err
+	body, outcome, err := en.pre.prefetched(ctx, e.ID)
+	if err != nil {
+		return nil, err
+	}
+	en.m.prefetched(outcome, 1)
+	if outcome == prefetchUsed {
+		return body, nil
 	}
 	return en.enrich(ctx, e)
 }

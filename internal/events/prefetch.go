@@ -51,6 +51,14 @@ type prefetcher struct {
 	inflight  int
 	lastSweep time.Time
 	wg        sync.WaitGroup
+	now       func() time.Time // nil: time.Now (tests set it before RunPrefetch)
+}
+
+func (p *prefetcher) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
 }
 
 // RunPrefetch lets Prefetch start reads until ctx ends, then waits for the reads in flight (they
@@ -84,9 +92,10 @@ func (en *Enricher) Prefetch(e store.Event) {
 		p.mu.Unlock()
 		return
 	}
-	p.sweepLocked(time.Now())
+	dropped := p.sweepLocked(p.clock())
 	if _, dup := p.m[e.ID]; dup || len(p.m) >= prefetchLimit {
 		p.mu.Unlock()
+		en.m.prefetched(prefetchDropped, dropped)
 		return
 	}
 	f := &prefetch{done: make(chan struct{})}
@@ -95,13 +104,15 @@ func (en *Enricher) Prefetch(e store.Event) {
 	p.wg.Add(1)
 	ctx := p.ctx
 	p.mu.Unlock()
+	en.m.prefetched(prefetchDropped, dropped)
 	go func() {
 		defer p.wg.Done()
 		rctx, cancel := context.WithTimeout(ctx, prefetchTimeout)
 		body, err := en.enrich(rctx, e)
 		cancel()
+		at := p.clock()
 		p.mu.Lock()
-		f.body, f.err, f.at = body, err, time.Now()
+		f.body, f.err, f.at = body, err, at
 		p.inflight--
 		p.mu.Unlock()
 		close(f.done)
@@ -117,33 +128,38 @@ func (p *prefetcher) take(id string) *prefetch {
 	return f
 }
 
-// sweepLocked drops the results nobody took within prefetchKeep (at most once per prefetchKeep).
-func (p *prefetcher) sweepLocked(now time.Time) {
+// sweepLocked drops the results nobody took within prefetchKeep (at most once per prefetchKeep)
+// and reports how many.
+func (p *prefetcher) sweepLocked(now time.Time) int {
 	if now.Sub(p.lastSweep) < prefetchKeep {
-		return
+		return 0
 	}
 	p.lastSweep = now
+	n := 0
 	for id, f := range p.m {
 		if !f.at.IsZero() && now.Sub(f.at) >= prefetchKeep {
 			delete(p.m, id)
+			n++
 		}
 	}
+	return n
 }
 
-// prefetched returns e's body as its prefetch read it, waiting for a read still under way; ok is
-// false when there was none or it failed (the caller reads the thread itself).
-func (p *prefetcher) prefetched(ctx context.Context, id string) (body []byte, ok bool, err error) {
+// prefetched returns e's body as its prefetch read it, waiting for a read still under way, with
+// outcome prefetchUsed; prefetchNone when there was none, prefetchFailed when it failed (the
+// caller reads the thread itself then). err is ctx's when it ended while waiting.
+func (p *prefetcher) prefetched(ctx context.Context, id string) (body []byte, outcome string, err error) {
 	f := p.take(id)
 	if f == nil {
-		return nil, false, nil
+		return nil, prefetchNone, nil
 	}
 	select {
 	case <-f.done:
 	case <-ctx.Done():
-		return nil, false, ctx.Err()
+		return nil, "", ctx.Err()
 	}
 	if f.err != nil {
-		return nil, false, nil
+		return nil, prefetchFailed, nil
 	}
-	return f.body, true, nil
+	return f.body, prefetchUsed, nil
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -78,7 +80,11 @@ func (c commitWhenRead) Commit(b store.Batch) error {
 func prefetchEnv(t *testing.T, r *gatedReader, run bool) (*env, *Enricher) {
 	t.Helper()
 	e := newEnv(t, "")
-	en := NewEnricher(r)
+	m, err := NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	en := NewEnricher(r).WithMetrics(m)
 	if run {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -94,6 +100,16 @@ func prefetchEnv(t *testing.T, r *gatedReader, run bool) (*env, *Enricher) {
 	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
 	e.apply(row("t1", "running", "r1", "r1", ""))
 	return e, en
+}
+
+// prefetches is the enricher's count of prefetch outcome o.
+func prefetches(t *testing.T, en *Enricher, o string) float64 {
+	t.Helper()
+	var mm dto.Metric
+	if err := en.m.prefetch.WithLabelValues(o).Write(&mm); err != nil {
+		t.Fatal(err)
+	}
+	return mm.GetCounter().GetValue()
 }
 
 // waitRunning waits until RunPrefetch has taken its context (a condition, not a duration).
@@ -148,6 +164,9 @@ func TestEnrichmentReadRunsBesideTheCommit(t *testing.T) {
 	if n := r.count(); n != 1 {
 		t.Fatalf("%d thread reads, want the prefetch's one", n)
 	}
+	if used, none := prefetches(t, en, prefetchUsed), prefetches(t, en, prefetchNone); used != 1 || none != 0 {
+		t.Fatalf("prefetch outcomes: used %v, none %v; want 1 and 0", used, none)
+	}
 }
 
 // A prefetch read that failed is not the answer: Enrich reads the thread again (the outbox's
@@ -164,6 +183,9 @@ func TestFailedPrefetchIsReadAgain(t *testing.T) {
 	if n := r.count(); n != 2 {
 		t.Fatalf("%d thread reads, want 2 (the failed prefetch and Enrich's)", n)
 	}
+	if failed := prefetches(t, en, prefetchFailed); failed != 1 {
+		t.Fatalf("prefetch outcome failed counted %v times, want 1", failed)
+	}
 }
 
 // Without RunPrefetch (or after it ended) nothing is read ahead: Enrich reads, as before.
@@ -178,6 +200,9 @@ func TestNoPrefetchWithoutRun(t *testing.T) {
 	body, err := en.Enrich(context.Background(), e.pendingEvent())
 	if err != nil || !strings.Contains(string(body), "provider quota exceeded") || r.count() != 1 {
 		t.Fatalf("enriched body %s, %v after %d reads", body, err, r.count())
+	}
+	if none := prefetches(t, en, prefetchNone); none != 1 {
+		t.Fatalf("prefetch outcome none counted %v times, want 1", none)
 	}
 }
 
@@ -200,5 +225,63 @@ func TestPrefetchEndsWithItsContext(t *testing.T) {
 	<-done
 	if f := en.pre.take("evt_1"); f != nil {
 		t.Fatal("a result kept after RunPrefetch ended")
+	}
+}
+
+// A result nobody takes (the event was stored already, a fenced commit) is dropped after
+// prefetchKeep, at the next Prefetch, and counted; its event's Enrich then reads the thread.
+func TestUnclaimedPrefetchIsDropped(t *testing.T) {
+	r := newGatedReader(0)
+	close(r.release)
+	m, err := NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	en := NewEnricher(r).WithMetrics(m)
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	en.pre.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); en.RunPrefetch(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitRunning(en)
+	event := func(id string) store.Event {
+		b, _, err := render(Transition{ID: id, Machine: "m", ThreadID: "t1", RunID: "r1"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return store.Event{ID: id, Stream: "m/t1", Body: b, Enrich: true}
+	}
+	en.Prefetch(event("evt_1"))
+	<-r.started
+	for { // the read answered: its result is held
+		en.pre.mu.Lock()
+		f := en.pre.m["evt_1"]
+		en.pre.mu.Unlock()
+		if f == nil {
+			t.Fatal("evt_1's prefetch is not held")
+		}
+		select {
+		case <-f.done:
+		default:
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		break
+	}
+	mu.Lock()
+	now = now.Add(prefetchKeep)
+	mu.Unlock()
+	en.Prefetch(event("evt_2")) // sweeps
+	<-r.started
+	if dropped := prefetches(t, en, prefetchDropped); dropped != 1 {
+		t.Fatalf("dropped %v, want 1", dropped)
+	}
+	if _, err := en.Enrich(context.Background(), event("evt_1")); err != nil {
+		t.Fatal(err)
+	}
+	if none := prefetches(t, en, prefetchNone); none != 1 || r.count() != 3 {
+		t.Fatalf("Enrich of the dropped one: none %v, %d reads; want 1 and 3", none, r.count())
 	}
 }
