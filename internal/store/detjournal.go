@@ -96,6 +96,14 @@ type journal struct {
 	// threshold is the overlay's size that starts a pass: the larger of detOverlayMin and the
 	// bucket's keys / detOverlayShare, counted at Open and after every pass.
 	threshold int
+	// saved is the progress as the running transaction found it, put back if it fails.
+	saved journalProgress
+}
+
+// journalProgress is what of the checkpoint's progress a transaction changes.
+type journalProgress struct {
+	dead, front uint64
+	threshold   int
 }
 
 func newJournal(bucket, records []byte) *journal {
@@ -106,6 +114,17 @@ func newJournal(bucket, records []byte) *journal {
 func (j *journal) begin() {
 	clear(j.tx)
 	j.written = 0
+	j.saved = journalProgress{j.dead, j.front, j.threshold}
+}
+
+// abort forgets the changes of a transaction that failed (it may have failed after its
+// checkpoint ran): its journal records and checkpoints were not written, so the front and the
+// dead mark go back, and the pass starts again (the overlay still holds every key it had).
+func (j *journal) abort() {
+	clear(j.tx)
+	j.written = 0
+	j.dead, j.front, j.threshold = j.saved.dead, j.saved.front, j.saved.threshold
+	j.pass, j.at = j.pass[:0], 0
 }
 
 // committed applies the committed transaction's changes to the overlay.

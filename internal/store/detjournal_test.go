@@ -310,3 +310,58 @@ func TestEventIDJournal(t *testing.T) {
 		t.Fatalf("Get(re-added) = %+v %v", e, err)
 	}
 }
+
+// TestDetectorJournalTransactionFailingAfterItsCheckpoint: a transaction that ends a checkpoint
+// pass and then fails (its commit: a full disk) neither moved the states nor made their journal
+// records dead, so the following transactions must not delete them: every state survives a
+// reopen.
+func TestDetectorJournalTransactionFailingAfterItsCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	model := map[string]string{}
+	det := map[string][]byte{}
+	for i := range 2 * detOverlayMin {
+		k := fmt.Sprintf("m\x00t%05d", i)
+		det[k] = []byte("v1")
+		model[k] = "v1"
+	}
+	// Journaled in a transaction that checkpoints nothing (the overlay was empty when it began).
+	s.writeMu.Lock()
+	s.det.begin()
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for k, v := range det {
+			if err := s.det.set(tx, k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	noErr(t, err)
+	s.det.committed()
+	// A transaction that runs the whole pass, then fails.
+	s.det.begin()
+	boom := errors.New("commit failed")
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		for {
+			if err := s.det.checkpoint(tx); err != nil {
+				return err
+			}
+			if len(s.det.pass) == 0 {
+				return boom
+			}
+		}
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Update = %v", err)
+	}
+	s.det.abort()
+	s.writeMu.Unlock()
+	// Later transactions (each deleting what it believes dead) and a reopen.
+	for i := range 20 {
+		noErr(t, s.Commit(Batch{Detector: map[string][]byte{fmt.Sprintf("x\x00%d", i): []byte("x")}}))
+		model[fmt.Sprintf("x\x00%d", i)] = "x"
+	}
+	noErr(t, s.Close())
+	s = open(t, dir)
+	detModel(t, s, model)
+}

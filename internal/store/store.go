@@ -226,8 +226,8 @@ func (s *Bolt) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
 		}
 		return s.ids.checkpoint(tx)
 	}); err != nil {
-		s.det.begin() // the changes were not written
-		s.ids.begin()
+		s.det.abort() // the changes were not written
+		s.ids.abort()
 		return err
 	}
 	s.det.committed()
