@@ -558,6 +558,7 @@ func TestFaultMachineAnswering500(t *testing.T) {
 	hl := newHookLog(t, nil)
 	h, mac, pc := twoMachines(t, hl, t3fake.Options{ManualSteps: true}, func(s *appSettings) {
 		s.HookEnrichTimeout = 2 * time.Second
+		s.ThreadFeeds = 0 // every t3_thread reads (a thread's subscription could answer it)
 	})
 	c := h.client("faults")
 	mm := dispatchMix(c, "mac", 1, promptDone, promptFail)

@@ -197,11 +197,10 @@ func TestLimits(t *testing.T) {
 
 	t.Run("call timeout", func(t *testing.T) {
 		a := a.in(t)
-		// A thread t3_thread has not read yet: a thread read before may be
-		// answered from its lingering subscription, without HTTP.
-		fresh := str(a.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone}), "thread_id")
+		// With a diff, which t3_thread always reads (its default view may be
+		// answered from the thread's subscription, without HTTP).
 		fk.HTTPHang(true)
-		a.fails("t3_thread", map[string]any{"thread_id": fresh}, "t3_thread timed out after 2s", "did not answer in time")
+		a.fails("t3_thread", map[string]any{"thread_id": hang, "diff": true}, "t3_thread timed out after 2s", "did not answer in time")
 		a.ok("t3_machines", nil)
 		a.ok("t3_projects", map[string]any{"machine": "mac"})
 		fk.HTTPHang(false)

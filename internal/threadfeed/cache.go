@@ -2,7 +2,9 @@ package threadfeed
 
 import (
 	"cmp"
+	"context"
 	"slices"
+	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
 )
@@ -17,12 +19,55 @@ import (
 // shown with, or whose stream ended (a dropped socket), is never served. It
 // does not wait.
 func (f *Feed) Current(atLeast int64) (State, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.err != nil || f.p == nil || f.cursor < atLeast {
-		return State{}, false
+	return f.AwaitCurrent(context.Background(), atLeast, 0, 0)
+}
+
+// AwaitCurrent is Current once the feed can answer: it waits while the feed
+// has no snapshot yet for up to first, and while it is behind atLeast for up
+// to behind (T3 sends a thread's events on its stream about when it sends
+// the row; a stream that stays behind does not hold the caller long). ok is
+// false when the feed fails, ctx ends or the time is up.
+func (f *Feed) AwaitCurrent(ctx context.Context, atLeast int64, first, behind time.Duration) (State, bool) {
+	start := time.Now()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		f.mu.Lock()
+		if f.err != nil {
+			f.mu.Unlock()
+			return State{}, false
+		}
+		if f.p != nil && f.cursor >= atLeast {
+			st := State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}
+			f.mu.Unlock()
+			return st, true
+		}
+		limit := first
+		if f.p != nil {
+			limit = behind
+		}
+		changed := f.changed
+		f.mu.Unlock()
+		left := limit - time.Since(start)
+		if left <= 0 {
+			return State{}, false
+		}
+		if timer == nil {
+			timer = time.NewTimer(left)
+		} else {
+			timer.Reset(left)
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-ctx.Done():
+			return State{}, false
+		}
 	}
-	return State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}, true
 }
 
 // compactAt is how many runs a feed holds before it drops the older ones:

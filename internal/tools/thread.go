@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/mcptools"
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
@@ -86,19 +87,28 @@ const (
 // (threadfeed keeps the newest three): a t3_thread showing more reads.
 const feedTurns = 3
 
+// How long t3_thread waits for the thread's feed before it reads: for its
+// snapshot (the first call on a thread opens the feed: T3 sends the snapshot
+// about as fast as it answers the read, which the call then need not make),
+// and for a feed behind the row to apply the events the row already shows.
+const (
+	feedSnapshotWait = 250 * time.Millisecond
+	feedCatchUpWait  = 20 * time.Millisecond
+)
+
 // fromFeed is t3_thread's projection from the thread's lingering feed
 // (fleet.Machine.ThreadFeed), with the thread's run count; nil, -1 when the
-// feed cannot answer now: none could be opened, it has no snapshot yet (the
-// first call on the thread opens it and reads), its stream ended, or it has
-// not reached the row the state is rendered with (f.Seq). The call then
-// reads. Either way the thread's feed is kept for the next call.
-func (d *Deps) fromFeed(f fleet.Found, turns int) (*t3api.ThreadProjection, int) {
+// feed cannot answer: none could be opened, its snapshot did not come within
+// feedSnapshotWait, its stream ended, or it did not reach the row the state
+// is rendered with (f.Seq) within feedCatchUpWait. The call then reads.
+// Either way the thread's feed is kept for the next call.
+func (d *Deps) fromFeed(ctx context.Context, f fleet.Found, turns int) (*t3api.ThreadProjection, int) {
 	if turns > feedTurns {
 		d.observeThread(ThreadFromRead)
 		return nil, -1
 	}
 	if feed, ok := f.Machine.ThreadFeed(f.Shell.ID); ok {
-		if st, ok := feed.Current(f.Seq); ok {
+		if st, ok := feed.AwaitCurrent(ctx, f.Seq, feedSnapshotWait, feedCatchUpWait); ok {
 			d.observeThread(ThreadFromFeed)
 			return st.Projection, st.Runs
 		}
@@ -177,7 +187,7 @@ func threadTool(d *Deps) func(context.Context, *Call, *mcptools.ThreadInput) (Re
 			}
 			p = rec.Projection
 		} else {
-			p, runCount = d.fromFeed(f, turns)
+			p, runCount = d.fromFeed(ctx, f, turns)
 		}
 		st, err := d.state(ctx, f, f.Shell, turns, p)
 		if err != nil {
