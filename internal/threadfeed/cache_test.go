@@ -111,12 +111,18 @@ func TestCurrentOnlyWhenLiveAndCaughtUp(t *testing.T) {
 	pool.SetLinger(10, time.Hour)
 	defer func() { pool.Close(); pool.Wait() }()
 	f, _ := pool.Linger("mac", tid, r.dial)
-	st := now(t, f)
+	st, ok := f.AwaitCurrent(t.Context(), 0, time.Minute, 0) // its snapshot
+	if !ok {
+		t.Fatalf("no snapshot: %v", f.Err())
+	}
 	if _, ok := f.Current(st.Cursor); !ok {
 		t.Fatal("a live feed at the sequence asked for did not answer")
 	}
 	if _, ok := f.Current(st.Cursor + 1); ok {
 		t.Fatal("a feed behind the sequence asked for answered")
+	}
+	if _, ok := f.AwaitCurrent(t.Context(), st.Cursor+1, time.Minute, time.Millisecond); ok {
+		t.Fatal("a feed that stayed behind answered after its wait")
 	}
 	if _, err := r.fake.StartRun(tid, "write the docs"); err != nil {
 		t.Fatal(err)
