@@ -395,6 +395,10 @@ func (a *App) newDeps() {
 	threadResults := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "t3code_mcp_thread_results_total",
 		Help: "t3_thread results by where they came from: feed (the thread's lingering subscription, no read), read (a read of the thread from T3)."}, []string{"source"})
 	a.Registry.MustRegister(threadResults)
+	waitWoken := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "t3code_mcp_wait_woken_seconds",
+		Help:    "How long t3_wait calls blocked before a stream showed their run settle or ask, by the stream that showed it first: shell (the machine's shell stream, the watcher's row) or feed (the thread's own subscription).",
+		Buckets: []float64{.01, .1, 1, 10, 60, 300, 1800}}, []string{"by"})
+	a.Registry.MustRegister(waitWoken)
 	a.Push = tools.NewPush()
 	a.Deps = &tools.Deps{Fleet: fl, Threads: st, Keys: store.DispatchKeys{Store: st}, Push: a.Push, Logger: a.Log, Limits: s.Limits, DefaultOrigin: s.Origin, ReadOnly: s.ReadOnly,
 		IdempotencyRetention: s.IdempotencyRetention,
@@ -408,7 +412,10 @@ func (a *App) newDeps() {
 		OnWaitResult: func(stage tools.WaitStage, d time.Duration) {
 			waitResult.WithLabelValues(string(stage)).Observe(d.Seconds())
 		},
-		OnThreadResult: func(src tools.ThreadSource) { threadResults.WithLabelValues(string(src)).Inc() }}
+		OnThreadResult: func(src tools.ThreadSource) { threadResults.WithLabelValues(string(src)).Inc() },
+		OnWaitWoken: func(by string, d time.Duration) {
+			waitWoken.WithLabelValues(by).Observe(d.Seconds())
+		}}
 	if a.Detector != nil { // a nil *Detector in the interface would not be a nil Tracker
 		a.Deps.Tracker = detectorTracker{a.Detector}
 	}

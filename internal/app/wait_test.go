@@ -472,3 +472,82 @@ func TestWaitAnyResultsFromTheFeeds(t *testing.T) {
 	}
 	feedsClosed(t, h)
 }
+
+// TestWaitWokenByEitherStreamSaysTheSame: a wait is woken by whichever of
+// the machine's shell stream and the thread's own subscription shows its run
+// settle (or ask) first, and says the same either way: for each way a run
+// ends, once with the shell stream held back (T3 holds its next chunk until
+// the connector's Ack of the one before, which waits for a commit) so that
+// the thread's subscription wakes the wait before the row arrives, and once
+// with the subscription held back so that the row wakes it, the result is
+// the result of a read of the same state. Woken by the feed, it reads
+// nothing.
+func TestWaitWokenByEitherStreamSaysTheSame(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("either")
+	watcher := h.app.Fleet.Machines()[0].Watcher()
+	woken := map[string]int{}
+	for _, tc := range []struct{ prompt, reason string }{
+		{promptDone, "completed"}, {promptFail, "failed"}, {promptQuestion, "question"}, {promptHang, "interrupted"},
+	} {
+		for _, first := range []string{"feed", "shell"} {
+			t.Run(tc.reason+"/"+first+" first", func(t *testing.T) {
+				d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": tc.prompt})
+				tid := str(d, "thread_id")
+				done := blockedWait(t, h, c, tid, 1)
+				if tc.reason == "interrupted" {
+					h.fake.StepAll() // the run parks; the interrupt ends it at the next step
+					c.ok("t3_interrupt", map[string]any{"thread_id": tid})
+				}
+				before := readsOf(h.fake)
+				t.Cleanup(func() {
+					h.fake.StallShellStreams(false)
+					h.fake.StallThreadStreams(false)
+					h.fake.HangThreadReads(tid, false)
+				})
+				if first == "feed" {
+					h.fake.StallShellStreams(true)
+				} else {
+					h.fake.StallThreadStreams(true)
+					h.fake.HangThreadReads(tid, true) // the result then comes from the subscription too
+				}
+				h.fake.StepAll()
+				if first == "shell" {
+					eventually(t, 10*time.Second, "the row to wake the wait", func() bool {
+						return h.metric(`t3code_mcp_wait_woken_seconds_count{by="shell"}`) == fmt.Sprint(woken["shell"]+1)
+					}, nil)
+					h.fake.StallThreadStreams(false)
+				}
+				res := <-done
+				h.fake.StallShellStreams(false)
+				h.fake.HangThreadReads(tid, false)
+				woken[first]++
+				for _, by := range []string{"feed", "shell"} {
+					if got, want := h.metric(`t3code_mcp_wait_woken_seconds_count{by="`+by+`"}`), fmt.Sprint(woken[by]); got != want && !(got == "" && want == "0") {
+						t.Fatalf("waits woken by the %s: %q, want %s", by, got, want)
+					}
+				}
+				if str(res, "reason") != tc.reason {
+					t.Fatalf("wait result %v", res)
+				}
+				if got := readsOf(h.fake).minus(before); first == "feed" && got != (threadReads{}) {
+					t.Fatalf("woken by the subscription, the result read %+v; want none", got)
+				}
+				feedsClosed(t, h)
+				eventually(t, 10*time.Second, "the watcher's row to show the run's end", func() bool {
+					row, _ := watcher.Thread(tid)
+					return row.Status == str(res, "state", "status")
+				}, nil)
+				before = readsOf(h.fake)
+				fromRead := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 5})
+				if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
+					t.Fatalf("the wait on the settled run read %+v, want one bounded read", got)
+				}
+				if a, b := dump(res), dump(fromRead); a != b {
+					t.Fatalf("woken by the %s first:\n%s\nfrom the read:\n%s", first, a, b)
+				}
+			})
+		}
+	}
+}

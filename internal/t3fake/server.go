@@ -134,6 +134,7 @@ type Server struct {
 	stopPongs      atomic.Bool
 	stall          atomic.Bool
 	stallThreads   atomic.Bool // StallThreadStreams
+	stallShell     atomic.Bool // StallShellStreams
 	failThreadSubs atomic.Bool // FailThreadSubscriptions
 	httpFail       atomic.Int32
 	boundedRoute   atomic.Int32           // 0: served; 404 or 503: answered as an older build does

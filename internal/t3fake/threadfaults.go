@@ -124,6 +124,17 @@ func (s *Server) StallThreadStreams(on bool) {
 	}
 }
 
+// StallShellStreams holds back the chunks of every subscribeShell stream while on (the thread
+// streams go on): a shell stream behind its thread streams, as when its next chunk waits for the
+// connector's Ack of a chunk it is still committing. Items keep queueing and flow again, batched,
+// when it is turned off.
+func (s *Server) StallShellStreams(on bool) {
+	s.stallShell.Store(on)
+	if !on {
+		s.wakeAll()
+	}
+}
+
 // FailThreadSubscriptions makes orchestration.subscribeThread fail while on (Exit Failure with
 // T3's projection error, as for a thread T3 cannot load).
 func (s *Server) FailThreadSubscriptions(on bool) { s.failThreadSubs.Store(on) }

@@ -451,9 +451,9 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 	c.ctrl = nil
 	var chunks []chunkOut
 	if !c.s.stall.Load() {
-		stallThreads := c.s.stallThreads.Load()
+		stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
 		for _, sb := range c.order {
-			if sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) {
+			if sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
 				continue
 			}
 			n := len(sb.queue)

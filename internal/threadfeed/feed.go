@@ -2,7 +2,10 @@
 // current from T3's own per-thread stream (orchestration.subscribeThread), so
 // that the wait's result is rendered from memory once the run settles,
 // instead of reading the thread from T3 after the settle (issue 12: the
-// result's bounded read was most of a wake-up).
+// result's bounded read was most of a wake-up), and so that the wait is woken
+// as soon as this stream shows the run settled (Look), without waiting for the
+// shell stream, whose next chunk T3 holds until the connector's Ack of the one
+// before (after its group commit).
 //
 // A Feed subscribes with acceptBoundedSnapshot: its first item is a snapshot
 // of the thread (trimmed as it is scanned to the newest runs, t3.Keep, like
@@ -252,6 +255,23 @@ func (f *Feed) Await(ctx context.Context, ready func(*t3api.ThreadProjection) bo
 			return State{}, false
 		}
 	}
+}
+
+// Look calls see with the feed's projection, under the feed's lock, when it
+// has one (see must be quick and must not keep it), and returns the channel
+// closed at the feed's next change and why the feed stopped (nil while it
+// runs), taken at the same moment: a waiter that looks again when changed is
+// closed misses no change (t3_wait's wake from the thread's own stream).
+func (f *Feed) Look(see func(p *t3api.ThreadProjection)) (changed <-chan struct{}, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	if f.p != nil {
+		see(f.p)
+	}
+	return f.changed, nil
 }
 
 // Err says why the feed stopped; nil while it runs.

@@ -155,6 +155,10 @@ type Deps struct {
 	// OnThreadResult, when set, counts each t3_thread result by where it
 	// came from (ThreadSource).
 	OnThreadResult func(src ThreadSource)
+	// OnWaitWoken, when set, notes which stream woke a t3_wait that blocked
+	// ("shell": the machine's shell stream; "feed": the thread's own
+	// subscription; wait.WokenBy) after it waited d (metrics).
+	OnWaitWoken func(by string, d time.Duration)
 	// Audit, when set, gets one record per call of a mutating tool
 	// (t3_dispatch, t3_answer, t3_interrupt).
 	Audit Auditor

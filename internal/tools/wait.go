@@ -57,6 +57,7 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		}
 		wctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
+		began := time.Now()
 		r, err := wait.Wait(wctx, m.Watcher(), target, opts)
 		if err != nil {
 			if cause := context.Cause(ctx); errors.Is(cause, ErrShuttingDown) {
@@ -70,6 +71,7 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 			return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, f.Shell.ID, err)
 		}
 		over := time.Now()
+		d.observeWoken(r.WokenBy, over.Sub(began))
 		// Render with a context of its own: a timeout must still report state.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 		defer rcancel()
@@ -107,6 +109,14 @@ const (
 func (d *Deps) observeWait(stage WaitStage, dur time.Duration) {
 	if d.OnWaitResult != nil {
 		d.OnWaitResult(stage, dur)
+	}
+}
+
+// observeWoken notes which stream woke a wait that blocked for dur (none for
+// a timeout or an archived or idle thread).
+func (d *Deps) observeWoken(by wait.WokenBy, dur time.Duration) {
+	if by != "" && d.OnWaitWoken != nil {
+		d.OnWaitWoken(string(by), dur)
 	}
 }
 
@@ -206,17 +216,21 @@ type waitRead struct {
 	closed  bool
 }
 
-// subscribe takes the thread's feed (wait.Options.Blocked); none when the
-// fleet's cap is reached: the result then reads.
-func (w *waitRead) subscribe() {
+// subscribe takes the thread's feed (wait.Options.Blocked), which then wakes
+// the wait too; none when the fleet's cap is reached: the row alone wakes the
+// wait and the result reads.
+func (w *waitRead) subscribe() wait.Feed {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed || w.feed != nil {
-		return
+	if !w.closed && w.feed == nil {
+		if f, release, ok := w.m.Feed(w.id); ok {
+			w.feed, w.release = f, release
+		}
 	}
-	if f, release, ok := w.m.Feed(w.id); ok {
-		w.feed, w.release = f, release
+	if w.feed == nil {
+		return nil // not a typed nil in the interface
 	}
+	return w.feed
 }
 
 // close gives the feed back (the last wait on a thread closes its

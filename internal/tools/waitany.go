@@ -52,6 +52,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 		return Result{}, fmt.Errorf("%s: waiting on thread %q ended: %w", tool, first.f.Shell.ID, first.err)
 	}
 	over := time.Now()
+	d.observeWoken(first.r.WokenBy, first.blocked)
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 	defer rcancel()
 	st, err := first.wr.state(rctx, d, first.f, first.r)
@@ -101,10 +102,11 @@ func (d *Deps) waitThreads(tool string, in mcptools.WaitInput) (ids []string, fo
 
 // waitOutcome is how one of waitAny's waits ended.
 type waitOutcome struct {
-	f   fleet.Found
-	wr  *waitRead
-	r   wait.Result
-	err error
+	f       fleet.Found
+	wr      *waitRead
+	r       wait.Result
+	err     error
+	blocked time.Duration // from the wait's start to its end
 }
 
 // firstToMove waits on every thread at once, sending progress
@@ -121,8 +123,9 @@ func (d *Deps) firstToMove(ctx context.Context, c *Call, found []fleet.Found, re
 		target, wr := waitTarget(f, answered)
 		reads[i] = wr
 		go func() {
+			began := time.Now()
 			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read, Blocked: wr.subscribe})
-			results <- waitOutcome{f, wr, r, err}
+			results <- waitOutcome{f, wr, r, err, time.Since(began)}
 		}()
 	}
 	var tick <-chan time.Time

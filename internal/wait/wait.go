@@ -12,6 +12,17 @@
 // queued behind it), the row says "idle" or a word this connector does not
 // know after the run ended, or the run of a dispatched message is not known
 // yet. Each such read happens once per distinct row state, never in a loop.
+//
+// Once the wait blocks it is also woken by the thread's own subscription
+// (Options.Blocked returns it, a Feed): T3 sends the shell stream's next chunk
+// only after the connector acknowledged the one before, which it does once
+// that chunk is durable, so the row that says a run settled can queue behind
+// other threads' commits, while the thread's stream has Acks of its own. The
+// feed's projection is judged as the row is: threadstate.RowOf gives the row
+// T3 shows for it, and the same judgement decides. Only what the row alone
+// decides wakes the wait from the feed (the run settled and how, a question
+// of that run); whatever would need a read is left to the row. Whichever
+// stream shows it first wakes the wait, with the same result.
 package wait
 
 import (
@@ -86,12 +97,36 @@ type Result struct {
 	RunStatus string
 	// RequestID of the pending request when Reason is Question.
 	RequestID string
-	Shell     t3rpc.ThreadShell
+	// Shell is the row the result was judged from: the watcher's, or for a
+	// wait woken by its feed the row T3 shows for the feed's projection
+	// (threadstate.RowOf).
+	Shell t3rpc.ThreadShell
+	// WokenBy says which stream showed the run settle or ask once the wait
+	// had blocked ("" for a wait that ended at once, a timeout, an archived
+	// thread or an idle one).
+	WokenBy WokenBy
 	// Projection is the thread as read while deciding (nil when the row was
 	// enough): the caller renders from it instead of reading again.
 	Projection *t3api.ThreadProjection
 	// Reads counts the reads of the thread the wait made.
 	Reads int
+}
+
+// WokenBy names the stream that woke a wait.
+type WokenBy string
+
+const (
+	// ByShell: the machine's shell stream (the watcher's row).
+	ByShell WokenBy = "shell"
+	// ByFeed: the thread's own subscription (threadfeed).
+	ByFeed WokenBy = "feed"
+)
+
+// Feed is the thread's own subscription (threadfeed.Feed).
+type Feed interface {
+	// Look calls see with the projection now (when there is one) and returns
+	// the channel closed at its next change, or why the feed stopped.
+	Look(see func(p *t3api.ThreadProjection)) (changed <-chan struct{}, err error)
 }
 
 // Options of one wait.
@@ -103,8 +138,8 @@ type Options struct {
 	// Blocked, when set, is called once, the first time the row says the
 	// run is not over yet and the wait blocks (t3_wait then subscribes to
 	// the thread, so that its result needs no read; a wait that ends at once
-	// does not).
-	Blocked func()
+	// does not). The feed it returns, when not nil, wakes the wait too.
+	Blocked func() Feed
 }
 
 // Wait blocks until the target run settles, a question of that run is
@@ -125,6 +160,7 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 	w := &waiter{t: t, read: o.Read}
 	var last t3rpc.ThreadShell
 	blocked := false
+	var feed Feed
 	for {
 		shell, ok, changed := src.ThreadAndWait(t.ThreadID)
 		if ok {
@@ -134,6 +170,9 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 				return Result{}, err
 			}
 			if done {
+				if blocked && r.Reason != Idle {
+					r.WokenBy = ByShell
+				}
 				r.Reads = w.reads
 				return r, nil
 			}
@@ -145,19 +184,80 @@ func Wait(ctx context.Context, src Source, t Target, o Options) (Result, error) 
 		}
 		if !blocked && o.Blocked != nil {
 			blocked = true
-			o.Blocked()
+			feed = o.Blocked()
 		}
-		select {
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return Result{Reason: Timeout, RunID: w.t.RunID, Shell: last, Reads: w.reads}, nil
+		// Until the row changes: the feed's changes are judged alone.
+	feedChanges:
+		for {
+			var feedChanged <-chan struct{}
+			if feed != nil && last.ID != "" {
+				r, done, ch := w.fromFeed(feed, last)
+				if done {
+					r.WokenBy, r.Reads = ByFeed, w.reads
+					return r, nil
+				}
+				if feedChanged = ch; ch == nil {
+					feed = nil // it stopped: the row alone wakes the wait
+				}
 			}
-			return Result{}, ctx.Err()
-		case <-changed:
-		case <-tick:
-			o.Progress(time.Since(start), last)
+			select {
+			case <-ctx.Done():
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					return Result{Reason: Timeout, RunID: w.t.RunID, Shell: last, Reads: w.reads}, nil
+				}
+				return Result{}, ctx.Err()
+			case <-changed:
+				break feedChanges
+			case <-feedChanged:
+			case <-tick:
+				o.Progress(time.Since(start), last)
+			}
 		}
 	}
+}
+
+// fromFeed judges the run from the feed's projection: the row T3 shows for
+// it (threadstate.RowOf), judged as the watcher's row is (judgeRow). Only
+// what the row alone decides ends the wait here; changed is nil once the
+// feed has stopped.
+func (w *waiter) fromFeed(f Feed, last t3rpc.ThreadShell) (r Result, done bool, changed <-chan struct{}) {
+	changed, err := f.Look(func(p *t3api.ThreadProjection) {
+		if w.t.RunID == "" && w.t.MessageID != "" {
+			// The run T3 made of our message: the same match the read makes.
+			for i := range p.Runs {
+				if m, ok := p.Runs[i].UserMessageId.Get(); ok && m == w.t.MessageID {
+					w.t.RunID = p.Runs[i].ID
+				}
+			}
+		}
+		if w.t.RunID == "" {
+			return // a run is judged only by its identity, never "the latest"
+		}
+		row, ok := threadstate.RowOf(p, last)
+		if !ok {
+			return
+		}
+		r, _, done = w.judgeRow(&row, w.t.RunID)
+		if done && r.Reason == Question {
+			// The result shows the question: its row must be in the feed
+			// too (it is in a read's).
+			done = hasRequestRow(p, r.RequestID)
+		}
+	})
+	if err != nil {
+		return Result{}, false, nil
+	}
+	return r, done, changed
+}
+
+// hasRequestRow reports whether p holds the timeline row of request id.
+func hasRequestRow(p *t3api.ThreadProjection, id string) bool {
+	for i := range p.TurnItems {
+		if p.TurnItems[i].RequestId.Or("") == id {
+			return true
+		}
+	}
+	return false
 }
 
 // waiter is one wait's memory between wakes.
@@ -228,16 +328,9 @@ func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, b
 		w.t.RunID = latest
 	}
 	run := w.t.RunID
-	if p, ok := threadstate.PendingRequest(&row); ok && !w.t.Answered[p.ID] && asksFor(&row, run) {
-		return Result{Reason: Question, RunID: run, RequestID: p.ID, Shell: row}, true, nil
-	}
-	out, verdict := threadstate.Judge(&row, run)
-	switch verdict {
-	case threadstate.RunSettled:
-		// RunSettled: the row's status is about this run (the latest).
-		return Result{Reason: out, RunID: run, RunStatus: row.Status, Shell: row}, true, nil
-	case threadstate.RunBusy:
-		return Result{}, false, nil
+	r, verdict, done := w.judgeRow(&row, run)
+	if done || verdict == threadstate.RunBusy {
+		return r, done, nil
 	}
 	// RunUnknown (a later run is queued or running; ours may be over or still
 	// queued) or RunSettledUnreadable (over, the row does not say how): the
@@ -246,17 +339,32 @@ func (w *waiter) evaluate(ctx context.Context, row t3rpc.ThreadShell) (Result, b
 	if err != nil || p == nil {
 		return Result{}, false, err
 	}
-	r, found := threadview.New(p).Run(run)
+	rec, found := threadview.New(p).Run(run)
 	if !found {
 		if verdict == threadstate.RunSettledUnreadable {
 			return Result{Reason: Idle, RunID: run, Shell: row, Projection: p}, true, nil
 		}
 		return Result{}, false, nil
 	}
-	if o, ok := threadstate.Settled(r.Status); ok {
-		return Result{Reason: o, RunID: run, RunStatus: r.Status, Shell: row, Projection: p}, true, nil
+	if o, ok := threadstate.Settled(rec.Status); ok {
+		return Result{Reason: o, RunID: run, RunStatus: rec.Status, Shell: row, Projection: p}, true, nil
 	}
 	return Result{}, false, nil
+}
+
+// judgeRow is what the row alone says of run: a question of it, or its end
+// and how (done); else the verdict says what is not known. The wait judges
+// the watcher's row and the feed's (threadstate.RowOf) with it.
+func (w *waiter) judgeRow(row *t3rpc.ThreadShell, run string) (Result, threadstate.Verdict, bool) {
+	if p, ok := threadstate.PendingRequest(row); ok && !w.t.Answered[p.ID] && asksFor(row, run) {
+		return Result{Reason: Question, RunID: run, RequestID: p.ID, Shell: *row}, threadstate.RunBusy, true
+	}
+	out, verdict := threadstate.Judge(row, run)
+	if verdict == threadstate.RunSettled {
+		// The row's status is about this run (the latest).
+		return Result{Reason: out, RunID: run, RunStatus: row.Status, Shell: *row}, verdict, true
+	}
+	return Result{}, verdict, false
 }
 
 // asksFor reports whether the row's pending request belongs to run: only the

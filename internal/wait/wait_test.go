@@ -434,7 +434,7 @@ func TestBlockedOnceWhenTheWaitBlocks(t *testing.T) {
 	r := newRows()
 	r.put(row{status: "completed", latest: "run-1"})
 	blocked := 0
-	res, err := Wait(context.Background(), r, Target{ThreadID: "t1", RunID: "run-1"}, Options{Blocked: func() { blocked++ }})
+	res, err := Wait(context.Background(), r, Target{ThreadID: "t1", RunID: "run-1"}, Options{Blocked: func() Feed { blocked++; return nil }})
 	if err != nil || res.Reason != Completed || blocked != 0 {
 		t.Fatalf("a settled run: %+v %v, Blocked called %d times; want none", res, err, blocked)
 	}
@@ -443,7 +443,7 @@ func TestBlockedOnceWhenTheWaitBlocks(t *testing.T) {
 	calls := make(chan struct{}, 10)
 	done := make(chan Result, 1)
 	go func() {
-		res, _ := Wait(context.Background(), r, Target{ThreadID: "t1", RunID: "run-2"}, Options{Blocked: func() { calls <- struct{}{} }})
+		res, _ := Wait(context.Background(), r, Target{ThreadID: "t1", RunID: "run-2"}, Options{Blocked: func() Feed { calls <- struct{}{}; return nil }})
 		done <- res
 	}()
 	<-calls
