@@ -551,3 +551,39 @@ func TestWaitWokenByEitherStreamSaysTheSame(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitFeedResubscribesWhenTheSocketComesBack: when the machine's socket
+// drops and comes back while a wait blocks, the wait's thread subscription is
+// made again on the new socket (it used to fail, and the result then read the
+// thread): the run's settle still wakes the wait from it, before the row,
+// and the result reads nothing.
+func TestWaitFeedResubscribesWhenTheSocketComesBack(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("drop")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+	tid := str(d, "thread_id")
+	done := blockedWait(t, h, c, tid, 1)
+	sockets := h.fake.Stats().WSConnections
+	h.fake.DropConnections()
+	eventually(t, 10*time.Second, "the machine back with the wait's subscription on the new socket", func() bool {
+		st := h.fake.Stats()
+		return st.WSConnections > sockets && st.ThreadStreams == 1 && h.app.Fleet.Machines()[0].Info().Online
+	}, nil)
+	before := readsOf(h.fake)
+	h.fake.StallShellStreams(true) // only the subscription can wake the wait
+	t.Cleanup(func() { h.fake.StallShellStreams(false) })
+	h.fake.StepAll()
+	res := <-done
+	h.fake.StallShellStreams(false)
+	if str(res, "reason") != "completed" || !strings.Contains(dump(res, "state", "runs"), "Done: "+promptDone) {
+		t.Fatalf("wait result %v", res)
+	}
+	if got := readsOf(h.fake).minus(before); got != (threadReads{}) {
+		t.Fatalf("the result read %+v, want none: it comes from the subscription made again", got)
+	}
+	if got := h.metric(`t3code_mcp_wait_woken_seconds_count{by="feed"}`); got != "1" {
+		t.Fatalf("waits woken by the subscription: %q, want 1", got)
+	}
+	feedsClosed(t, h)
+}

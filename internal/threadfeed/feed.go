@@ -15,9 +15,13 @@
 // types, and unknown ones, are skipped but advance the cursor. A snapshot may
 // come at any time (T3 resends one after a gap): it replaces the projection.
 //
-// The stream rides the machine's one socket (the watcher's). A stream that
-// ends, fails or sends what cannot be applied marks the feed failed: its
-// waiters read the thread as before. Feeds are shared and bounded by a Pool.
+// The stream rides the machine's one socket (the watcher's). When that socket
+// drops, the feed subscribes again on the next one the watcher opens, from
+// the newest sequence it applied (T3 replays what came since, or sends a
+// fresh snapshot when the gap is too large), so its waits go on being woken
+// by it and answered from it. A stream that ends, fails otherwise or sends
+// what cannot be applied marks the feed failed: its waiters read the thread
+// as before. Feeds are shared and bounded by a Pool.
 package threadfeed
 
 import (
@@ -68,20 +72,53 @@ func newFeed(machine, thread string) *Feed {
 	return &Feed{Machine: machine, ThreadID: thread, done: make(chan struct{}), changed: make(chan struct{})}
 }
 
-// run subscribes and applies the stream until ctx ends or the stream does.
+// run subscribes and applies the stream until ctx ends or the stream does;
+// a stream lost with its socket is subscribed again on the next socket dial
+// gives (the watcher reconnects with its own backoff; dial waits for it).
 func (f *Feed) run(ctx context.Context, dial Dial) {
 	defer close(f.done)
-	conn, err := dial(ctx)
-	if err != nil {
+	var lost *effectrpc.Conn
+	for {
+		conn, err := dial(ctx)
+		if err != nil {
+			f.fail(err)
+			return
+		}
+		if conn == lost {
+			// The socket that dropped, not yet seen closed by dial: wait
+			// for its end rather than subscribe on it again.
+			select {
+			case <-conn.Done():
+				continue
+			case <-ctx.Done():
+				f.fail(ctx.Err())
+				return
+			}
+		}
+		in := t3rpc.SubscribeThreadInput{ThreadId: f.ThreadID, AcceptBoundedSnapshot: t3rpc.NewOptBool(true)}
+		if cursor, ok := f.resumeAt(); ok {
+			in.AfterSequence = t3rpc.NewOptInt64(cursor)
+		}
+		err = conn.Stream(ctx, "orchestration.subscribeThread", &in, f.applyChunk)
+		if ctx.Err() == nil && errors.Is(err, effectrpc.ErrClosed) {
+			lost = conn
+			continue
+		}
+		if err == nil {
+			err = errEnded
+		}
 		f.fail(err)
 		return
 	}
-	in := t3rpc.SubscribeThreadInput{ThreadId: f.ThreadID, AcceptBoundedSnapshot: t3rpc.NewOptBool(true)}
-	err = conn.Stream(ctx, "orchestration.subscribeThread", &in, f.applyChunk)
-	if err == nil {
-		err = errEnded
-	}
-	f.fail(err)
+}
+
+// resumeAt is the sequence a new subscription resumes after: the newest
+// applied, once a snapshot was (before one, a new subscription starts with
+// its own snapshot).
+func (f *Feed) resumeAt() (int64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cursor, f.p != nil
 }
 
 // fail records why the feed stopped (the first reason) and wakes its waiters.

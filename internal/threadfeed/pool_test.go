@@ -1,11 +1,16 @@
 package threadfeed
 
 import (
+	"context"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
+	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
@@ -84,4 +89,87 @@ func FuzzApplyThreadItems(f *testing.F) {
 			_ = copyProjection(fd.p)
 		}
 	})
+}
+
+// TestFeedResubscribesAfterTheSocketDrops: when the machine's socket drops,
+// a feed subscribes again on the next socket, from the newest sequence it
+// applied, instead of failing: what happened while the socket was down (the
+// run completed) reaches it by T3's replay (no new snapshot), and what happens
+// later by the new stream.
+func TestFeedResubscribesAfterTheSocketDrops(t *testing.T) {
+	r := newRig(t, t3fake.Options{ManualSteps: true})
+	pid := r.fake.AddProject("api", "/srv/api")
+	tid := r.fake.AddThread(pid, "drop", "idle")
+	if _, err := r.fake.StartRun(tid, "write the docs"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	conn := r.conn
+	dials, back := make(chan struct{}, 10), make(chan struct{})
+	redial := func(ctx context.Context) (*effectrpc.Conn, error) {
+		dials <- struct{}{}
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case <-conn.Done():
+			<-back                          // the machine is reachable again
+			c, err := r.client.DialRPC(ctx) // the watcher's reconnect
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			conn = c
+		default:
+		}
+		return conn, nil
+	}
+	pool := NewPool(1)
+	f, release, ok := pool.Acquire("mac", tid, redial)
+	if !ok {
+		t.Fatal("no feed")
+	}
+	defer func() { release(); pool.Wait() }()
+	now(t, f)
+	<-dials
+	var sentMu sync.Mutex
+	var sent []string
+	r.fake.OnItemSent(func(kind string, _ int64, _ time.Time) {
+		sentMu.Lock()
+		defer sentMu.Unlock()
+		sent = append(sent, kind)
+	})
+	r.fake.DropConnections()
+	select { // the stream ended with the socket; the feed asks for the next one
+	case <-dials:
+	case <-f.done:
+		t.Fatalf("the feed ended with the socket: %v", f.Err())
+	}
+	r.fake.StepAll() // the run completes while the socket is down
+	close(back)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	st, ok := f.Await(ctx, func(p *t3api.ThreadProjection) bool {
+		return len(p.Runs) == 1 && p.Runs[0].Status == "completed"
+	})
+	if !ok {
+		t.Fatalf("the feed did not see the run complete after the drop: %v", f.Err())
+	}
+	if st.Runs != 1 {
+		t.Fatalf("runs %d", st.Runs)
+	}
+	if s := r.fake.Stats(); s.WSConnections != 2 || s.ThreadStreams != 1 {
+		t.Fatalf("%d sockets, %d thread streams open; want the feed's stream again on the second socket", s.WSConnections, s.ThreadStreams)
+	}
+	sentMu.Lock()
+	if slices.Contains(sent, "thread:snapshot") || !slices.Contains(sent, "thread:run.updated") {
+		t.Errorf("sent on the new stream: %v; want the replay of what came since, no snapshot", sent)
+	}
+	sentMu.Unlock()
+	// Live again: a second run's start reaches it.
+	if _, err := r.fake.StartRun(tid, "write the docs"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.Await(ctx, func(p *t3api.ThreadProjection) bool { return len(p.Runs) == 2 }); !ok {
+		t.Fatalf("the new stream is not live: %v", f.Err())
+	}
 }
