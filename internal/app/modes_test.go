@@ -60,9 +60,11 @@ func TestDispatchModesOnABusyThread(t *testing.T) {
 	if str(rs, "run_id") != str(d2, "run_id") {
 		t.Fatalf("restart = %v, want run %s", rs, str(d2, "run_id"))
 	}
-	if w := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 30}); w["reason"] != "completed" || str(w, "state", "latest_run", "id") != str(d2, "run_id") {
+	w = c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 30})
+	if w["reason"] != "completed" || str(w, "state", "latest_run", "id") != str(d2, "run_id") {
 		t.Fatalf("wait after restart = %v", w)
 	}
+	rowCaughtUp(t, h, tid, w) // the wait may have been woken by the thread's subscription before the row came
 
 	// Idle: nothing to steer.
 	c.fails("t3_dispatch", map[string]any{"thread_id": tid, "prompt": "x", "mode": "steer"}, `mode "steer" needs a run under way`, tid)

@@ -66,7 +66,10 @@ func TestDispatchAndWaitForEachOutcome(t *testing.T) {
 				t.Errorf("latest_run = %v", st["latest_run"])
 			}
 		}
-		// Settled already: a second wait returns at once with the same outcome.
+		// Settled already: a second wait returns at once with the same outcome
+		// (once the watcher has the row: the first wait may have been woken by
+		// the thread's subscription before it).
+		rowCaughtUp(t, h, tid, w)
 		if w2 := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 1}); w2["reason"] != tc.reason {
 			t.Fatalf("second wait = %v", w2["reason"])
 		}
@@ -182,9 +185,11 @@ func TestInterruptAndProgress(t *testing.T) {
 	if str(out, "run_id") == "" {
 		t.Fatalf("interrupt = %v", out)
 	}
-	if w := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 20}); w["reason"] != "interrupted" {
+	w := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 20})
+	if w["reason"] != "interrupted" {
 		t.Fatalf("wait = %v", w)
 	}
+	rowCaughtUp(t, h, tid, w) // the wait may have been woken by the thread's subscription before the row came
 	c.fails("t3_interrupt", map[string]any{"thread_id": tid}, "no active run", "interrupted")
 }
 

@@ -95,6 +95,7 @@ func TestDispatchAndWaitReadCounts(t *testing.T) {
 	feedsClosed(t, h)
 
 	// A wait on the settled run returns at once with one bounded read too.
+	rowCaughtUp(t, h, tid, res)
 	before = readsOf(h.fake)
 	if r := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 5}); str(r, "reason") != "completed" {
 		t.Fatalf("second wait %v", r)
@@ -182,7 +183,7 @@ func TestBoundedRouteMissingFallsBack(t *testing.T) {
 			c := h.client("fallback")
 			d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
 			h.fake.StepAll()
-			c.ok("t3_wait", map[string]any{"thread_id": str(d, "thread_id"), "timeout": 60})
+			rowCaughtUp(t, h, str(d, "thread_id"), c.ok("t3_wait", map[string]any{"thread_id": str(d, "thread_id"), "timeout": 60}))
 			h.fake.BoundedRoute(status)
 			before := readsOf(h.fake)
 			st := c.ok("t3_thread", map[string]any{"thread_id": str(d, "thread_id")})
@@ -293,6 +294,21 @@ func feedsClosed(t *testing.T, h *harness) {
 	})
 }
 
+// rowCaughtUp waits until the machine's watcher shows the row a wait result
+// res was judged from (its status; a question's pending request): a wait
+// woken by the thread's subscription can return before the shell stream
+// brings that row, and a second wait meant to find the run settled would
+// otherwise block.
+func rowCaughtUp(t *testing.T, h *harness, tid string, res map[string]any) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the watcher's row to show what the result said", func() bool {
+		row, _ := h.app.Fleet.Machines()[0].Watcher().Thread(tid)
+		_, asks := row.PendingRuntimeRequest.Get()
+		settled := str(res, "reason") != "question"
+		return row.Status == str(res, "state", "status") && asks != settled && (row.ActiveRunId.Or("") == "") == settled
+	}, nil)
+}
+
 // blockedWait starts t3_wait on tid and returns once it blocks with its
 // thread's subscription open.
 func blockedWait(t *testing.T, h *harness, c *client, tid string, streams int64) chan map[string]any {
@@ -336,6 +352,7 @@ func TestWaitResultFromTheFeedSaysWhatTheReadSays(t *testing.T) {
 				t.Fatalf("wait result %v", fromFeed)
 			}
 			feedsClosed(t, h)
+			rowCaughtUp(t, h, tid, fromFeed)
 			before = readsOf(h.fake)
 			fromRead := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 5})
 			if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
@@ -486,7 +503,6 @@ func TestWaitWokenByEitherStreamSaysTheSame(t *testing.T) {
 	leakCheck(t)
 	h := manualHarness(t)
 	c := h.client("either")
-	watcher := h.app.Fleet.Machines()[0].Watcher()
 	woken := map[string]int{}
 	for _, tc := range []struct{ prompt, reason string }{
 		{promptDone, "completed"}, {promptFail, "failed"}, {promptQuestion, "question"}, {promptHang, "interrupted"},
@@ -535,10 +551,7 @@ func TestWaitWokenByEitherStreamSaysTheSame(t *testing.T) {
 					t.Fatalf("woken by the subscription, the result read %+v; want none", got)
 				}
 				feedsClosed(t, h)
-				eventually(t, 10*time.Second, "the watcher's row to show the run's end", func() bool {
-					row, _ := watcher.Thread(tid)
-					return row.Status == str(res, "state", "status")
-				}, nil)
+				rowCaughtUp(t, h, tid, res)
 				before = readsOf(h.fake)
 				fromRead := c.ok("t3_wait", map[string]any{"thread_id": tid, "timeout": 5})
 				if got := readsOf(h.fake).minus(before); got != (threadReads{bounded: 1}) {
