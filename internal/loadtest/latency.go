@@ -215,9 +215,12 @@ func collectWakes(ctx context.Context, wakes <-chan wake, n int, drain time.Dura
 }
 
 // wakeLatencies reports how soon after each wait's run was released its t3_wait returned; a
-// wait that failed or never returned counts as a missing wake.
+// wait that failed or never returned counts as a missing wake. The clock starts at the first
+// frame that showed the run settled: its shell row, or its thread's own stream (a wait is woken
+// by whichever the connector sees first, and the thread stream's frame can leave before the
+// shell's, which waits for the previous chunk's Ack).
 func (h *harness) wakeLatencies(rep *Latency, waitRuns []*run, got []wake) {
-	sent := h.sendTimes(waitRuns)
+	sent := h.firstSendTimes(waitRuns)
 	var wl []time.Duration
 	for _, w := range got {
 		rep.EarlyWakes += w.retries

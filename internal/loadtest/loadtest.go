@@ -286,6 +286,31 @@ func (h *harness) sendTimes(runs []*run) map[*run]time.Time {
 	return out
 }
 
+// firstSendTimes finds, for each run, when the first frame that showed it settled was sent: its
+// settling shell row (sendTimes) or an event of its settling step on its thread's own stream
+// (sequences settleFrom < seq <= settleSeq: one step moves one run, so those are its events).
+func (h *harness) firstSendTimes(runs []*run) map[*run]time.Time {
+	out := h.sendTimes(runs)
+	byMachine := map[*machine][]*run{}
+	for _, r := range runs {
+		byMachine[r.m] = append(byMachine[r.m], r)
+	}
+	for m, rs := range byMachine {
+		m.mu.Lock()
+		for _, s := range m.threadSent {
+			for _, r := range rs {
+				if s.seq > r.settleFrom && s.seq <= r.settleSeq {
+					if t, ok := out[r]; !ok || s.at.Before(t) {
+						out[r] = s.at
+					}
+				}
+			}
+		}
+		m.mu.Unlock()
+	}
+	return out
+}
+
 // caughtUp waits until the connector has been sent every machine's head, and a little more for
 // it to apply the last chunk.
 func (h *harness) caughtUp(ctx context.Context) error {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,9 +67,12 @@ type run struct {
 
 	stagedAt  time.Time // when the run was started (its "dispatch" time)
 	settleSeq int64
-	settleAt  time.Time     // when the settling Step returned
-	settled   chan struct{} // closed once settleSeq and settleAt are set
-	parkedCh  chan struct{} // hang runs: closed when parked
+	// settleFrom is the fake's head before the settling Step: the step's own items (its shell row
+	// at settleSeq, its thread-stream events) carry the sequences after it, up to settleSeq.
+	settleFrom int64
+	settleAt   time.Time     // when the settling Step returned
+	settled    chan struct{} // closed once settleSeq and settleAt are set
+	parkedCh   chan struct{} // hang runs: closed when parked
 }
 
 type sentItem struct {
@@ -88,6 +92,9 @@ type machine struct {
 
 	mu   sync.Mutex
 	sent []sentItem // shell:thread.updated items as their frames left, in send order
+	// threadSent: thread-stream events ("thread:<event type>", sequenced) as their frames left,
+	// in send order — a wait can be woken by its thread's own subscription before the shell row.
+	threadSent []sentItem
 	// maxSent is the highest sequence the connector has been sent.
 	maxSent atomic.Int64
 
@@ -154,6 +161,10 @@ func (m *machine) itemSent(kind string, seq int64, at time.Time) {
 	if kind == "shell:thread.updated" {
 		m.mu.Lock()
 		m.sent = append(m.sent, sentItem{seq, at})
+		m.mu.Unlock()
+	} else if seq > 0 && strings.HasPrefix(kind, "thread:") && kind != "thread:snapshot" {
+		m.mu.Lock()
+		m.threadSent = append(m.threadSent, sentItem{seq, at})
 		m.mu.Unlock()
 	}
 	if kind == "shell:thread.updated" || kind == "shell:snapshot" {
@@ -482,6 +493,7 @@ func (m *machine) tick(ctx context.Context, now time.Time) error {
 		return fmt.Errorf("%s: driver lost track of the fake's queue (%d queued, mirror has %d)", m.name, pend, n)
 	}
 	for i := 0; i < n; i++ {
+		from := m.fk.Head()
 		if !m.fk.Step() {
 			return fmt.Errorf("%s: Step found nothing to do", m.name)
 		}
@@ -498,7 +510,7 @@ func (m *machine) tick(ctx context.Context, now time.Time) error {
 			close(r.parkedCh)
 			continue
 		}
-		r.settleSeq, r.settleAt = m.fk.Head(), time.Now()
+		r.settleFrom, r.settleSeq, r.settleAt = from, m.fk.Head(), time.Now()
 		if st, _ := m.fk.ThreadStatus(r.thread); st != "completed" && st != "failed" && st != "interrupted" {
 			return fmt.Errorf("%s: run %s should have settled, thread is %q (driver out of step)", m.name, r.id, st)
 		}

@@ -170,7 +170,7 @@ type Latency struct {
 	Offered      float64 `json:"offered_per_s"`
 	Settled      float64 `json:"settled_per_s"` // runs that settled in T3 per second, pipeline and waits
 	Events       Dist    `json:"event_latency"` // T3 frame sent → webhook received
-	Wake         Dist    `json:"wake_latency"`  // T3 frame sent → t3_wait result received
+	Wake         Dist    `json:"wake_latency"`  // first T3 frame showing the settle (shell row or thread stream) sent → t3_wait result received
 	MissingEvent int     `json:"missing_events"`
 	MissingWake  int     `json:"missing_wakes"`
 	EarlyWakes   int     `json:"early_wakes"` // waits re-issued: they returned before their run settled
