@@ -220,15 +220,16 @@ func (f *Fleet) ThreadFeeds() int { return f.feeds.Lingering() }
 
 // ThreadFeed returns the subscription that keeps a thread's projection
 // current for t3_thread (internal/threadfeed), kept open for a while after
-// this call so that the next t3_thread on the thread renders from memory;
-// ok is false when none may be kept or the machine cannot be used (the call
-// then reads the thread). The feed answers only once it is live and not
-// behind the row (Feed.Current).
-func (m *Machine) ThreadFeed(threadID string) (feed *threadfeed.Feed, ok bool) {
+// this call so that the next t3_thread on the thread renders from memory.
+// When none is open it starts one from seed, the caller's read of the
+// thread (nil: none is started). ok is false when there is none, none may be
+// kept, or the machine cannot be used (the call then reads the thread). The
+// feed answers only once it is live and not behind the row (Feed.Current).
+func (m *Machine) ThreadFeed(threadID string, seed *threadfeed.State) (feed *threadfeed.Feed, ok bool) {
 	if m.watcher == nil {
 		return nil, false
 	}
-	return m.feeds.Linger(m.Name, threadID, m.watcher.Conn)
+	return m.feeds.Linger(m.Name, threadID, m.watcher.Conn, seed)
 }
 
 // connect is the watcher's way in: handshake first (a protocol-1 machine is

@@ -438,6 +438,10 @@ type Recent struct {
 	// RunCount is how many runs the thread has: more than Projection.Runs
 	// holds when the read kept only some (ThreadRecentKeep).
 	RunCount int
+	// Sequence is the read's snapshotSequence: the projection holds every
+	// event of the thread up to it (a subscription with afterSequence
+	// Sequence goes on from the read, threadfeed).
+	Sequence int64
 }
 
 // boundedRetry is how long ThreadRecent keeps reading whole threads after a
@@ -469,7 +473,7 @@ func (c *Client) threadRecent(ctx context.Context, threadID string, keep *Keep) 
 			if runs < 0 {
 				runs = len(b.Projection.Runs)
 			}
-			return Recent{Projection: &b.Projection, Bounded: true, HasMoreHistory: b.HasMoreHistory.Or(false), RunCount: runs}, nil
+			return Recent{Projection: &b.Projection, Bounded: true, HasMoreHistory: b.HasMoreHistory.Or(false), RunCount: runs, Sequence: b.SnapshotSequence}, nil
 		}
 		if !routeMissing(err) {
 			return Recent{}, err
@@ -481,7 +485,7 @@ func (c *Client) threadRecent(ctx context.Context, threadID string, keep *Keep) 
 	if err != nil {
 		return Recent{}, err
 	}
-	return Recent{Projection: &s.Projection, RunCount: len(s.Projection.Runs)}, nil
+	return Recent{Projection: &s.Projection, RunCount: len(s.Projection.Runs), Sequence: s.SnapshotSequence}, nil
 }
 
 // routeMissing reports whether err is a machine saying that the route does

@@ -41,7 +41,7 @@ func (f *Feed) AwaitCurrent(ctx context.Context, atLeast int64, first, behind ti
 			f.mu.Unlock()
 			return State{}, false
 		}
-		if f.p != nil && f.cursor >= atLeast {
+		if f.live && f.p != nil && f.cursor >= atLeast {
 			st := State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}
 			f.mu.Unlock()
 			return st, true
@@ -68,6 +68,34 @@ func (f *Feed) AwaitCurrent(ctx context.Context, atLeast int64, first, behind ti
 			return State{}, false
 		}
 	}
+}
+
+// seed starts a feed from a read of the thread instead of a snapshot: its
+// stream then asks for the events after the read (run). The projection is
+// copied: the reader goes on using its own.
+func (f *Feed) seed(st State) {
+	f.p, f.runs, f.cursor = copyProjection(st.Projection), st.Runs, st.Cursor
+	for _, r := range f.p.Runs {
+		f.newestOrdinal = max(f.newestOrdinal, r.Ordinal)
+	}
+}
+
+// advance takes a newer read of the thread in (Pool.Linger's seed for a feed
+// already open): a read whose sequence is past the feed's cursor replaces
+// the projection, as a snapshot on the stream would, and the stream's
+// events up to it are then skipped as a replay's overlap. So a feed left
+// behind the rows (after a reconnect, the watcher's new shell snapshot gives
+// every row its sequence) catches up with the call that read.
+func (f *Feed) advance(st State) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil || st.Cursor <= f.cursor {
+		return
+	}
+	live := f.live
+	f.seed(st)
+	f.live = live
+	f.broadcastLocked()
 }
 
 // compactAt is how many runs a feed holds before it drops the older ones:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,30 +32,32 @@ func TestLingerSharesCapsExpiresAndCloses(t *testing.T) {
 	pool := NewPool(2)
 	pool.SetLinger(1, time.Hour)
 
-	fa, ok := pool.Linger("mac", a, r.dial)
+	fa, ok := pool.Linger("mac", a, r.dial, seedOf(t, r, a))
 	if !ok {
 		t.Fatal("no lingering feed")
 	}
 	now(t, fa)
-	if again, ok := pool.Linger("mac", a, r.dial); !ok || again != fa {
+	if again, ok := pool.Linger("mac", a, r.dial, seedOf(t, r, a)); !ok || again != fa {
 		t.Fatal("a second t3_thread on the thread got another feed")
 	}
 	waitA, releaseA, ok := pool.Acquire("mac", a, r.dial)
 	if !ok || waitA != fa {
 		t.Fatal("a wait on a lingering thread did not share its feed")
 	}
-	if n := streams(); n != 1 || pool.Lingering() != 1 {
-		t.Fatalf("%d streams, %d lingering; want 1, 1", n, pool.Lingering())
+	eventually(t, "the feed's stream on T3", func() bool { return streams() == 1 })
+	if pool.Lingering() != 1 {
+		t.Fatalf("%d lingering, want 1", pool.Lingering())
 	}
 
 	// The cap of 1: b takes a's place; a stays open while its wait holds it.
-	fb, ok := pool.Linger("mac", b, r.dial)
+	fb, ok := pool.Linger("mac", b, r.dial, seedOf(t, r, b))
 	if !ok {
 		t.Fatal("no lingering feed for b")
 	}
 	now(t, fb)
-	if n := streams(); n != 2 || pool.Lingering() != 1 {
-		t.Fatalf("%d streams, %d lingering; want 2 (a's wait holds it), 1", n, pool.Lingering())
+	eventually(t, "b's stream beside a's, which a's wait holds", func() bool { return streams() == 2 })
+	if pool.Lingering() != 1 {
+		t.Fatalf("%d lingering, want 1", pool.Lingering())
 	}
 	releaseA()
 	eventually(t, "a's stream to close with its wait", func() bool { return streams() == 1 })
@@ -71,7 +74,7 @@ func TestLingerSharesCapsExpiresAndCloses(t *testing.T) {
 	if pool.Lingering() != 0 || pool.Open() != 2 {
 		t.Fatalf("%d lingering, %d open; want 0, 2", pool.Lingering(), pool.Open())
 	}
-	if _, ok := pool.Linger("mac", b, r.dial); ok {
+	if _, ok := pool.Linger("mac", b, r.dial, seedOf(t, r, b)); ok {
 		t.Fatal("a feed lingers beyond the pool's cap, held by waits")
 	}
 	releaseC()
@@ -79,11 +82,11 @@ func TestLingerSharesCapsExpiresAndCloses(t *testing.T) {
 	eventually(t, "the waits' streams to close", func() bool { return streams() == 0 })
 
 	// Close lets go of what lingers; nothing lingers after.
-	if _, ok := pool.Linger("mac", b, r.dial); !ok {
+	if _, ok := pool.Linger("mac", b, r.dial, seedOf(t, r, b)); !ok {
 		t.Fatal("no lingering feed with room")
 	}
 	pool.Close()
-	if _, ok := pool.Linger("mac", b, r.dial); ok {
+	if _, ok := pool.Linger("mac", b, r.dial, seedOf(t, r, b)); ok {
 		t.Fatal("a feed lingers after Close")
 	}
 	pool.Wait()
@@ -92,7 +95,7 @@ func TestLingerSharesCapsExpiresAndCloses(t *testing.T) {
 	// Idle: let go on its own.
 	idle := NewPool(2)
 	idle.SetLinger(1, time.Millisecond)
-	if _, ok := idle.Linger("mac", a, r.dial); !ok {
+	if _, ok := idle.Linger("mac", a, r.dial, seedOf(t, r, a)); !ok {
 		t.Fatal("no lingering feed")
 	}
 	eventually(t, "the idle feed to be let go", func() bool { return idle.Lingering() == 0 && idle.Open() == 0 })
@@ -110,8 +113,8 @@ func TestCurrentOnlyWhenLiveAndCaughtUp(t *testing.T) {
 	pool := NewPool(10)
 	pool.SetLinger(10, time.Hour)
 	defer func() { pool.Close(); pool.Wait() }()
-	f, _ := pool.Linger("mac", tid, r.dial)
-	st, ok := f.AwaitCurrent(t.Context(), 0, time.Minute, 0) // its snapshot
+	f, _ := pool.Linger("mac", tid, r.dial, seedOf(t, r, tid))
+	st, ok := f.AwaitCurrent(t.Context(), 0, time.Minute, time.Minute) // live
 	if !ok {
 		t.Fatalf("no snapshot: %v", f.Err())
 	}
@@ -136,13 +139,13 @@ func TestCurrentOnlyWhenLiveAndCaughtUp(t *testing.T) {
 
 	r.fake.FailThreadSubscriptions(true)
 	other := r.fake.AddThread(pid, "other", "idle")
-	g, _ := pool.Linger("mac", other, r.dial)
+	g, _ := pool.Linger("mac", other, r.dial, seedOf(t, r, other))
 	eventually(t, "the failed subscription to fail the feed", func() bool { return g.Err() != nil })
 	if _, ok := g.Current(0); ok {
 		t.Fatal("a failed feed answered")
 	}
 	r.fake.FailThreadSubscriptions(false)
-	h, _ := pool.Linger("mac", other, r.dial)
+	h, _ := pool.Linger("mac", other, r.dial, seedOf(t, r, other))
 	if h == g {
 		t.Fatal("Linger kept a failed feed")
 	}
@@ -156,17 +159,24 @@ func renderTurns(p *t3api.ThreadProjection, runs, turns int) mcptools.ThreadStat
 	return st
 }
 
-// TestCompactedFeedRendersAsTheBoundedRead: a feed that lives through many
-// runs holds no more than compactAt of them, and still renders, for every
-// number of turns it can show, what t3_thread renders from its bounded read.
+// TestCompactedFeedRendersAsTheBoundedRead: a feed seeded with a read goes on
+// from it (T3 sends it no snapshot), and through many runs holds no more than
+// compactAt of them, and still renders, for every number of turns it can
+// show, what t3_thread renders from its bounded read.
 func TestCompactedFeedRendersAsTheBoundedRead(t *testing.T) {
 	r := newRig(t, t3fake.Options{ManualSteps: true, KeepRuns: -1})
+	var snapshots atomic.Int64
+	r.fake.OnItemSent(func(kind string, _ int64, _ time.Time) {
+		if kind == "thread:snapshot" {
+			snapshots.Add(1)
+		}
+	})
 	pid := r.fake.AddProject("api", "/srv/api")
 	tid := r.fake.AddThread(pid, "busy", "idle")
 	pool := NewPool(10)
 	pool.SetLinger(10, time.Hour)
 	defer func() { pool.Close(); pool.Wait() }()
-	f, _ := pool.Linger("mac", tid, r.dial)
+	f, _ := pool.Linger("mac", tid, r.dial, seedOf(t, r, tid))
 	now(t, f)
 	// Runs that end (a reply, a failure), then one left asking a question.
 	prompts := []string{"write the docs", "this will fail"}
@@ -200,6 +210,9 @@ func TestCompactedFeedRendersAsTheBoundedRead(t *testing.T) {
 			}
 		}
 	}
+	if n := snapshots.Load(); n != 0 {
+		t.Fatalf("T3 sent %d thread snapshots to a feed seeded with a read, want none", n)
+	}
 }
 
 // BenchmarkCachedThreadRender is t3_thread's work on a thread whose feed
@@ -221,7 +234,7 @@ func BenchmarkCachedThreadRender(b *testing.B) {
 			pool := NewPool(1)
 			pool.SetLinger(1, time.Hour)
 			defer func() { pool.Close(); pool.Wait() }()
-			f, _ := pool.Linger("mac", tid, r.dial)
+			f, _ := pool.Linger("mac", tid, r.dial, seedOf(b, r, tid))
 			head := r.fake.Head()
 			eventually(b, "the feed's snapshot", func() bool { _, ok := f.Current(head); return ok })
 			b.ReportAllocs()
@@ -263,4 +276,15 @@ func liveHeap() int64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)
+}
+
+// seedOf is a t3_thread's read of the thread, as it seeds a lingering feed:
+// the newest keepRuns runs and the read's sequence.
+func seedOf(t testing.TB, r *rig, tid string) *State {
+	t.Helper()
+	rec, err := r.client.ThreadRecentKeep(context.Background(), tid, t3.Keep{Runs: keepRuns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &State{Projection: rec.Projection, Runs: rec.RunCount, Cursor: rec.Sequence}
 }

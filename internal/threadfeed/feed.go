@@ -64,6 +64,7 @@ type Feed struct {
 	runs          int
 	newestOrdinal int64
 	cursor        int64
+	live          bool // subscribed, and T3 sent what it had (synchronized): cache.go's Current
 	err           error
 	changed       chan struct{} // closed at the next change (applied chunk, failure)
 }
@@ -95,7 +96,9 @@ func (f *Feed) run(ctx context.Context, dial Dial) {
 				return
 			}
 		}
-		in := t3rpc.SubscribeThreadInput{ThreadId: f.ThreadID, AcceptBoundedSnapshot: t3rpc.NewOptBool(true)}
+		// RequestCompletionMarker: T3 says when it has sent the snapshot or the
+		// replay (synchronized); until then the feed is not live (Current).
+		in := t3rpc.SubscribeThreadInput{ThreadId: f.ThreadID, AcceptBoundedSnapshot: t3rpc.NewOptBool(true), RequestCompletionMarker: t3rpc.NewOptBool(true)}
 		if cursor, ok := f.resumeAt(); ok {
 			in.AfterSequence = t3rpc.NewOptInt64(cursor)
 		}
@@ -118,6 +121,7 @@ func (f *Feed) run(ctx context.Context, dial Dial) {
 func (f *Feed) resumeAt() (int64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.live = false // a new subscription: live again once T3 has caught it up
 	return f.cursor, f.p != nil
 }
 
@@ -183,8 +187,10 @@ func (f *Feed) applyLocked(raw []byte) error {
 			}
 		}
 		f.cursor = it.seq
+	case "synchronized":
+		f.live = true // cache.go: the snapshot or the replay is in
 	}
-	// "synchronized" and kinds this connector does not know: nothing to apply.
+	// Kinds this connector does not know: nothing to apply.
 	return nil
 }
 

@@ -63,7 +63,7 @@ func (p *Pool) Acquire(machine, thread string, dial Dial) (f *Feed, release func
 	k := key{machine, thread}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	f = p.openLocked(k, dial)
+	f = p.openLocked(k, dial, nil)
 	if f == nil {
 		return nil, nil, false
 	}
@@ -74,10 +74,14 @@ func (p *Pool) Acquire(machine, thread string, dial Dial) (f *Feed, release func
 
 // Linger returns the feed of thread on machine for a t3_thread call and keeps
 // it open until lingerIdle after the last such call (or until it is let go
-// for another, see Pool), starting one when none is open. ok is false when
-// nothing may linger or the pool is full. The feed returned may not have its
-// snapshot yet, or may be behind: Current says whether it can answer now.
-func (p *Pool) Linger(machine, thread string, dial Dial) (f *Feed, ok bool) {
+// for another, see Pool). When none is open it starts one from seed: the
+// caller's own read of the thread (trimmed as a feed's snapshot is, to the
+// newest keepRuns runs; Cursor its snapshotSequence), which the subscription
+// goes on from (afterSequence: T3 replays the events since, no snapshot);
+// with no seed it starts none. ok is false when there is no feed: none open
+// and no seed, nothing may linger, or the pool is full. The feed returned
+// may be behind: Current says whether it can answer now.
+func (p *Pool) Linger(machine, thread string, dial Dial, seed *State) (f *Feed, ok bool) {
 	if p == nil {
 		return nil, false
 	}
@@ -90,19 +94,30 @@ func (p *Pool) Linger(machine, thread string, dial Dial) (f *Feed, ok bool) {
 	if _, held := p.lingering[k]; held {
 		if f = p.feeds[k]; f.Err() == nil {
 			p.lingering[k] = time.Now()
+			if seed != nil {
+				f.advance(*seed)
+			}
 			return f, true
+		}
+	}
+	if f = p.feeds[k]; f == nil || f.Err() != nil {
+		if seed == nil {
+			return nil, false
 		}
 	}
 	if _, held := p.lingering[k]; !held && len(p.lingering) >= p.lingerMax {
 		p.letGoLocked(p.oldestLingeringLocked(false))
 	}
-	if f = p.openLocked(k, dial); f == nil {
+	if f = p.openLocked(k, dial, seed); f == nil {
 		return nil, false
 	}
 	if _, held := p.lingering[k]; !held {
 		f.refs++
 	}
 	p.lingering[k] = time.Now()
+	if seed != nil {
+		f.advance(*seed) // a feed open before (a wait's) that is behind the read
+	}
 	if p.sweep == nil {
 		p.sweep = time.AfterFunc(p.lingerIdle, p.sweepIdle)
 	}
@@ -110,8 +125,9 @@ func (p *Pool) Linger(machine, thread string, dial Dial) (f *Feed, ok bool) {
 }
 
 // openLocked returns the open feed of k, starting one on dial when none is
-// open (or the open one failed) and there is room; nil when there is none.
-func (p *Pool) openLocked(k key, dial Dial) *Feed {
+// open (or the open one failed) and there is room, from seed when not nil
+// (Linger); nil when there is none.
+func (p *Pool) openLocked(k key, dial Dial, seed *State) *Feed {
 	f := p.feeds[k]
 	if f != nil && f.Err() != nil {
 		// Failed (its socket dropped, say): its waiters read; a new waiter
@@ -130,6 +146,9 @@ func (p *Pool) openLocked(k key, dial Dial) *Feed {
 		}
 	}
 	f = newFeed(k.machine, k.thread)
+	if seed != nil {
+		f.seed(*seed)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
 	p.feeds[k] = f

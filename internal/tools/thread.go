@@ -11,6 +11,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadfeed"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 	"github.com/t3code-mcp/t3code-mcp/internal/threadview"
 )
@@ -19,15 +20,21 @@ import (
 // shows (t3.Keep): the turns shown and the row's pending request (one this
 // connector answered is not shown). It returns the thread's run count too.
 func (d *Deps) readState(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int) (*t3api.ThreadProjection, int, error) {
+	rec, err := d.readRecent(ctx, f, shell, turns)
+	return rec.Projection, rec.RunCount, err
+}
+
+// readRecent is readState's read, as the client returns it.
+func (d *Deps) readRecent(ctx context.Context, f fleet.Found, shell t3rpc.ThreadShell, turns int) (t3.Recent, error) {
 	keep := t3.Keep{Runs: turns}
 	if pr, ok := threadstate.PendingRequest(&shell); ok && !d.answered.snapshot()[pr.ID] {
 		keep.RequestIDs = []string{pr.ID}
 	}
 	rec, err := f.Machine.RecentKeep(ctx, shell.ID, keep)
 	if err != nil {
-		return nil, -1, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
+		return t3.Recent{}, fmt.Errorf("reading thread %q on machine %q: %w", shell.ID, f.Machine.Name, err)
 	}
-	return rec.Projection, rec.RunCount, nil
+	return rec, nil
 }
 
 // state renders a found thread's current state from its projection and its
@@ -88,33 +95,37 @@ const (
 const feedTurns = 3
 
 // How long t3_thread waits for the thread's feed before it reads: for its
-// snapshot (the first call on a thread opens the feed: T3 sends the snapshot
-// about as fast as it answers the read, which the call then need not make),
-// and for a feed behind the row to apply the events the row already shows.
+// snapshot (a feed started with a snapshot, after it failed say: T3 sends it
+// about as fast as it answers a read), and for a feed behind the row to
+// apply the events the row already shows.
 const (
 	feedSnapshotWait = 250 * time.Millisecond
 	feedCatchUpWait  = 20 * time.Millisecond
 )
 
-// fromFeed is t3_thread's projection from the thread's lingering feed
-// (fleet.Machine.ThreadFeed), with the thread's run count; nil, -1 when the
-// feed cannot answer: none could be opened, its snapshot did not come within
-// feedSnapshotWait, its stream ended, or it did not reach the row the state
-// is rendered with (f.Seq) within feedCatchUpWait. The call then reads.
-// Either way the thread's feed is kept for the next call.
-func (d *Deps) fromFeed(ctx context.Context, f fleet.Found, turns int) (*t3api.ThreadProjection, int) {
-	if turns > feedTurns {
-		d.observeThread(ThreadFromRead)
-		return nil, -1
-	}
-	if feed, ok := f.Machine.ThreadFeed(f.Shell.ID); ok {
+// viaFeed is t3_thread's projection of its default view (turns ≤
+// feedTurns) and the thread's run count: from the thread's lingering feed
+// (fleet.Machine.ThreadFeed) when it answers, else from one bounded read
+// (of feedTurns runs, so that it can seed the feed: the feed holds that many)
+// that starts the feed from it when none is open. A feed answers when it is
+// live and has reached the row the state is rendered with (f.Seq), within
+// feedCatchUpWait. Either way the thread's feed is kept for the next call.
+func (d *Deps) viaFeed(ctx context.Context, f fleet.Found, turns int) (*t3api.ThreadProjection, int, error) {
+	if feed, ok := f.Machine.ThreadFeed(f.Shell.ID, nil); ok {
 		if st, ok := feed.AwaitCurrent(ctx, f.Seq, feedSnapshotWait, feedCatchUpWait); ok {
 			d.observeThread(ThreadFromFeed)
-			return st.Projection, st.Runs
+			return st.Projection, st.Runs, nil
 		}
 	}
 	d.observeThread(ThreadFromRead)
-	return nil, -1
+	rec, err := d.readRecent(ctx, f, f.Shell, max(turns, feedTurns))
+	if err != nil {
+		return nil, -1, err
+	}
+	if rec.Bounded { // a whole-thread read (an older T3) is no feed's window
+		f.Machine.ThreadFeed(f.Shell.ID, &threadfeed.State{Projection: rec.Projection, Runs: rec.RunCount, Cursor: rec.Sequence})
+	}
+	return rec.Projection, rec.RunCount, nil
 }
 
 func (d *Deps) observeThread(src ThreadSource) {
@@ -186,8 +197,14 @@ func threadTool(d *Deps) func(context.Context, *Call, *mcptools.ThreadInput) (Re
 				return Result{}, fmt.Errorf("reading thread %q on machine %q: %w", f.Shell.ID, f.Machine.Name, err)
 			}
 			p = rec.Projection
+			d.observeThread(ThreadFromRead)
+		} else if turns <= feedTurns {
+			var err error
+			if p, runCount, err = d.viaFeed(ctx, f, turns); err != nil {
+				return Result{}, err
+			}
 		} else {
-			p, runCount = d.fromFeed(ctx, f, turns)
+			d.observeThread(ThreadFromRead) // more turns than a feed holds: state reads
 		}
 		st, err := d.state(ctx, f, f.Shell, turns, p)
 		if err != nil {
