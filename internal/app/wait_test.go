@@ -600,3 +600,44 @@ func TestWaitFeedResubscribesWhenTheSocketComesBack(t *testing.T) {
 	}
 	feedsClosed(t, h)
 }
+
+// TestActingRightAfterAFeedWokenWaitFindsTheRow: a t3_wait woken by its thread's subscription
+// returns the question before the watcher has the row that asks it (the shell stream is held
+// back here); a t3_answer called right then waits for that row (fleet.Machine.ExpectRow)
+// instead of answering "no pending question", and succeeds once the row comes.
+func TestActingRightAfterAFeedWokenWaitFindsTheRow(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("act")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptQuestion})
+	tid := str(d, "thread_id")
+	done := blockedWait(t, h, c, tid, 1)
+	h.fake.StallShellStreams(true) // only the subscription can wake the wait
+	t.Cleanup(func() { h.fake.StallShellStreams(false) })
+	h.fake.StepAll()
+	res := <-done
+	if str(res, "reason") != "question" {
+		t.Fatalf("wait result %v", res)
+	}
+	if got := h.metric(`t3code_mcp_wait_woken_seconds_count{by="feed"}`); got != "1" {
+		t.Fatalf("waits woken by the subscription: %q, want 1", got)
+	}
+	m := h.app.Fleet.Machines()[0]
+	if row, _ := m.Watcher().Thread(tid); func() bool { _, asks := row.PendingRuntimeRequest.Get(); return asks }() {
+		t.Fatalf("the watcher's row already asks (%+v): the shell stream was not held back", row)
+	}
+	type answer struct {
+		text  string
+		isErr bool
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		_, text, isErr := c.call("t3_answer", map[string]any{"thread_id": tid, "answers": map[string]any{"scope": "Workspace", "checks": []any{"lint"}}})
+		answered <- answer{text, isErr}
+	}()
+	eventually(t, 10*time.Second, "t3_answer to wait for the row that asks", func() bool { return m.RowCatchUps() == 1 }, nil)
+	h.fake.StallShellStreams(false)
+	if a := <-answered; a.isErr {
+		t.Fatalf("t3_answer right after the wait failed: %s", a.text)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3api"
@@ -105,6 +106,10 @@ type Machine struct {
 	problem   error  // why the machine cannot be used, when it cannot
 	status    string // a status word while not online through the watcher
 	providers *t3rpc.ServerConfig
+
+	expectMu    sync.Mutex
+	expect      map[string]rowExpectation // thread id → the row a wait's subscription showed (rowcatchup.go)
+	rowCatchUps atomic.Int64
 }
 
 // TrackedThreads is where the fleet looks a thread up first: the state file's
@@ -500,6 +505,7 @@ func (f *Fleet) thread(id string, orGone bool) (Found, error) {
 		if !ok || !m.Allowed(p) {
 			return Found{}, notFound
 		}
+		shell, seq = m.catchUp(id, shell, seq)
 		return Found{Machine: m, Shell: shell, Seq: seq, Project: p, Tracked: tr, IsTracked: known}, nil
 	}
 	for _, m := range candidates {

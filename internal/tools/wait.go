@@ -72,6 +72,7 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		}
 		over := time.Now()
 		d.observeWoken(r.WokenBy, over.Sub(began))
+		expectRow(m, f.Shell.ID, r)
 		// Render with a context of its own: a timeout must still report state.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 		defer rcancel()
@@ -114,6 +115,26 @@ func (d *Deps) observeWait(stage WaitStage, dur time.Duration) {
 
 // observeWoken notes which stream woke a wait that blocked for dur (none for
 // a timeout or an archived or idle thread).
+// expectRow tells the machine what a wait woken by its thread's own subscription saw (the row
+// T3 shows for it may still be on its way to the watcher), so that the next lookup of the
+// thread — t3_answer on the question just returned, t3_interrupt, a steer — waits for the
+// watcher's row to show it too (fleet.Machine.ExpectRow) instead of acting on the older row.
+func expectRow(m *fleet.Machine, threadID string, r wait.Result) {
+	if r.WokenBy != wait.ByFeed || r.RunID == "" {
+		return
+	}
+	run := r.RunID
+	if r.Reason == wait.Question {
+		req := r.RequestID
+		m.ExpectRow(threadID, func(row *t3rpc.ThreadShell) bool {
+			p, asks := threadstate.PendingRequest(row)
+			return asks && p.ID == req || threadstate.ActiveRun(row) != run
+		})
+		return
+	}
+	m.ExpectRow(threadID, func(row *t3rpc.ThreadShell) bool { return threadstate.ActiveRun(row) != run })
+}
+
 func (d *Deps) observeWoken(by wait.WokenBy, dur time.Duration) {
 	if by != "" && d.OnWaitWoken != nil {
 		d.OnWaitWoken(string(by), dur)

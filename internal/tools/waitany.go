@@ -53,6 +53,7 @@ func (d *Deps) waitAny(ctx context.Context, c *Call, in mcptools.WaitInput) (Res
 	}
 	over := time.Now()
 	d.observeWoken(first.r.WokenBy, first.blocked)
+	expectRow(first.f.Machine, first.f.Shell.ID, first.r)
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), d.Limits.CallTimeout)
 	defer rcancel()
 	st, err := first.wr.state(rctx, d, first.f, first.r)
