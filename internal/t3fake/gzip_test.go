@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
@@ -92,8 +93,8 @@ func TestHTTPAnswersGzippedWhenAsked(t *testing.T) {
 		"session":    s.URL() + "/api/auth/session",
 		"projects":   s.URL() + "/api/projects",
 	}
-	asks := []string{"gzip", "gzip, deflate, br", "br;q=1.0, gzip;q=0.5", "*", "GZIP"}
-	refusals := []string{"", "identity", "gzip;q=0", "deflate, br"}
+	asks := []string{"gzip", "gzip, deflate, br", "br;q=1.0, gzip;q=0.5", "GZIP"}
+	refusals := []string{"", "identity", "gzip;q=0", "deflate, br", "*"} // a bare * is not taken as gzip (gzip.go)
 	for name, u := range large {
 		plain := rawGet(t, u, tok, "identity")
 		if plain.status != http.StatusOK || plain.encoding != "" || len(plain.body) < gzipThreshold {
@@ -138,23 +139,24 @@ func TestHTTPAnswersGzippedWhenAsked(t *testing.T) {
 
 // A hung read that ends without an answer (the client gave up) writes nothing, gzip asked or not.
 func TestGzipAnswerWithoutBody(t *testing.T) {
+	ask := httptest.NewRequest(http.MethodGet, "/api/orchestration/shell", nil)
+	ask.Header.Set("Accept-Encoding", "gzip")
 	rec := &headerRecorder{header: http.Header{}}
-	a := &gzipAnswer{w: rec}
-	a.finish()
+	gzipAnswers(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(rec, ask)
 	if rec.status != 0 || rec.body.Len() != 0 {
 		t.Errorf("nothing written: status %d, %d bytes", rec.status, rec.body.Len())
 	}
 	// A body written in small pieces that reach the threshold together is gzipped whole.
 	rec = &headerRecorder{header: http.Header{}}
-	a = &gzipAnswer{w: rec}
-	a.WriteHeader(http.StatusCreated)
 	want := bytes.Repeat([]byte("0123456789abcdef"), gzipThreshold/16+3)
-	for p := range slices.Chunk(want, 100) {
-		if _, err := a.Write(p); err != nil {
-			t.Fatal(err)
+	gzipAnswers(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		for p := range slices.Chunk(want, 100) {
+			if _, err := w.Write(p); err != nil {
+				t.Error(err)
+			}
 		}
-	}
-	a.finish()
+	})).ServeHTTP(rec, ask)
 	if rec.status != http.StatusCreated || rec.header.Get("Content-Encoding") != "gzip" || !bytes.Equal(gunzip(t, rec.body.Bytes()), want) {
 		t.Errorf("pieces: status %d, Content-Encoding %q", rec.status, rec.header.Get("Content-Encoding"))
 	}
@@ -177,15 +179,4 @@ func (r *headerRecorder) Write(p []byte) (int, error) {
 		r.status = http.StatusOK
 	}
 	return r.body.Write(p)
-}
-
-func FuzzAcceptsGzip(f *testing.F) {
-	for _, s := range []string{"gzip", "identity", "gzip;q=0", "br;q=1.0, gzip;q=0.5", "*", "gzip ; q = 0", "deflate, GZip", ""} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, h string) {
-		if acceptsGzip(h) && !strings.Contains(strings.ToLower(h), "gzip") && !strings.Contains(h, "*") {
-			t.Errorf("%q admits gzip without naming it", h)
-		}
-	})
 }

@@ -25,16 +25,16 @@ import (
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	handle := func(pattern string, h http.HandlerFunc) {
+		answer := gzipAnswers(h) // gzip.go; it sets Vary: Accept-Encoding, as on every recorded answer
+		if pattern == "GET /ws" {
+			answer = func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Vary", "Accept-Encoding")
+				h(w, r)
+			}
+		}
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			s.countHTTP(pattern)
-			w.Header().Set("Vary", "Accept-Encoding") // on every recorded answer
-			if pattern == "GET /ws" || !acceptsGzip(r.Header.Get("Accept-Encoding")) {
-				h(w, r)
-				return
-			}
-			a := &gzipAnswer{w: w}
-			defer a.finish()
-			h(a, r)
+			answer(w, r)
 		})
 	}
 	handle("GET /.well-known/t3/environment", s.handleDescriptor)
