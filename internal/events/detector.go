@@ -525,7 +525,7 @@ func (d *Detector) passOver(machine string) {
 
 // applyLocked judges a change and commits what it found, under fence (nil: no lease).
 func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
-	if fence == nil && d.lease == nil && !c.Snapshot && d.onlyUpdatedAt(c) {
+	if fence == nil && d.lease == nil && !c.Snapshot && d.nothingToCommit(c) {
 		return nil
 	}
 	next := map[string]cached{}
@@ -650,7 +650,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	return nil
 }
 
-// onlyUpdatedAt takes a chunk whose every row is of a thread with a cached state (a watched
+// nothingToCommit takes a chunk whose every row is of a thread with a cached state (a watched
 // thread seen before) and changes nothing in it that must be committed (seen.sameDurable: its
 // UpdatedAt, Active, a run's start) — a run's steps up to its end, most of a busy machine's
 // chunks: the cached states take the rows' changes, as
@@ -661,18 +661,18 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 // and every chunk that does goes through applyLocked's read. One process only (no lease): in
 // replica mode a cached state is used only with its tracked row (load).
 //
-// Only a chunk of a few rows (onlyUpdatedAtRows) is tried: that is what a machine sends while the
+// Only a chunk of a few rows (nothingToCommitRows) is tried: that is what a machine sends while the
 // connector keeps up, and the states are looked up among its rows one by one under d.mu (which
 // every machine's detector work takes); a larger chunk goes through applyLocked's read.
-func (d *Detector) onlyUpdatedAt(c watch.Change) bool {
-	if len(c.Passed)+len(c.Threads) > onlyUpdatedAtRows {
+func (d *Detector) nothingToCommit(c watch.Change) bool {
+	if len(c.Passed)+len(c.Threads) > nothingToCommitRows {
 		return false
 	}
 	type state struct {
 		k string
 		s seen
 	}
-	var states [onlyUpdatedAtRows]state
+	var states [nothingToCommitRows]state
 	seenNow := states[:0]
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -708,8 +708,8 @@ func (d *Detector) onlyUpdatedAt(c watch.Change) bool {
 	return true
 }
 
-// onlyUpdatedAtRows bounds the chunks onlyUpdatedAt tries (see there).
-const onlyUpdatedAtRows = 8
+// nothingToCommitRows bounds the chunks nothingToCommit tries (see there).
+const nothingToCommitRows = 8
 
 // observe compares one row of a thread with what was seen last. It decides
 // from the row's run pointers (threadstate.Judge), never from the status

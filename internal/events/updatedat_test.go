@@ -216,14 +216,14 @@ func TestEventRecordedLoggedAtDebug(t *testing.T) {
 	}
 }
 
-// A chunk of more rows than onlyUpdatedAtRows (a machine the connector lags behind) goes through
+// A chunk of more rows than nothingToCommitRows (a machine the connector lags behind) goes through
 // the read of its tracked rows even when it only moves updatedAt; it still commits nothing.
 func TestLargeChunkOfUpdatedAtIsRead(t *testing.T) {
 	e := newEnv(t, "")
 	ct := &countingTracked{Store: e.st}
 	e.d = New(Options{Store: e.g, Tracked: ct, Read: ReaderFunc(e.read), Logger: quiet()})
 	var start, step []t3rpc.ThreadShell
-	for i := range onlyUpdatedAtRows + 1 {
+	for i := range nothingToCommitRows + 1 {
 		id := fmt.Sprintf("t%d", i)
 		e.watchThread(id, "", &t3rpc.ThreadShell{ID: id, Status: "idle"})
 		start = append(start, rowAt("2026-12-01T10:00:00Z", id, "starting", "r-"+id, "r-"+id, ""))

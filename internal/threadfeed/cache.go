@@ -12,21 +12,15 @@ import (
 // This file: what t3_thread reads of a lingering feed (Pool.Linger), and the
 // bound on what a feed holds.
 
-// Current is the feed's projection now, when the feed can answer for the
-// thread: its stream runs, its snapshot is in, and it has applied the
-// thread's events up to sequence atLeast (the sequence of the shell row the
-// caller renders with, watch.ThreadAt): a feed that is behind the row it is
-// shown with, or whose stream ended (a dropped socket), is never served. It
-// does not wait.
-func (f *Feed) Current(atLeast int64) (State, bool) {
-	return f.AwaitCurrent(context.Background(), atLeast, 0, 0)
-}
-
-// AwaitCurrent is Current once the feed can answer: it waits while the feed
-// has no snapshot yet for up to first, and while it is behind atLeast for up
-// to behind (T3 sends a thread's events on its stream about when it sends
-// the row; a stream that stays behind does not hold the caller long). ok is
-// false when the feed fails, ctx ends or the time is up.
+// AwaitCurrent is the feed's projection once the feed can answer for the
+// thread: its stream runs, T3 has sent its snapshot or replay (live), and it
+// has applied the thread's events up to sequence atLeast (the sequence of the
+// shell row the caller renders with, watch.ThreadAt) — a feed that is behind
+// the row it is shown with, or whose stream ended, is never served. It waits
+// while the feed has no snapshot yet for up to first, and while it is behind
+// atLeast for up to behind (T3 sends a thread's events on its stream about
+// when it sends the row; a stream that stays behind does not hold the caller
+// long). ok is false when the feed fails, ctx ends or the time is up.
 func (f *Feed) AwaitCurrent(ctx context.Context, atLeast int64, first, behind time.Duration) (State, bool) {
 	start := time.Now()
 	var timer *time.Timer

@@ -288,3 +288,9 @@ func seedOf(t testing.TB, r *rig, tid string) *State {
 	}
 	return &State{Projection: rec.Projection, Runs: rec.RunCount, Cursor: rec.Sequence}
 }
+
+// Current is AwaitCurrent without waiting: the feed's projection now, when it
+// can answer.
+func (f *Feed) Current(atLeast int64) (State, bool) {
+	return f.AwaitCurrent(context.Background(), atLeast, 0, 0)
+}

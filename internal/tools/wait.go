@@ -113,8 +113,6 @@ func (d *Deps) observeWait(stage WaitStage, dur time.Duration) {
 	}
 }
 
-// observeWoken notes which stream woke a wait that blocked for dur (none for
-// a timeout or an archived or idle thread).
 // expectRow tells the machine what a wait woken by its thread's own subscription saw (the row
 // T3 shows for it may still be on its way to the watcher), so that the next lookup of the
 // thread — t3_answer on the question just returned, t3_interrupt, a steer — waits for the
@@ -135,6 +133,8 @@ func expectRow(m *fleet.Machine, threadID string, r wait.Result) {
 	m.ExpectRow(threadID, func(row *t3rpc.ThreadShell) bool { return threadstate.ActiveRun(row) != run })
 }
 
+// observeWoken notes which stream woke a wait that blocked for dur (none for
+// a timeout or an archived or idle thread).
 func (d *Deps) observeWoken(by wait.WokenBy, dur time.Duration) {
 	if by != "" && d.OnWaitWoken != nil {
 		d.OnWaitWoken(string(by), dur)
