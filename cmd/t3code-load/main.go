@@ -29,8 +29,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,6 +65,8 @@ type options struct {
 	bin, dir, jsonOut                                    string
 	cpuProfile, blockProfile, memProfile, harnessProfile string
 	profilePhase                                         string
+	traceOut, tracePhase                                 string
+	traceAfter, traceFor                                 time.Duration
 	phases, pollers                                      string
 	over                                                 loadtest.Config
 }
@@ -83,6 +87,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile once the connector is synced and idle, and FILE.backlog when the outage phase's receiver comes back (implies -inprocess)")
 	fs.StringVar(&o.harnessProfile, "harness-cpuprofile", "", "write a CPU profile of the harness alone (fakes, clients, receiver); the connector stays the binary")
 	fs.StringVar(&o.profilePhase, "profile-phase", "", "the CPU profile (-cpuprofile or -harness-cpuprofile) covers only this phase (thread, latency, compare, throughput, outage or soak), not the set-up and the others")
+
+	fs.StringVar(&o.traceOut, "trace", "", "write a runtime/trace (go tool trace) of a window of one phase: -trace-after into -trace-phase, for -trace-for (implies -inprocess: connector and harness in one trace)")
+	fs.StringVar(&o.tracePhase, "trace-phase", "latency", "the phase -trace covers a window of")
+	fs.DurationVar(&o.traceAfter, "trace-after", 5*time.Second, "how far into -trace-phase the -trace window starts (past the phase's start-up)")
+	fs.DurationVar(&o.traceFor, "trace-for", 2*time.Second, "length of the -trace window (a trace grows by tens of MB a second at 1,000 runs/s)")
 
 	// Zero means the profile's value.
 	c := &o.over
@@ -136,6 +145,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.phases != "" {
 		c.Phases = strings.Split(o.phases, ",")
+	}
+	if o.traceOut != "" && !slices.Contains(loadtest.PhaseNames, o.tracePhase) {
+		err := fmt.Errorf("t3code-load: -trace-phase %q: not one of %s", o.tracePhase, strings.Join(loadtest.PhaseNames, ", "))
+		fmt.Fprintln(stderr, err)
+		return nil, err
 	}
 	if o.profilePhase != "" {
 		err := error(nil)
@@ -198,7 +212,7 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 	if !o.quiet {
 		cfg.Progress = stderr
 	}
-	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != ""
+	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != "" || o.traceOut != ""
 	cfg.Binary = o.bin
 	return cfg
 }
@@ -295,6 +309,14 @@ func (o *options) startProfiles(cfg *loadtest.Config, stderr io.Writer) (stop fu
 			}
 		})
 	}
+	if o.traceOut != "" {
+		stopTrace, err := o.startTrace(cfg, stderr)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		stops = append(stops, stopTrace)
+	}
 	cpuProfile := o.cpuProfile
 	if cpuProfile == "" && o.harnessProfile != "" {
 		cpuProfile = o.harnessProfile
@@ -316,7 +338,7 @@ func (o *options) startProfiles(cfg *loadtest.Config, stderr io.Writer) (stop fu
 		}
 		// One phase only: started as it begins, stopped as it ends (or when the run stops).
 		var running bool
-		cfg.OnPhase = func(name string, begin bool) {
+		cfg.OnPhase = chainPhase(cfg.OnPhase, func(name string, begin bool) {
 			switch {
 			case name != o.profilePhase:
 			case begin && !running:
@@ -329,7 +351,7 @@ func (o *options) startProfiles(cfg *loadtest.Config, stderr io.Writer) (stop fu
 				pprof.StopCPUProfile()
 				running = false
 			}
-		}
+		})
 		stops = append(stops, func() {
 			if running {
 				pprof.StopCPUProfile()
@@ -338,6 +360,78 @@ func (o *options) startProfiles(cfg *loadtest.Config, stderr io.Writer) (stop fu
 		})
 	}
 	return stop, nil
+}
+
+// chainPhase calls first, then next, as each phase begins and ends (first may be nil).
+func chainPhase(first, next func(name string, begin bool)) func(name string, begin bool) {
+	if first == nil {
+		return next
+	}
+	return func(name string, begin bool) {
+		first(name, begin)
+		next(name, begin)
+	}
+}
+
+// startTrace arranges a runtime/trace of o.traceFor, starting o.traceAfter into the phase
+// o.tracePhase (or when it ends, if that comes first: the window is then cut short). The
+// connector runs in this process, so the one trace shows both sides of every socket: where an
+// event waits (runnable but not running, GC assists, a blocked read or write, syscalls such as
+// fdatasync). A whole phase would be gigabytes; a window of seconds is what go tool trace opens.
+// stop ends a window still open and closes the file.
+func (o *options) startTrace(cfg *loadtest.Config, stderr io.Writer) (stop func(), err error) {
+	f, err := os.Create(o.traceOut)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		mu      sync.Mutex
+		running bool
+		done    bool // the window was taken, or the phase ended: one window per run
+		timer   *time.Timer
+	)
+	end := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		done = true // a window not begun yet never begins
+		if timer != nil {
+			timer.Stop()
+		}
+		if running {
+			trace.Stop()
+			running = false
+		}
+	}
+	begin := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		done = true
+		if err := trace.Start(f); err != nil {
+			fmt.Fprintln(stderr, "-trace:", err)
+			return
+		}
+		running = true
+		timer = time.AfterFunc(o.traceFor, end)
+	}
+	cfg.OnPhase = chainPhase(cfg.OnPhase, func(name string, starts bool) {
+		if name != o.tracePhase {
+			return
+		}
+		if !starts {
+			end()
+			return
+		}
+		mu.Lock()
+		timer = time.AfterFunc(o.traceAfter, begin)
+		mu.Unlock()
+	})
+	return func() {
+		end()
+		f.Close()
+	}, nil
 }
 
 // buildConnector builds ./cmd/t3code-mcp into a temporary directory, which cleanup removes.

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"io"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -44,12 +47,70 @@ func TestFlagsOverrideTheProfile(t *testing.T) {
 // names the listen address are refused before anything runs.
 func TestBadFlagsAreRefused(t *testing.T) {
 	for _, args := range [][]string{{"-replicas", "2"}, {"-poll", "bogus"}, {"-m", "x"}, {"-replica-env", "T3CODE_MCP_CLAIM_TTL"},
-		{"-replica-env", "=1"}, {"-replica-env", "T3CODE_MCP_PORT=9"}} {
+		{"-replica-env", "=1"}, {"-replica-env", "T3CODE_MCP_PORT=9"}, {"-trace", "t.out", "-trace-phase", "bogus"}} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("%v: accepted", args)
 		}
 		if rc := run(args, io.Discard, io.Discard); rc != 2 {
 			t.Errorf("%v: exit %d, want 2", args, rc)
 		}
+	}
+}
+
+// -trace writes a runtime/trace of a window of its phase, begun -trace-after into it and ended
+// with the phase at the latest; it implies the connector in this process.
+func TestTraceCoversAWindowOfItsPhase(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "trace.out")
+	o, err := parse([]string{"-trace", out, "-trace-phase", "latency", "-trace-after", "0s", "-trace-for", "1h"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := o.config(io.Discard)
+	if !cfg.InProcess {
+		t.Fatal("-trace did not run the connector in process")
+	}
+	stop, err := o.startProfiles(&cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	cfg.OnPhase("thread", true) // another phase: no window
+	cfg.OnPhase("thread", false)
+	cfg.OnPhase("latency", true)
+	// The window begins on a timer (-trace-after 0): wait for the trace's header.
+	for {
+		if st, err := os.Stat(out); err == nil && st.Size() > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cfg.OnPhase("latency", false) // the phase's end ends the window
+	stop()
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte("go 1.")) {
+		t.Fatalf("not a runtime/trace: %q", b[:min(len(b), 16)])
+	}
+}
+
+// A phase that ends before -trace-after leaves no trace.
+func TestTraceWindowNotBegunWhenThePhaseEndsFirst(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "trace.out")
+	o, err := parse([]string{"-trace", out, "-trace-after", "1h"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := o.config(io.Discard)
+	stop, err := o.startProfiles(&cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.OnPhase("latency", true)
+	cfg.OnPhase("latency", false)
+	stop()
+	if st, err := os.Stat(out); err != nil || st.Size() != 0 {
+		t.Fatalf("trace file: %v, %v; want empty", st, err)
 	}
 }
