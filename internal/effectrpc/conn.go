@@ -117,6 +117,9 @@ type Conn struct {
 type call struct {
 	id     string
 	method string
+	// borrow: the handler gets chunk values as slices of the frame's buffer, lent until it
+	// returns (StreamChunks); otherwise copies it may keep (Stream).
+	borrow bool
 
 	mu    sync.Mutex
 	queue []event
@@ -126,10 +129,12 @@ type call struct {
 // event is a Chunk (values) or the terminal Exit (end).
 type event struct {
 	values []jx.Raw
-	read   time.Time // when the frame that carried it was read off the socket
-	end    bool
-	value  jx.Raw // success value of the Exit
-	err    error  // failure of the Exit
+	// frame, when set, holds values: released once the handler is done with them.
+	frame *frame
+	read  time.Time // when the frame that carried it was read off the socket
+	end   bool
+	value jx.Raw // success value of the Exit
+	err   error  // failure of the Exit
 }
 
 func (cl *call) push(ev event) {
@@ -239,7 +244,7 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cl, err := c.start(method, payload)
+	cl, err := c.start(method, payload, false)
 	if err != nil {
 		return err
 	}
@@ -250,6 +255,7 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 		}
 		if !ev.end {
 			// Unary methods never stream; a stray Chunk is not worth failing for.
+			ev.frame.release()
 			c.log.Debug("effectrpc: Chunk for a unary request ignored", "method", method, "id", cl.id)
 			continue
 		}
@@ -272,13 +278,14 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 // Stream sends a stream request and blocks until the stream ends. onChunk gets
 // each Chunk's values in arrival order, on the calling goroutine, one at a
 // time; the Ack that lets T3 send the next Chunk goes out only after onChunk
-// returns nil, so nothing new arrives until the last batch is applied.
+// returns nil, so nothing new arrives until the last batch is applied. The
+// values are onChunk's to keep (StreamChunks lends them instead).
 //
 // Stream returns nil on an Exit Success, *Error on a Failure, ctx.Err() after
 // sending an Interrupt when ctx ends, onChunk's error (after an Interrupt) when
 // it fails, and an error wrapping ErrClosed when the socket goes away.
 func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk func(values []jx.Raw) error) error {
-	return c.StreamChunks(ctx, method, payload, func(ch Chunk) error { return onChunk(ch.Values) })
+	return c.stream(ctx, method, payload, false, func(ch Chunk) error { return onChunk(ch.Values) })
 }
 
 // Chunk is one Chunk message of a stream.
@@ -290,12 +297,20 @@ type Chunk struct {
 	Read time.Time
 }
 
-// StreamChunks is Stream with each chunk's read time.
+// StreamChunks is Stream with each chunk's read time, and values that are lent, not given: they
+// are slices of the buffer the frame was read into, valid only until onChunk returns (the
+// buffer then serves a later frame). A handler that keeps a value, or anything that aliases one,
+// must copy it; one that decodes the values into its own types (the watcher) needs no copy, and
+// the read loop makes none (decodeChunk).
 func (c *Conn) StreamChunks(ctx context.Context, method string, payload any, onChunk func(Chunk) error) error {
+	return c.stream(ctx, method, payload, true, onChunk)
+}
+
+func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bool, onChunk func(Chunk) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cl, err := c.start(method, payload)
+	cl, err := c.start(method, payload, borrow)
 	if err != nil {
 		return err
 	}
@@ -307,7 +322,9 @@ func (c *Conn) StreamChunks(ctx context.Context, method string, payload any, onC
 		if ev.end {
 			return ev.err
 		}
-		if err := onChunk(Chunk{Values: ev.values, Read: ev.read}); err != nil {
+		err = onChunk(Chunk{Values: ev.values, Read: ev.read})
+		ev.frame.release()
+		if err != nil {
 			c.abandon(cl)
 			return err
 		}
@@ -320,7 +337,7 @@ func (c *Conn) StreamChunks(ctx context.Context, method string, payload any, onC
 
 // start registers a request and writes it. The request is registered first so
 // that a reply racing the write is never dropped.
-func (c *Conn) start(method string, payload any) (*call, error) {
+func (c *Conn) start(method string, payload any, borrow bool) (*call, error) {
 	raw, err := encodePayload(payload)
 	if err != nil {
 		return nil, fmt.Errorf("effectrpc: %s: encode payload: %w", method, err)
@@ -333,7 +350,7 @@ func (c *Conn) start(method string, payload any) (*call, error) {
 	}
 	id := strconv.FormatUint(c.nextID, 10)
 	c.nextID++
-	cl := &call{id: id, method: method, wake: make(chan struct{}, 1)}
+	cl := &call{id: id, method: method, borrow: borrow, wake: make(chan struct{}, 1)}
 	c.pending[id] = cl
 	c.mu.Unlock()
 
@@ -467,13 +484,13 @@ func (c *Conn) fail(cause error) {
 func (c *Conn) readLoop(limit int64) {
 	defer c.wg.Done()
 	for {
-		buf, err := c.readFrame()
+		fr, err := c.readFrame()
 		if err != nil {
 			c.fail(fmt.Errorf("%w: %s", ErrClosed, describeReadErr(err, limit)))
 			return
 		}
 		read := time.Now()
-		data := buf.Bytes()
+		data := fr.buf.Bytes()
 		if c.tap != nil {
 			c.tap("recv", data)
 		}
@@ -481,46 +498,65 @@ func (c *Conn) readLoop(limit int64) {
 		if err != nil {
 			c.log.Warn("effectrpc: undecodable frame from T3", "err", err, "bytes", len(data))
 		}
-		// Decoding copied what the messages hold (strings, chunk values): the
-		// frame's buffer can serve the next frame.
-		putFrameBuf(buf)
+		// Decoding copied what the messages hold but a Chunk's values (decodeChunk): a stream
+		// that borrows them holds the frame until its handler is done; the loop's own hold ends
+		// here, and the buffer serves a later frame once nobody holds it.
 		for _, m := range msgs {
-			c.handle(m, read)
+			c.handle(m, read, fr)
 		}
+		fr.release()
 	}
 }
 
-// readFrame reads the next frame into a pooled buffer. A frame read into a
-// fresh slice (websocket.Conn.Read's io.ReadAll) grows it from 512 bytes,
-// allocating and copying several times its size: under load T3 sends chunks
-// of hundreds of kilobytes, and that was the largest cost of the read loop.
-func (c *Conn) readFrame() (*bytes.Buffer, error) {
+// readFrame reads the next frame into a pooled buffer, held once (by the read loop). A frame
+// read into a fresh slice (websocket.Conn.Read's io.ReadAll) grows it from 512 bytes,
+// allocating and copying several times its size: under load T3 sends chunks of hundreds of
+// kilobytes, and that was the largest cost of the read loop.
+func (c *Conn) readFrame() (*frame, error) {
 	_, r, err := c.ws.Reader(c.life)
 	if err != nil {
 		return nil, err
 	}
-	buf := frameBufs.Get().(*bytes.Buffer)
-	buf.Reset()
-	if _, err := buf.ReadFrom(r); err != nil {
-		putFrameBuf(buf)
+	fr := frames.Get().(*frame)
+	fr.buf.Reset()
+	fr.holds.Store(1)
+	if _, err := fr.buf.ReadFrom(r); err != nil {
+		fr.release()
 		return nil, err
 	}
-	return buf, nil
+	return fr, nil
 }
 
-// frameBufs holds frame buffers between reads, shared by all connections
-// (one in use per connection at a time; the pool lets the GC drop idle ones).
-var frameBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+// frame is one read frame's buffer and how many hold it: the read loop while it decodes and
+// dispatches the frame, and each borrowing stream's handler (StreamChunks) until it is done with
+// the chunk's values. The last to let go returns it to frames. A hold never released (a stream
+// abandoned with chunks still queued) only keeps the buffer from the pool: the collector takes it.
+type frame struct {
+	buf   bytes.Buffer
+	holds atomic.Int32
+}
 
-// maxPooledFrame bounds the buffers kept: one snapshot of many megabytes is
-// not worth holding on to.
-const maxPooledFrame = 4 << 20
+// hold adds a holder; release drops one. Both take a nil frame (values that were copied).
+func (f *frame) hold() {
+	f.holds.Add(1)
+}
 
-func putFrameBuf(b *bytes.Buffer) {
-	if b.Cap() <= maxPooledFrame {
-		frameBufs.Put(b)
+func (f *frame) release() {
+	if f == nil || f.holds.Add(-1) != 0 {
+		return
+	}
+	// One snapshot of many megabytes is not worth holding on to.
+	if f.buf.Cap() <= maxPooledFrame {
+		frames.Put(f)
 	}
 }
+
+// frames holds frame buffers between reads, shared by all connections (the pool lets the GC
+// drop idle ones).
+var frames = sync.Pool{New: func() any { return new(frame) }}
+
+// maxPooledFrame bounds the buffers kept.
+const maxPooledFrame = 4 << 20
 
 func describeReadErr(err error, limit int64) string {
 	if errors.Is(err, websocket.ErrMessageTooBig) {
@@ -536,7 +572,22 @@ func describeReadErr(err error, limit int64) string {
 	return "socket lost: " + err.Error()
 }
 
-func (c *Conn) handle(m inbound, read time.Time) {
+// handle dispatches one message of fr.
+func (c *Conn) handle(m inbound, read time.Time, fr *frame) {
+	if ch := m.chunk; ch != nil {
+		cl := c.lookup(ch.id, false)
+		if cl == nil {
+			c.log.Debug("effectrpc: Chunk for an unknown request", "id", ch.id)
+			return
+		}
+		if !cl.borrow {
+			cl.push(event{values: copyValues(ch.values), read: read})
+			return
+		}
+		fr.hold()
+		cl.push(event{values: ch.values, frame: fr, read: read})
+		return
+	}
 	if m.err != nil {
 		if m.requestID == "" {
 			c.log.Warn("effectrpc: undecodable message from T3", "tag", m.tag, "err", m.err)

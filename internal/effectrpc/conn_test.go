@@ -782,3 +782,80 @@ func TestDecodeRecordedFrames(t *testing.T) {
 		}
 	}
 }
+
+// StreamChunks lends a chunk's values (slices of the frame's buffer) until its handler returns,
+// and the frame is not reused before then, even when the read loop has read later frames
+// meanwhile; Stream's values are the handler's to keep. Each frame carries a chunk of each
+// stream, all frames the same length (a reused buffer would overwrite a lent value in place): the
+// lent handler holds chunk i until the keeping handler has seen chunk i+1 (the read loop is past
+// frame i), then checks its values; the keeping handler keeps every value it got and they are
+// checked at the end, after every frame was read.
+func TestLentChunkValuesOutliveLaterFrames(t *testing.T) {
+	const frames = 20
+	lentValue := func(i int) string { return fmt.Sprintf(`"lent-%04d"`, i) }
+	keptValue := func(i int) string { return fmt.Sprintf(`"kept-%04d"`, i) }
+	ts := newServer(t, func(p *peer) {
+		ids := map[string]string{}
+		for range 2 {
+			r, ok := p.request()
+			if !ok {
+				return
+			}
+			ids[r.Method] = r.ID.String
+		}
+		for i := range frames {
+			p.send("[" + chunk(ids["test.lent"], lentValue(i)) + "," + chunk(ids["test.kept"], keptValue(i)) + "]")
+		}
+		for range 2 * frames { // the Acks
+			if _, ok := p.recv(); !ok {
+				return
+			}
+		}
+		p.send("[" + exitOK(ids["test.lent"], "") + "," + exitOK(ids["test.kept"], "") + "]")
+	})
+	c := dial(t, ts, Options{})
+
+	keptSeen := make(chan int, frames)
+	var kept []jx.Raw
+	keptErr := make(chan error, 1)
+	go func() {
+		keptErr <- c.Stream(tctx(t), "test.kept", nil, func(values []jx.Raw) error {
+			kept = append(kept, values...) // no copy: Stream's values are the handler's
+			keptSeen <- len(kept)
+			return nil
+		})
+	}()
+	n := 0
+	err := c.StreamChunks(tctx(t), "test.lent", nil, func(ch Chunk) error {
+		want := lentValue(n)
+		if n+1 < frames {
+			// Until the read loop has dispatched frame n+1.
+			for seen := 0; seen < n+2; {
+				select {
+				case seen = <-keptSeen:
+				case <-time.After(safety):
+					return fmt.Errorf("chunk %d of the other stream never came", n+1)
+				}
+			}
+		}
+		if len(ch.Values) != 1 || string(ch.Values[0]) != want {
+			return fmt.Errorf("lent chunk %d reads %q after later frames, want %s", n, ch.Values, want)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-keptErr; err != nil {
+		t.Fatal(err)
+	}
+	if n != frames || len(kept) != frames {
+		t.Fatalf("%d lent chunks, %d kept values; want %d each", n, len(kept), frames)
+	}
+	for i, v := range kept {
+		if string(v) != keptValue(i) {
+			t.Fatalf("kept value %d reads %s once later frames were read, want %s", i, v, keptValue(i))
+		}
+	}
+}

@@ -17,6 +17,9 @@ import (
 // fail that request instead of leaving it waiting forever.
 type inbound struct {
 	msg t3rpc.ServerMessage
+	// chunk is set for a Chunk read by decodeChunk; msg is then unset. Its values are slices of
+	// the frame's bytes, not copies (see decodeChunk).
+	chunk *borrowedChunk
 	// err is set when the message did not decode; tag and requestID are then
 	// best-effort reads of the raw object.
 	err       error
@@ -54,6 +57,9 @@ func decodeFrame(data []byte) ([]inbound, error) {
 }
 
 func decodeMessage(raw []byte) inbound {
+	if ch, ok := decodeChunk(raw); ok {
+		return inbound{chunk: ch}
+	}
 	var m t3rpc.ServerMessage
 	if err := m.Decode(jx.DecodeBytes(raw)); err != nil {
 		in := inbound{err: err}
@@ -61,6 +67,124 @@ func decodeMessage(raw []byte) inbound {
 		return in
 	}
 	return inbound{msg: m}
+}
+
+// borrowedChunk is a Chunk message whose values are slices of the frame it came in: valid while
+// the frame's buffer is (Conn.readLoop lends it to the stream handler, see frame).
+type borrowedChunk struct {
+	id     string // the request's map key (idKey)
+	values []jx.Raw
+}
+
+// errNotFast ends decodeChunk's scan of a message it leaves to the generated decoder.
+var errNotFast = errors.New("not a plain Chunk")
+
+// decodeChunk reads a Chunk message without copying its values: each is the slice of raw that
+// holds it. The generated decoder copies every value (jx's RawAppend), and a stream handler
+// decodes each value once more anyway: under load the copies were most of the read loop's CPU
+// and a large share of the connector's allocation (docs/benchmarks.md, issue 12, "ingest").
+//
+// It takes only what the generated decoder would decode to the same Chunk: exactly the keys
+// _tag ("Chunk"), requestId (a string or an int64) and values (an array), each once. Anything
+// else (another message, a duplicate or unknown key, a malformed value) reports false and is
+// left to the generated decoder, which decodes it or says what is wrong with it.
+func decodeChunk(raw []byte) (*borrowedChunk, bool) {
+	d := jx.DecodeBytes(raw)
+	if d.Next() != jx.Object {
+		return nil, false
+	}
+	var (
+		ch   borrowedChunk
+		seen uint8
+	)
+	const tagSeen, idSeen, valuesSeen = 1, 2, 4
+	once := func(bit uint8) error {
+		if seen&bit != 0 {
+			return errNotFast
+		}
+		seen |= bit
+		return nil
+	}
+	err := d.ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "_tag":
+			if err := once(tagSeen); err != nil {
+				return err
+			}
+			if d.Next() != jx.String {
+				return errNotFast
+			}
+			tag, err := d.StrBytes()
+			if err != nil || string(tag) != "Chunk" {
+				return errNotFast
+			}
+		case "requestId":
+			if err := once(idSeen); err != nil {
+				return err
+			}
+			switch d.Next() {
+			case jx.String:
+				id, err := d.Str()
+				if err != nil {
+					return errNotFast
+				}
+				ch.id = id
+			case jx.Number:
+				n, err := d.Int64()
+				if err != nil {
+					return errNotFast
+				}
+				ch.id = strconv.FormatInt(n, 10)
+			default:
+				return errNotFast
+			}
+		case "values":
+			if err := once(valuesSeen); err != nil {
+				return err
+			}
+			if d.Next() != jx.Array {
+				return errNotFast
+			}
+			ch.values = make([]jx.Raw, 0, 8)
+			return d.Arr(func(d *jx.Decoder) error {
+				v, err := d.Raw()
+				if err != nil {
+					return errNotFast
+				}
+				ch.values = append(ch.values, v)
+				return nil
+			})
+		default:
+			return errNotFast
+		}
+		return nil
+	})
+	if err != nil || seen != tagSeen|idSeen|valuesSeen {
+		return nil, false
+	}
+	// Nothing may follow the message (the generated decoder of a frame's element is given the
+	// element alone, so this only guards a caller that passes more).
+	if d.Next() != jx.Invalid {
+		return nil, false
+	}
+	return &ch, true
+}
+
+// copyValues copies values into one allocation: what a stream handler that may keep them gets
+// (Conn.Stream), instead of a slice of the frame that the next frame overwrites.
+func copyValues(values []jx.Raw) []jx.Raw {
+	n := 0
+	for _, v := range values {
+		n += len(v)
+	}
+	arena := make([]byte, 0, n)
+	out := make([]jx.Raw, len(values))
+	for i, v := range values {
+		start := len(arena)
+		arena = append(arena, v...)
+		out[i] = jx.Raw(arena[start:len(arena):len(arena)])
+	}
+	return out
 }
 
 // peekMessage reads _tag and requestId from a message object without

@@ -1,6 +1,7 @@
 package effectrpc
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/go-faster/jx"
@@ -49,12 +50,12 @@ func FuzzDecodeFrame(f *testing.F) {
 				continue
 			}
 			var e jx.Encoder
-			m.msg.Encode(&e)
+			asMessage(m).Encode(&e)
 			var again t3rpc.ServerMessage
 			if err := again.Decode(jx.DecodeBytes(e.Bytes())); err != nil {
 				t.Fatalf("re-encoded %s does not decode: %v", e.Bytes(), err)
 			}
-			if again.Type != m.msg.Type || requestOf(again) != requestOf(m.msg) {
+			if msg := asMessage(m); again.Type != msg.Type || requestOf(again) != requestOf(msg) {
 				t.Fatalf("round trip changed %s", e.Bytes())
 			}
 		}
@@ -69,4 +70,96 @@ func requestOf(m t3rpc.ServerMessage) string {
 		return idKey(m.Exit.RequestId)
 	}
 	return ""
+}
+
+// asMessage is m as the generated type (a borrowed Chunk made into one).
+func asMessage(m inbound) t3rpc.ServerMessage {
+	if m.chunk == nil {
+		return m.msg
+	}
+	return t3rpc.NewChunkServerMessage(t3rpc.Chunk{Tag: "Chunk", RequestId: t3rpc.NewStringRequestId(m.chunk.id), Values: m.chunk.values})
+}
+
+func TestDecodeChunkBorrowsOnlyPlainChunks(t *testing.T) {
+	plain := []string{
+		`{"_tag":"Chunk","requestId":"7","values":[{"kind":"synchronized"}, [1,2] ,"x"]}`,
+		`{"values":[],"requestId":7,"_tag":"Chunk"}`,
+		` {"_tag":"Chunk","requestId":"7","values":[ {"a" : 1} ]} `,
+	}
+	for _, raw := range plain {
+		ch, ok := decodeChunk([]byte(raw))
+		if !ok || ch.id != "7" {
+			t.Fatalf("%s: not read as a plain Chunk (%v, %+v)", raw, ok, ch)
+		}
+		checkSameAsGenerated(t, []byte(raw), ch)
+	}
+	// Values are slices of the frame: nothing copied.
+	raw := []byte(plain[0])
+	ch, _ := decodeChunk(raw)
+	if len(ch.values) != 3 || &ch.values[0][0] != &raw[bytes.Index(raw, []byte(`{"kind"`))] {
+		t.Fatalf("values %q are not slices of the frame", ch.values)
+	}
+	// Left to the generated decoder, which decodes or refuses them as before.
+	others := []string{
+		`{"_tag":"Exit","requestId":"7","exit":{"_tag":"Success","value":null}}`,
+		`{"_tag":"Chunk","requestId":"7","values":[1],"extra":true}`,
+		`{"_tag":"Chunk","requestId":"7","requestId":"8","values":[1]}`,
+		`{"_tag":"Chunk","requestId":1.5,"values":[1]}`,
+		`{"_tag":"Chunk","requestId":"7"}`,
+		`{"_tag":"Chunk","requestId":"7","values":{}}`,
+		`{"_tag":"Chunk","requestId":"7","values":[1,]}`,
+		`{"_tag":"Chunk","requestId":"7","values":[1]`,
+		`[{"_tag":"Chunk","requestId":"7","values":[1]}]`,
+	}
+	for _, raw := range others {
+		if _, ok := decodeChunk([]byte(raw)); ok {
+			t.Errorf("%s: read as a plain Chunk", raw)
+		}
+	}
+	// Through decodeFrame: the extra key is read by the generated decoder, as before.
+	msgs, err := decodeFrame([]byte(`[` + others[1] + `,` + plain[1] + `]`))
+	if err != nil || len(msgs) != 2 || msgs[0].chunk != nil || msgs[0].msg.Type != t3rpc.ChunkServerMessage || msgs[1].chunk == nil {
+		t.Fatalf("%+v, %v", msgs, err)
+	}
+}
+
+// checkSameAsGenerated fails unless the generated decoder reads raw as the same Chunk.
+func checkSameAsGenerated(t *testing.T, raw []byte, ch *borrowedChunk) {
+	t.Helper()
+	var m t3rpc.ServerMessage
+	if err := m.Decode(jx.DecodeBytes(raw)); err != nil {
+		t.Fatalf("%s: read as a plain Chunk, but the generated decoder refuses it: %v", raw, err)
+	}
+	if m.Type != t3rpc.ChunkServerMessage || idKey(m.Chunk.RequestId) != ch.id || len(m.Chunk.Values) != len(ch.values) {
+		t.Fatalf("%s: generated %+v, borrowed %+v", raw, m, ch)
+	}
+	for i, v := range m.Chunk.Values {
+		if !bytes.Equal(v, ch.values[i]) {
+			t.Fatalf("%s: value %d: generated %s, borrowed %s", raw, i, v, ch.values[i])
+		}
+	}
+}
+
+// FuzzDecodeChunk: whatever decodeChunk reads, the generated decoder reads the same (it is only
+// a faster path to the same Chunk), and copyValues keeps the values byte for byte.
+func FuzzDecodeChunk(f *testing.F) {
+	for _, fr := range allRecvFrames(f) {
+		f.Add([]byte(fr))
+	}
+	f.Add(chunkFrame(3))
+	f.Add([]byte(`{"values":[],"requestId":7,"_tag":"Chunk"}`))
+	f.Add([]byte(`{"_tag":"Chunk","requestId":"7","requestId":"8","values":[1]}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		ch, ok := decodeChunk(raw)
+		if !ok {
+			return
+		}
+		checkSameAsGenerated(t, raw, ch)
+		cp := copyValues(ch.values)
+		for i := range cp {
+			if !bytes.Equal(cp[i], ch.values[i]) {
+				t.Fatalf("copy of value %d: %s, not %s", i, cp[i], ch.values[i])
+			}
+		}
+	})
 }
