@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -114,6 +115,53 @@ func BenchmarkThreadGET5000(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		get()
+	}
+}
+
+// BenchmarkBoundedGET is the fake's side of GET /api/orchestration/threads/{id}/bounded, the read
+// of a t3_thread call's first call on a thread, on threads of 1,000 and 10,000 default-script runs
+// (5,000 and 50,000 turn items), body read and discarded; cpu-ns/op is the process's CPU (the
+// client's read included) per GET.
+func BenchmarkBoundedGET(b *testing.B) {
+	for _, runs := range []int{1_000, 10_000} {
+		s, err := New(Options{ManualSteps: true, KeepRuns: -1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tid := s.AddThread(s.AddProject("load", "/srv/load"), "big", "idle")
+		for i := range runs {
+			if _, err := s.StartRun(tid, fmt.Sprint(loadPrompt, " ", i)); err != nil {
+				b.Fatal(err)
+			}
+			s.StepAll()
+		}
+		get := func() int64 {
+			req, _ := http.NewRequest("GET", s.URL()+"/api/orchestration/threads/"+tid+"/bounded", nil)
+			req.Header.Set("Authorization", "Bearer "+s.Token())
+			req.Header.Set("x-t3-orchestration-protocol", "2")
+			req.Header.Set("Accept-Encoding", "identity") // as the connector reads a machine on 127.0.0.1
+			res, err := httpClient.Do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer res.Body.Close()
+			n, err := io.Copy(io.Discard, res.Body)
+			if err != nil || res.StatusCode != 200 {
+				b.Fatalf("GET: %d %v", res.StatusCode, err)
+			}
+			return n
+		}
+		b.Run(fmt.Sprintf("items=%d", runs*5), func(b *testing.B) {
+			b.SetBytes(get())
+			b.ReportAllocs()
+			runtime.GC()
+			cpu0 := processCPU(b)
+			for b.Loop() {
+				get()
+			}
+			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+		s.Close()
 	}
 }
 

@@ -539,3 +539,38 @@ func TestFreeRowCachesBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodeProjectionIsTheCopysEncoding: the thread reads encode a projection straight from the
+// thread's records (encodeProjection); the bytes are the copy's (projectionTail) encoding, for
+// the whole thread, a window of its turn items and a window larger than the thread, with a
+// pending runtime request, an interrupted run and a reply in the projection.
+func TestEncodeProjectionIsTheCopysEncoding(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	tid := s.AddThread(s.AddProject("payments", "/srv/payments"), "Fix the flaky test", "idle")
+	for i := range 3 {
+		if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d", i)); err != nil {
+			t.Fatal(err)
+		}
+		s.StepAll()
+	}
+	if _, err := s.StartRun(tid, "please ask a question first"); err != nil {
+		t.Fatal(err)
+	}
+	s.StepAll()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	th := s.threadByID[tid]
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	if len(th.requests) == 0 || len(th.items) < 8 {
+		t.Fatalf("want a pending request and several items: %d requests, %d items", len(th.requests), len(th.items))
+	}
+	for _, last := range []int{-1, 0, 3, len(th.items), len(th.items) + 10} {
+		p := s.projectionTail(th, last)
+		var e jx.Encoder
+		encodeProjection(&e, th, last)
+		if want := encode(&p); !bytes.Equal(e.Bytes(), want) {
+			t.Errorf("last %d items:\n got %s\nwant %s", last, e.Bytes(), want)
+		}
+	}
+}

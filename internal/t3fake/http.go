@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -60,18 +61,37 @@ func writeJSON(w http.ResponseWriter, status int, v encoder) {
 	writeEncoded(w, status, v.Encode)
 }
 
-// writeEncoded writes what f encodes, from a pooled encoder's buffer (no copy of the body).
+// writeEncoded writes what f encodes from a pooled encoder's buffer (no copy of the body). Its
+// pool keeps large buffers too (up to maxPooledBody): a thread projection of 5,000 turn items
+// (1.3 MB /bounded, 4.5 MB whole) grew a fresh buffer to the body's size on every read, 7.8 MB
+// allocated, zeroed and faulted in per /bounded read, which was most of the fake's CPU in the
+// t3_thread phase (docs/benchmarks.md, "The fake's thread reads"). A streaming encoder (a small
+// buffer written out as it fills) allocated nothing but cost more: jx writes a stream byte by
+// byte (BenchmarkBoundedGET, 12.0 against 6-7 ms per read at 5,000 items).
 func writeEncoded(w http.ResponseWriter, status int, f func(e *jx.Encoder)) {
-	e := encoders.Get().(*jx.Encoder)
+	e := bodyEncoders.Get().(*jx.Encoder)
 	e.Reset()
 	f(e)
+	writeBody(w, status, e)
+}
+
+// writeBody writes e's bytes and gives e back to bodyEncoders (e came from there, Reset).
+func writeBody(w http.ResponseWriter, status int, e *jx.Encoder) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(e.Bytes())
-	if cap(e.Bytes()) <= maxPooledEncoder {
-		encoders.Put(e)
+	if cap(e.Bytes()) <= maxPooledBody {
+		bodyEncoders.Put(e)
 	}
 }
+
+// bodyEncoders keeps writeEncoded's encoders with their buffers, however large they grew (up to
+// maxPooledBody): a few at a time are in use, one per concurrent read.
+var bodyEncoders = sync.Pool{New: func() any { return &jx.Encoder{} }}
+
+// maxPooledBody is the largest buffer bodyEncoders keeps: a /bounded body of 50,000 turn items
+// is 17 MB, a whole thread of 50,000 items 45 MB.
+const maxPooledBody = 64 << 20
 
 // traceID imitates T3's per-response trace ids; nothing depends on their value.
 func traceID() string {
@@ -259,19 +279,21 @@ func (s *Server) handleThread(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The head read after the thread is locked: every event of the thread is at or below it.
-	p, seq := s.projection(th), s.headPub.Load()
-	th.mu.Unlock()
 	// t3api.ThreadSnapshot's fields, in its order, with the t3rpc projection encoded in place:
 	// both packages are generated from the same model.json, so the bytes are the ones a
-	// t3rpc→t3api round trip would give (TestThreadBodyMatchesAPIRoundTrip), without it.
-	writeEncoded(w, http.StatusOK, func(e *jx.Encoder) {
-		e.ObjStart()
-		e.FieldStart("snapshotSequence")
-		e.Int64(seq)
-		e.FieldStart("projection")
-		p.Encode(e)
-		e.ObjEnd()
-	})
+	// t3rpc→t3api round trip would give (TestThreadBodyMatchesAPIRoundTrip), without it. The
+	// projection is encoded under the thread's lock straight from its records (encodeProjection),
+	// not from a copy; the lock is let go before the body is written.
+	e := bodyEncoders.Get().(*jx.Encoder)
+	e.Reset()
+	e.ObjStart()
+	e.FieldStart("snapshotSequence")
+	e.Int64(s.headPub.Load())
+	e.FieldStart("projection")
+	encodeProjection(e, th, -1)
+	e.ObjEnd()
+	th.mu.Unlock()
+	writeBody(w, http.StatusOK, e)
 }
 
 // History cursors are opaque to clients; inside they name the ordinal of the oldest item already
@@ -317,38 +339,38 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 		threadNotFound(w)
 		return
 	}
-	p, seq := s.projectionTail(th, s.historyPage), s.headPub.Load()
-	total := len(th.items)
-	th.mu.Unlock()
+	seq, total := s.headPub.Load(), len(th.items)
 	out := t3api.BoundedThreadSnapshot{
 		SnapshotSequence:       seq,
 		HistoryCursor:          t3api.OptNilString{Set: true, Null: true},
 		HasMoreHistory:         t3api.NewOptBool(false),
 		LatestLocalTurnOrdinal: t3api.OptNilInt64{Set: true, Null: true},
 	}
-	if n := len(p.Runs); n > 0 {
-		out.LatestLocalTurnOrdinal = t3api.NewOptNilInt64(p.Runs[n-1].Ordinal)
+	if n := len(th.runs); n > 0 {
+		out.LatestLocalTurnOrdinal = t3api.NewOptNilInt64(th.runs[n-1].rec.Ordinal)
 	}
-	if total > len(p.TurnItems) {
-		out.HistoryCursor = t3api.NewOptNilString(historyCursor(p.TurnItems[0].Ordinal))
+	if page := s.historyPage; total > page {
+		out.HistoryCursor = t3api.NewOptNilString(historyCursor(th.items[total-page].Ordinal))
 		out.HasMoreHistory = t3api.NewOptBool(true)
 	}
 	// t3api.BoundedThreadSnapshot's fields in its order, the projection encoded from t3rpc in
-	// place (see handleThread).
-	writeEncoded(w, http.StatusOK, func(e *jx.Encoder) {
-		e.ObjStart()
-		e.FieldStart("snapshotSequence")
-		e.Int64(out.SnapshotSequence)
-		e.FieldStart("projection")
-		p.Encode(e)
-		e.FieldStart("historyCursor")
-		out.HistoryCursor.Encode(e)
-		e.FieldStart("hasMoreHistory")
-		out.HasMoreHistory.Encode(e)
-		e.FieldStart("latestLocalTurnOrdinal")
-		out.LatestLocalTurnOrdinal.Encode(e)
-		e.ObjEnd()
-	})
+	// place, under the thread's lock (see handleThread).
+	e := bodyEncoders.Get().(*jx.Encoder)
+	e.Reset()
+	e.ObjStart()
+	e.FieldStart("snapshotSequence")
+	e.Int64(out.SnapshotSequence)
+	e.FieldStart("projection")
+	encodeProjection(e, th, s.historyPage)
+	e.FieldStart("historyCursor")
+	out.HistoryCursor.Encode(e)
+	e.FieldStart("hasMoreHistory")
+	out.HasMoreHistory.Encode(e)
+	e.FieldStart("latestLocalTurnOrdinal")
+	out.LatestLocalTurnOrdinal.Encode(e)
+	e.ObjEnd()
+	th.mu.Unlock()
+	writeBody(w, http.StatusOK, e)
 }
 
 func (s *Server) handleHistory(w http.ResponseWriter, r *http.Request) {
