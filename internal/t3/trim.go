@@ -25,7 +25,9 @@ import (
 // checkpoints and timeline rows of the kept runs (and the messages and
 // checkpoints the kept runs point at); the runtime requests in RequestIDs
 // and every pending one, and the timeline rows of those requests (a
-// question's row); the thread itself and every other field, as T3 sent them.
+// question's row); the thread itself and its updatedAt, as T3 sent them. The
+// projection's other parts (attempts, nodes, provider sessions, plans, …: what
+// the generated types do not have) are left out.
 // Timeline rows of other runs, and rows of no run, are left out: what reads
 // a trimmed projection (threadview, the events' enrichment, t3_wait) looks
 // rows up by a kept run or a kept request only.
@@ -205,10 +207,20 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 		case "runtimeRequests": // kept by status and id, not by run
 			t.scratch, err = t.filterField(t.scratch, string(name), s)
 			requestsKnown = true
-		default:
+		case "thread", "updatedAt":
 			start := s.retain()
 			err = s.skip()
 			t.scratch = append(t.scratch, s.from(start)...)
+		default:
+			// A part of T3's projection no decoder here reads (attempts, nodes, subagents,
+			// providerSessions, providerThreads, providerTurns, plans, checkpointScopes,
+			// contextHandoffs, contextTransfers, visibleTurnItems: the recorded builds send
+			// them all, most with an element per run): skipped, not copied. Copied, each was
+			// scanned again by json.Valid and once more by the decoder that ignores it.
+			t.scratch = t.scratch[:p.key.start]
+			err = s.skip()
+			s.release()
+			return err
 		}
 		p.val.end = len(t.scratch)
 		s.release()

@@ -240,6 +240,58 @@ func TestTrimBoundedFixtures(t *testing.T) {
 	}
 }
 
+// The recorded projections carry parts the generated types do not have
+// (attempts, nodes, provider sessions, plans, visibleTurnItems, …; most with
+// an element per run): the trim leaves them out, and what it keeps decodes
+// as the whole body does.
+func TestTrimBoundedLeavesOutWhatNothingDecodes(t *testing.T) {
+	read := map[string]bool{"thread": true, "runs": true, "runtimeRequests": true, "messages": true, "turnItems": true, "checkpoints": true, "updatedAt": true}
+	dropped := 0
+	for i, body := range fixtureBounded(t) {
+		var full t3api.BoundedThreadSnapshot
+		if full.UnmarshalJSON(body) != nil {
+			continue // the synthetic /bounded answer sketches its projection as a string
+		}
+		var in struct{ Projection map[string]json.RawMessage }
+		if err := json.Unmarshal(body, &in); err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := trimBounded(body, Keep{Runs: 1000, RequestIDs: []string{}})
+		if err != nil {
+			t.Fatalf("fixture %d: %v", i, err)
+		}
+		var got struct{ Projection map[string]json.RawMessage }
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		for k := range in.Projection {
+			_, kept := got.Projection[k]
+			if kept != read[k] {
+				t.Errorf("fixture %d: projection key %q kept %v", i, k, kept)
+			}
+			if !kept {
+				dropped++
+			}
+		}
+		var trimmed t3api.BoundedThreadSnapshot
+		if err := trimmed.UnmarshalJSON(out); err != nil {
+			t.Fatal(err)
+		}
+		full.Projection.RuntimeRequests = slices.DeleteFunc(full.Projection.RuntimeRequests, func(r t3api.RuntimeRequest) bool { return r.Status != "pending" })
+		full.Projection.TurnItems = slices.DeleteFunc(full.Projection.TurnItems, func(it t3api.TurnItem) bool { return !it.RunId.Set && !it.RequestId.Set })
+		// And the checkpoints of no run (the scope's root): no kept run points at them.
+		full.Projection.Checkpoints = slices.DeleteFunc(full.Projection.Checkpoints, func(c t3api.Checkpoint) bool { return c.RunId.Or("") == "" })
+		if !reflect.DeepEqual(full, trimmed) {
+			a, b := full.Projection, trimmed.Projection
+			t.Errorf("fixture %d: keep-all trim decodes differently: thread %v runs %v requests %v messages %v items %v checkpoints %v updated %v rest %v", i,
+				reflect.DeepEqual(a.Thread, b.Thread), reflect.DeepEqual(a.Runs, b.Runs), reflect.DeepEqual(a.RuntimeRequests, b.RuntimeRequests), reflect.DeepEqual(a.Messages, b.Messages), reflect.DeepEqual(a.TurnItems, b.TurnItems), reflect.DeepEqual(a.Checkpoints, b.Checkpoints), reflect.DeepEqual(a.UpdatedAt, b.UpdatedAt), full.SnapshotSequence == trimmed.SnapshotSequence)
+		}
+	}
+	if dropped == 0 {
+		t.Fatal("no recorded projection part was left out: the fixtures no longer show T3's other parts")
+	}
+}
+
 // FuzzTrimBounded: whatever T3 sends, trimming never panics, never produces
 // invalid JSON, and a body that decodes as a bounded snapshot trims to one
 // that does too, with no run T3 did not send.
