@@ -280,24 +280,43 @@ type State struct {
 // projection it is given.
 func (f *Feed) Await(ctx context.Context, ready func(*t3api.ThreadProjection) bool) (State, bool) {
 	for {
-		f.mu.Lock()
-		if f.err != nil {
-			f.mu.Unlock()
-			return State{}, false
-		}
-		if f.p != nil && ready(f.p) {
-			st := State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}
-			f.mu.Unlock()
+		st, ok, changed := f.readyNow(ready)
+		if ok {
 			return st, true
 		}
-		changed := f.changed
-		f.mu.Unlock()
+		if changed == nil {
+			return State{}, false // the feed stopped
+		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
 			return State{}, false
 		}
 	}
+}
+
+// Ready is Await without waiting: the feed's state when ready (called under
+// the feed's lock, as in Await) says its projection can answer now; ok is
+// false when it cannot yet or the feed has stopped. A wait woken by this feed
+// takes its result here: the projection that woke it already shows the
+// settle, so no goroutine or timer is needed to wait for it (tools.waitRead).
+func (f *Feed) Ready(ready func(*t3api.ThreadProjection) bool) (State, bool) {
+	st, ok, _ := f.readyNow(ready)
+	return st, ok
+}
+
+// readyNow returns the feed's state when ready says it can answer (ok), else
+// the channel closed at its next change; changed is nil once it has stopped.
+func (f *Feed) readyNow(ready func(*t3api.ThreadProjection) bool) (st State, ok bool, changed <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return State{}, false, nil
+	}
+	if f.p != nil && ready(f.p) {
+		return State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}, true, nil
+	}
+	return State{}, false, f.changed
 }
 
 // Look calls see with the feed's projection, under the feed's lock, when it

@@ -263,3 +263,56 @@ func TestFakeStreamRendersAsTheBoundedRead(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyAnswersOnlyOnceTheFeedShowsIt: Ready (t3_wait's result from the feed that woke it)
+// gives the projection at once when it shows what is asked, a copy the feed's next chunks do not
+// change; before that, and once the feed has stopped, it says no without waiting.
+func TestReadyAnswersOnlyOnceTheFeedShowsIt(t *testing.T) {
+	r := newRig(t, t3fake.Options{ManualSteps: true})
+	pid := r.fake.AddProject("api", "/srv/api")
+	tid := r.fake.AddThread(pid, "ready", "idle")
+	run, err := r.fake.StartRun(tid, "write the docs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := NewPool(10)
+	f, release, ok := pool.Acquire("mac", tid, r.dial)
+	if !ok {
+		t.Fatal("no feed")
+	}
+	defer func() { release(); pool.Wait() }()
+	completed := func(p *t3api.ThreadProjection) bool {
+		for i := range p.Runs {
+			if p.Runs[i].ID == run && p.Runs[i].Status == "completed" {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, "the feed's snapshot", func() bool { return now(t, f).Projection != nil })
+	if _, ok := f.Ready(completed); ok {
+		t.Fatal("Ready answered before the run completed")
+	}
+	r.fake.StepAll()
+	var st State
+	eventually(t, "the feed to show the run completed", func() bool {
+		st, ok = f.Ready(completed)
+		return ok
+	})
+	if !completed(st.Projection) || st.Runs != 1 || st.Cursor == 0 {
+		t.Fatalf("Ready gave %d runs at cursor %d: %+v", st.Runs, st.Cursor, st.Projection.Runs)
+	}
+	items := len(st.Projection.TurnItems)
+	if _, err := r.fake.StartRun(tid, "write the docs"); err != nil {
+		t.Fatal(err)
+	}
+	r.fake.StepAll()
+	eventually(t, "the feed to show the second run", func() bool { return len(now(t, f).Projection.Runs) == 2 })
+	if len(st.Projection.Runs) != 1 || len(st.Projection.TurnItems) != items {
+		t.Fatalf("the state Ready gave changed with the feed: %d runs, %d items (had %d)", len(st.Projection.Runs), len(st.Projection.TurnItems), items)
+	}
+	f.fail(errEnded)
+	if _, ok := f.Ready(func(*t3api.ThreadProjection) bool { return true }); ok {
+		t.Fatal("a stopped feed answered")
+	}
+}

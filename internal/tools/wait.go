@@ -295,6 +295,13 @@ func (w *waitRead) projection(ctx context.Context, d *Deps, f fleet.Found, shell
 	if feed == nil || ready == nil {
 		return w.readNow(ctx, d, f, shell, start)
 	}
+	// A wait woken by the feed (most of them) finds the settle there now: its
+	// result is taken on this goroutine, with no goroutine, timer or hand-off
+	// on the way to the answer (a hand-off is a wait for a core under load).
+	if st, ok := feed.Ready(ready); ok {
+		d.observeWait(WaitFeed, time.Since(start))
+		return st.Projection, st.Runs, nil
+	}
 	// The feed is awaited until it answers or the read does; the read starts
 	// feedHeadStart after the settle unless the feed answered by then, and is
 	// cancelled when the feed answers first.
