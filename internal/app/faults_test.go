@@ -44,7 +44,7 @@ import (
 func leakCheck(t *testing.T) {
 	t.Helper()
 	opt := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+	t.Cleanup(func() { goleak.VerifyNone(t, opt, goleak.IgnoreAnyFunction(fasthttpCleaner)) })
 }
 
 // ---- the receiver ----

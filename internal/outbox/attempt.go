@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -33,8 +32,12 @@ type result struct {
 	status     int
 }
 
-// attempt sends one event once.
+// attempt sends one event once: over the poster (post.go), or net/http's client when a proxy or
+// Config.HTTPClient needs it.
 func (o *Outbox) attempt(ctx context.Context, client *http.Client, e store.Event) result {
+	if o.fast != nil {
+		return o.attemptFast(ctx, e)
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.url, bytes.NewReader(e.Body))
@@ -71,26 +74,34 @@ func (o *Outbox) attempt(ctx context.Context, client *http.Client, e store.Event
 	}
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, snippetBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
-	r.retryable = resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
+	status := resp.Status
+	if status == "" {
+		status = strconv.Itoa(resp.StatusCode)
+	}
+	return o.failed(resp.StatusCode, status, resp.Header.Get("Retry-After"), snippet)
+}
+
+// failed classifies an answer that is not a 2xx: its code, its status line's code and reason
+// ("503 Service Unavailable"), its Retry-After header and the start of its body.
+func (o *Outbox) failed(code int, status, retryAfter string, snippet []byte) result {
+	r := result{status: code, retryAfter: -1}
+	r.retryable = code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500
 	if r.retryable {
-		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), o.cfg.Clock()); ok {
+		if d, ok := parseRetryAfter(retryAfter, o.cfg.Clock()); ok {
 			r.retryAfter = d
 		}
 	}
-	r.msg = o.receiverError(resp, snippet)
+	r.msg = o.receiverMessage(code, status, snippet)
 	return r
 }
 
-// receiverError describes a failure status: "receiver: HTTP 503 Service Unavailable: <body>".
-func (o *Outbox) receiverError(resp *http.Response, body []byte) string {
-	msg := "receiver: HTTP " + resp.Status
-	if resp.Status == "" {
-		msg = fmt.Sprintf("receiver: HTTP %d", resp.StatusCode)
-	}
+// receiverMessage describes a failure status: "receiver: HTTP 503 Service Unavailable: <body>".
+func (o *Outbox) receiverMessage(code int, status string, body []byte) string {
+	msg := "receiver: HTTP " + status
 	if s := printable(string(body)); s != "" {
 		msg += ": " + s
 	}
-	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+	if code >= 300 && code < 400 {
 		msg += " (redirects are not followed: set T3CODE_MCP_HOOK_URL to the final URL)"
 	}
 	// A receiver may echo request headers in its error page; the token and secret must not end
@@ -101,7 +112,8 @@ func (o *Outbox) receiverError(resp *http.Response, body []byte) string {
 // networkError describes a failure with no HTTP answer, without the URL (which may carry a
 // credential in its query string).
 func (o *Outbox) networkError(ctx context.Context, err error) string {
-	var ne net.Error
+	// net.Error's and fasthttp.ErrTimeout's Timeout (the latter is no net.Error).
+	var ne interface{ Timeout() bool }
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 		return fmt.Sprintf("network: no response within %s", o.cfg.Timeout)
 	}

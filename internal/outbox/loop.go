@@ -215,6 +215,12 @@ func (o *Outbox) Run(ctx context.Context) {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if o.fast != nil {
+		// Stopping closes the poster's connections: a request in flight ends at once.
+		o.fast.start()
+		defer o.fast.stop()
+		defer context.AfterFunc(ctx, o.fast.stop)()
+	}
 	l := o.newLoop(ctx)
 	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec, l.recStop) }()
 	defer func() {

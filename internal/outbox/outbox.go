@@ -28,7 +28,8 @@
 // delivery, held in memory up to a budget), so that a backlog drains without reading T3 at its
 // turn. A completed body is stored with (or before) the event's first attempt's record.
 //
-// Files: attempt.go (one request and its classification), sign.go (Standard Webhooks), loop.go
+// Files: attempt.go (one request and its classification), post.go (the requests over fasthttp:
+// no goroutine hand-off per request), sign.go (Standard Webhooks), loop.go
 // (the scheduler), handover.go (events handed over by the group commit), worker.go (enrichment
 // and one delivery), recorder.go (group commit), backoff.go (retry policy).
 package outbox
@@ -160,18 +161,23 @@ type Config struct {
 
 // Outbox delivers the store's pending events. Create it with New, run it with Run.
 type Outbox struct {
-	q       Queue
-	cfg     Config
-	url     string
-	signer  *signer      // the decoded signing secret's; nil: unsigned
-	auth    []string     // the Authorization header's value when a token is set (read only)
-	client  *http.Client // the first baseRequests requests in flight
-	burst   *http.Client // the others (the same client when Config.HTTPClient is set)
-	log     *slog.Logger
-	m       *Metrics
-	redact  *strings.Replacer
-	wake    chan struct{}
-	running sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
+	q      Queue
+	cfg    Config
+	url    string
+	signer *signer  // the decoded signing secret's; nil: unsigned
+	auth   []string // the Authorization header's value when a token is set (read only)
+	// fast sends the requests (post.go) unless net/http must: a proxy from the environment
+	// applies to the URL, or Config.HTTPClient is set (then nil); authValue is the
+	// Authorization header it sends: the token's, or Basic from the URL's user info.
+	fast      *poster
+	authValue []byte
+	client    *http.Client // net/http: the first baseRequests requests in flight
+	burst     *http.Client // net/http: the others (the same client when Config.HTTPClient is set)
+	log       *slog.Logger
+	m         *Metrics
+	redact    *strings.Replacer
+	wake      chan struct{}
+	running   sync.Mutex // Run is not reentrant: two loops would deliver a stream's head twice
 	// hand takes the events the group commit made durable (Committed, handover.go), within
 	// handBudget bytes of bodies and handMax events waiting, the store scanned every
 	// handScanEvery (the constants; tests change them).
@@ -260,6 +266,8 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		// drops them once the queue is idle, so a burst leaves no pool of idle connections.
 		base := http.DefaultTransport.(*http.Transport).Clone()
 		burst := http.DefaultTransport.(*http.Transport).Clone()
+		base.Proxy = func(r *http.Request) (*url.URL, error) { return proxyFor(r.URL) } // the environment now, as newPoster read it
+		burst.Proxy = base.Proxy
 		burst.MaxIdleConnsPerHost = cfg.Concurrency
 		burst.MaxIdleConns = max(burst.MaxIdleConns, cfg.Concurrency)
 		o.client = &http.Client{Transport: base, CheckRedirect: noRedirect}
@@ -275,6 +283,19 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	o.redact = strings.NewReplacer(olds...)
 	if cfg.Token != "" {
 		o.auth = []string{"Bearer " + cfg.Token}
+	}
+	if cfg.HTTPClient == nil {
+		p, basic, err := newPoster(cfg.URL, cfg)
+		if err != nil {
+			return nil, errors.New("outbox: T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
+		}
+		o.fast = p
+		switch {
+		case o.auth != nil:
+			o.authValue = []byte(o.auth[0])
+		case basic != "":
+			o.authValue = []byte(basic)
+		}
 	}
 	o.cfg, o.log, o.m = cfg, cfg.Logger, cfg.Metrics
 	return o, nil
