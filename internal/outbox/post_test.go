@@ -3,11 +3,15 @@ package outbox
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -220,4 +224,51 @@ func TestStopEndsRequestInFlightOverPoster(t *testing.T) {
 	go func() { h.ob.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	<-sent
+}
+
+// Once the outbox stops, nothing of the webhook client stays behind: its connections are closed
+// and fasthttp's cleaner goroutine (which the package's goleak check ignores, since it sleeps up
+// to idleConnFor before it notices) ends by itself.
+func TestPosterLeavesNoGoroutineAfterStop(t *testing.T) {
+	rc := newReceiver(t)
+	h := start(t, Config{URL: rc.srv.URL})
+	h.commit(t, mkEvent("m/a", 1), mkEvent("m/b", 1))
+	eventually(t, "delivery", func() bool { _, _, dl := h.counts(); return dl == 2 })
+	h.stop()
+	if n := len(h.ob.fast.conns.open); n != 0 {
+		t.Fatalf("%d connections left open after the stop", n)
+	}
+	eventually(t, "fasthttp's cleaner to end", func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "connsCleaner")
+	})
+}
+
+// An https receiver's certificate is verified: one no root vouches for is a network failure (the
+// event stays pending), one a trusted root signed is delivered to.
+func TestPosterVerifiesTLS(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is expected
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	h := start(t, Config{URL: srv.URL, Backoff: constBackoff(time.Hour)})
+	e := mkEvent("m/a", 1)
+	h.commit(t, e)
+	eventually(t, "the failed attempt's record", func() bool { return h.event(t, e.ID).Attempts == 1 })
+	if got := h.event(t, e.ID); got.State != store.StatePending || !strings.Contains(got.LastError, "certificate") {
+		t.Fatalf("an unverified certificate: %+v", got)
+	}
+	h.stop()
+
+	trusted := start(t, Config{URL: srv.URL})
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	trusted.ob.fast.hc.TLSConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12} // before its first request
+	e2 := mkEvent("m/b", 1)
+	trusted.commit(t, e2)
+	eventually(t, "delivery over TLS", func() bool { return trusted.event(t, e2.ID).State == store.StateDelivered })
 }
