@@ -105,6 +105,9 @@ type Conn struct {
 	err     error // why the connection closed; nil while open
 	done    chan struct{}
 
+	// lastFrame is the size of the last frame read (readFrame; the read loop's own).
+	lastFrame int
+
 	// awaitingPong is set when a Ping goes out and cleared by the Pong.
 	awaitingPong atomic.Bool
 	wg           sync.WaitGroup
@@ -520,10 +523,16 @@ func (c *Conn) readFrame() (*frame, error) {
 	fr := frames.Get().(*frame)
 	fr.buf.Reset()
 	fr.holds.Store(1)
+	// Room for a frame as large as this connection's last one, in one step: a buffer new to the
+	// pool (the pool is emptied by garbage collections, and a stream's handler holds its frame
+	// while the next is read) otherwise grows by doubling from 512 bytes, zeroing and copying at
+	// each step. MinRead: ReadFrom wants that much room left to see the end of the frame.
+	fr.buf.Grow(c.lastFrame + bytes.MinRead)
 	if _, err := fr.buf.ReadFrom(r); err != nil {
 		fr.release()
 		return nil, err
 	}
+	c.lastFrame = min(fr.buf.Len(), maxPooledFrame)
 	return fr, nil
 }
 

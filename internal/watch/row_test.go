@@ -26,53 +26,22 @@ import (
 func fixtureShellRows(t *testing.T) []jx.Raw {
 	t.Helper()
 	var rows []jx.Raw
-	err := filepath.WalkDir("../../testdata/t3", func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".json") {
-			return err
+	for _, v := range fixtureShellItems(t) {
+		var it t3rpc.ShellStreamItem
+		if it.Decode(jx.DecodeBytes(v)) != nil {
+			continue
 		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
+		if th, ok := it.Thread.Get(); ok && it.Kind == "thread.updated" {
+			rows = append(rows, encodeShell(&th))
 		}
-		var rec struct {
-			Frames []struct {
-				Dir  string `json:"dir"`
-				Data string `json:"data"`
-			} `json:"frames"`
-		}
-		if json.Unmarshal(b, &rec) != nil {
-			return nil // not a recording with frames
-		}
-		for _, f := range rec.Frames {
-			if f.Dir == "send" {
-				continue
+		if snap, ok := it.Snapshot.Get(); ok {
+			for i := range snap.Threads {
+				rows = append(rows, encodeShell(&snap.Threads[i]))
 			}
-			var m t3rpc.ServerMessage
-			if m.Decode(jx.DecodeStr(f.Data)) != nil || !m.IsChunk() {
-				continue
-			}
-			for _, v := range m.Chunk.Values {
-				var it t3rpc.ShellStreamItem
-				if it.Decode(jx.DecodeBytes(v)) != nil {
-					continue
-				}
-				if th, ok := it.Thread.Get(); ok && it.Kind == "thread.updated" {
-					rows = append(rows, encodeShell(&th))
-				}
-				if snap, ok := it.Snapshot.Get(); ok {
-					for i := range snap.Threads {
-						rows = append(rows, encodeShell(&snap.Threads[i]))
-					}
-					for i := range snap.ArchivedThreads {
-						rows = append(rows, encodeShell(&snap.ArchivedThreads[i]))
-					}
-				}
+			for i := range snap.ArchivedThreads {
+				rows = append(rows, encodeShell(&snap.ArchivedThreads[i]))
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	return rows
 }
@@ -254,4 +223,71 @@ func BenchmarkRetainedPerThread(b *testing.B) {
 	}
 	b.ReportMetric(rows/float64(b.N), "B/thread-kept")
 	b.ReportMetric(full/float64(b.N), "B/thread-fullcopy")
+}
+
+// FuzzDecodeItem: decodeItem decodes every shell item as the generated decoder does (the same
+// item, or an error from both), seeded with every item of the recorded shell streams.
+func FuzzDecodeItem(f *testing.F) {
+	for _, v := range fixtureShellItems(f) {
+		f.Add([]byte(v))
+	}
+	f.Add([]byte(`{"kind":"thread.updated","thread":{"id":"a","projectId":"p","title":"t","status":"idle"},"thread":{"id":"b","projectId":"p","title":"u","status":"idle"}}`))
+	f.Add([]byte(`{"sequence":3,"threadId":"a"}`))
+	f.Add([]byte(`{"kind":"brand-new","sequence":3,"extra":[1,{"x":null}]}`))
+	f.Add([]byte(`{"kind":"thread.removed","sequence":3,"threadId":"a","location":"archive"}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var want, got t3rpc.ShellStreamItem
+		wantErr := want.Decode(jx.DecodeBytes(raw))
+		gotErr := decodeItem(&got, raw)
+		if (wantErr == nil) != (gotErr == nil) {
+			t.Fatalf("%s: generated decoder says %v, decodeItem %v", raw, wantErr, gotErr)
+		}
+		if wantErr == nil && !reflect.DeepEqual(want, got) {
+			t.Fatalf("%s: decodeItem gives %+v, the generated decoder %+v", raw, got, want)
+		}
+	})
+}
+
+// fixtureShellItems is every shell stream item of the recorded traffic.
+func fixtureShellItems(t testing.TB) []jx.Raw {
+	t.Helper()
+	var items []jx.Raw
+	err := filepath.WalkDir("../../testdata/t3", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".json") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var rec struct {
+			Frames []struct {
+				Dir  string `json:"dir"`
+				Data string `json:"data"`
+			} `json:"frames"`
+		}
+		if json.Unmarshal(b, &rec) != nil {
+			return nil // not a recording with frames
+		}
+		for _, f := range rec.Frames {
+			var m t3rpc.ServerMessage
+			if f.Dir == "send" || m.Decode(jx.DecodeStr(f.Data)) != nil || !m.IsChunk() {
+				continue
+			}
+			for _, v := range m.Chunk.Values {
+				var it t3rpc.ShellStreamItem
+				if it.Decode(jx.DecodeBytes(v)) == nil && it.Kind != "" && it.Kind != "event" {
+					items = append(items, v)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) == 0 {
+		t.Fatal("no shell items in the recordings")
+	}
+	return items
 }

@@ -313,7 +313,7 @@ func decodeItems(values []jx.Raw) ([]t3rpc.ShellStreamItem, error) {
 		items = make([]t3rpc.ShellStreamItem, len(values))
 	}
 	for i, v := range values {
-		if err := items[i].Decode(jx.DecodeBytes(v)); err != nil {
+		if err := decodeItem(&items[i], v); err != nil {
 			// A malformed item cannot be applied, and skipping it could lose a
 			// transition: fail the stream so the reconnect replays it (or T3
 			// sends a snapshot), and say what was wrong.

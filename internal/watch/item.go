@@ -1,0 +1,90 @@
+package watch
+
+import (
+	"errors"
+
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// decodeItem decodes one shell stream item into it, which must be zero (decodeItems' pooled
+// items are). It decodes what t3rpc.ShellStreamItem.Decode decodes (FuzzDecodeItem checks that
+// both give the same item or both an error) with two costs of the generated decoder taken out of
+// every item of a busy stream:
+//
+//   - the generated decoder zeroes the item's thread row (most of a kilobyte, pointers
+//     included: a write barrier per word while the collector runs) before decoding into it, and
+//     it is zero already;
+//   - the kind is one of a few known strings: it is taken from them instead of allocating one
+//     per item.
+//
+// Every other field is decoded by the generated decoders of its type.
+func decodeItem(it *t3rpc.ShellStreamItem, raw []byte) error {
+	hasKind := false
+	err := jx.DecodeBytes(raw).ObjBytes(func(d *jx.Decoder, k []byte) error {
+		switch string(k) {
+		case "kind":
+			v, err := d.StrBytes()
+			if err != nil {
+				return err
+			}
+			it.Kind = itemKind(v)
+			hasKind = true
+		case "thread":
+			if it.Thread.Set {
+				it.Thread.Reset() // a repeated key: the last one counts, as in the generated decoder
+			}
+			return it.Thread.Decode(d)
+		case "sequence":
+			it.Sequence.Reset()
+			return it.Sequence.Decode(d)
+		case "snapshot":
+			it.Snapshot.Reset()
+			return it.Snapshot.Decode(d)
+		case "project":
+			it.Project.Reset()
+			return it.Project.Decode(d)
+		case "projectId":
+			it.ProjectId.Reset()
+			return it.ProjectId.Decode(d)
+		case "location":
+			it.Location.Reset()
+			return it.Location.Decode(d)
+		case "threadId":
+			it.ThreadId.Reset()
+			return it.ThreadId.Decode(d)
+		default:
+			return d.Skip()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !hasKind {
+		return errNoKind
+	}
+	return nil
+}
+
+var errNoKind = errors.New(`shell item without "kind"`)
+
+// itemKind is the kind as a string, one of the known ones without an allocation.
+func itemKind(v []byte) string {
+	switch string(v) {
+	case "thread.updated":
+		return "thread.updated"
+	case "thread.removed":
+		return "thread.removed"
+	case "project.updated":
+		return "project.updated"
+	case "project.removed":
+		return "project.removed"
+	case "snapshot":
+		return "snapshot"
+	case "synchronized":
+		return "synchronized"
+	}
+	return string(v)
+}
