@@ -37,23 +37,17 @@ func decodeItem(it *t3rpc.ShellStreamItem, raw []byte) error {
 			}
 			return it.Thread.Decode(d)
 		case "sequence":
-			it.Sequence.Reset()
-			return it.Sequence.Decode(d)
+			return decodeField(&it.Sequence, d)
 		case "snapshot":
-			it.Snapshot.Reset()
-			return it.Snapshot.Decode(d)
+			return decodeField(&it.Snapshot, d)
 		case "project":
-			it.Project.Reset()
-			return it.Project.Decode(d)
+			return decodeField(&it.Project, d)
 		case "projectId":
-			it.ProjectId.Reset()
-			return it.ProjectId.Decode(d)
+			return decodeField(&it.ProjectId, d)
 		case "location":
-			it.Location.Reset()
-			return it.Location.Decode(d)
+			return decodeField(&it.Location, d)
 		case "threadId":
-			it.ThreadId.Reset()
-			return it.ThreadId.Decode(d)
+			return decodeField(&it.ThreadId, d)
 		default:
 			return d.Skip()
 		}
@@ -66,6 +60,19 @@ func decodeItem(it *t3rpc.ShellStreamItem, raw []byte) error {
 		return errNoKind
 	}
 	return nil
+}
+
+// optField is a generated optional field.
+type optField interface {
+	Reset()
+	Decode(d *jx.Decoder) error
+}
+
+// decodeField decodes an optional field as the generated decoder does: the last of repeated keys
+// counts.
+func decodeField(f optField, d *jx.Decoder) error {
+	f.Reset()
+	return f.Decode(d)
 }
 
 var errNoKind = errors.New(`shell item without "kind"`)
