@@ -108,6 +108,7 @@ type receiver struct {
 
 	down    atomic.Bool
 	refused atomic.Int64 // deliveries answered 503 while down
+	conns   atomic.Int64 // connections accepted
 
 	mu       sync.Mutex
 	seen     map[string]bool
@@ -139,6 +140,11 @@ func newReceiver() (*receiver, error) {
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,
 		Logger:                discardLogger{}, // a connection's read errors: the connector counts its own failures
+		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateNew {
+				r.conns.Add(1)
+			}
+		},
 	}
 	go func() {
 		defer close(r.served)
@@ -227,7 +233,7 @@ func (r *receiver) record(d delivery, err error, webhookID []byte) {
 func (r *receiver) stats() Receiver {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return Receiver{Distinct: r.total, Duplicates: r.dups, Bad: r.bad, Refused: r.refused.Load()}
+	return Receiver{Distinct: r.total, Duplicates: r.dups, Bad: r.bad, Refused: r.refused.Load(), Connections: r.conns.Load()}
 }
 
 // count is how many distinct events arrived.

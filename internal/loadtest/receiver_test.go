@@ -23,7 +23,8 @@ func hookBody(id, thread, run string) string {
 // the connector's deliveries are: a new event is counted and joined to its run with its arrival
 // time, a repeated event id is a duplicate, a body whose id the webhook-id header does not repeat
 // (or no JSON object) is bad, each thread's runs are kept in the order their first events
-// arrived, and while down every delivery is refused with 503 and not recorded.
+// arrived, while down every delivery is refused with 503 and not recorded, and the connections
+// opened to it are counted.
 func TestReceiverCountsAndOrders(t *testing.T) {
 	r, err := newReceiver()
 	if err != nil {
@@ -72,8 +73,21 @@ func TestReceiverCountsAndOrders(t *testing.T) {
 	if got := r.count(); got != 4 {
 		t.Errorf("count %d, want 4 distinct events", got)
 	}
-	if st := r.stats(); st != (Receiver{Distinct: 4, Duplicates: 1, Bad: 3, Refused: 1}) {
+	st := r.stats()
+	conns := st.Connections
+	st.Connections = 0
+	if st != (Receiver{Distinct: 4, Duplicates: 1, Bad: 3, Refused: 1}) {
 		t.Errorf("receiver stats %+v, want 4 distinct, 1 duplicate, 3 bad, 1 refused", st)
+	}
+	// The connections the client opened: at least the one kept alive, and one more after the
+	// client dropped its idle ones.
+	if conns < 1 {
+		t.Errorf("%d connections counted for 9 deliveries", conns)
+	}
+	client.CloseIdleConnections()
+	post("evt_2", hookBody("evt_2", "thread-b", "run-b1"))
+	if got := r.stats().Connections; got != conns+1 {
+		t.Errorf("after the client dropped its connections: %d connections, want %d", got, conns+1)
 	}
 	if got := r.arrivals("thread-a"); strings.Join(got, ",") != "run-a1,run-a2" {
 		t.Errorf("thread-a's runs arrived as %v, want [run-a1 run-a2]", got)

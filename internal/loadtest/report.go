@@ -253,6 +253,9 @@ type Receiver struct {
 	Duplicates int   `json:"duplicates"` // deliveries of an event id already received
 	Bad        int   `json:"bad"`        // bodies that did not decode, had no id, or whose id the webhook-id header did not repeat
 	Refused    int64 `json:"refused"`    // deliveries answered 503 while it was down (the outage phase)
+	// Connections the connector opened to the receiver over the run (added 12-02): each one a
+	// connect and an accept on the way of the event it carried first.
+	Connections int64 `json:"connections"`
 }
 
 // Report is everything one run measured.
@@ -367,7 +370,7 @@ func (r *Report) Text() string {
 			a.Phase, a.Settled, a.Delivered, a.Pending, a.Lost)
 	}
 	if rc := r.Receiver; rc != nil {
-		p("receiver   %d events received, %d duplicate deliveries, %d bad, %d refused while down", rc.Distinct, rc.Duplicates, rc.Bad, rc.Refused)
+		p("receiver   %d events received, %d duplicate deliveries, %d bad, %d refused while down; %d connections opened to it", rc.Distinct, rc.Duplicates, rc.Bad, rc.Refused, rc.Connections)
 	}
 	p("connector  peak RSS (VmHWM) %s, CPU %.1f s in %.1f s", mb(r.PeakRSSKB), r.TotalCPU.Seconds(), r.Elapsed.Seconds())
 	for _, w := range r.Warnings {

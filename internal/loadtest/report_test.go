@@ -80,7 +80,7 @@ var reportFields = []string{
 	"soak.tracked_growth", "soak.flat", "soak.usage", "soak.usage.wall_ns", "soak.usage.cpu_ns", "soak.usage.cores", "soak.usage.max_rss_kb",
 	"soak.usage.harness_cores", "soak.usage.loadavg", "soak.usage.harness_cpu_ns", "soak.usage.harness_minor_faults", "soak.usage.harness_gc_cpu_ns", "soak.usage.harness_gc_cycles", "soak.usage.harness_heap_live_kb",
 	"accounting", "accounting[].phase", "accounting[].settled", "accounting[].delivered", "accounting[].pending", "accounting[].lost",
-	"receiver", "receiver.distinct", "receiver.duplicates", "receiver.bad", "receiver.refused",
+	"receiver", "receiver.distinct", "receiver.duplicates", "receiver.bad", "receiver.refused", "receiver.connections",
 	"peak_rss_kb", "total_cpu_ns", "elapsed_ns", "warnings",
 }
 

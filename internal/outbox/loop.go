@@ -158,6 +158,13 @@ type loop struct {
 	tickets   uint64
 	shrunkAt  uint64
 
+	// idleSince is when the loop last found nothing to deliver and nothing in flight, while it
+	// still keeps its waiting workers and the burst client's connections (shedWhenIdle); zero
+	// otherwise.
+	idleSince time.Time
+	// burstUsed: a request went out on the burst client since it last dropped its connections.
+	burstUsed bool
+
 	// inflight counts the workers (at most limit: the bound on requests in flight); a
 	// worker frees its slot once its outcome is handed to the recorder, so the next stream's
 	// request does not wait for this one's fsync. unsettled counts the outcomes not yet back
@@ -268,12 +275,7 @@ func (o *Outbox) Run(ctx context.Context) {
 			lastGauges = now
 		}
 		l.summarise(time.Now(), false)
-		if l.inflight == 0 && l.unsettled == 0 && len(l.ready) == 0 && len(l.toDeliver) == 0 {
-			l.retireIdleWorkers() // nothing to deliver: no idle worker waits for a next job
-			if o.burst != o.client {
-				o.burst.CloseIdleConnections() // a no-op unless a burst left connections behind
-			}
-		}
+		l.shedWhenIdle(time.Now())
 
 		timer.Reset(l.sleepFor(now, lastPrune))
 		if !l.await(timer.C) {
@@ -325,6 +327,9 @@ func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
 	}
 	if len(l.mono) > 0 {
 		wait = min(wait, max(0, time.Until(l.mono[0].at)))
+	}
+	if !l.idleSince.IsZero() {
+		wait = min(wait, max(0, time.Until(l.idleSince.Add(l.o.idleLinger))))
 	}
 	return wait
 }
@@ -651,6 +656,7 @@ func (l *loop) startDelivery(s *stream) {
 	s.body = nil                   // the job's now; an enriched one comes back stored with the attempt's record
 	if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
 		j.client = l.o.burst
+		l.burstUsed = l.o.burst != l.o.client
 	}
 	if l.retire.Load() == nil {
 		r := make(chan struct{})
@@ -663,6 +669,46 @@ func (l *loop) startDelivery(s *stream) {
 		go l.worker(j)
 	}
 	l.maybeAhead(s) // its next events can be completed while this one is sent
+}
+
+// idleLinger is how long the loop must find nothing to deliver and nothing in flight before it
+// ends its waiting delivery workers and drops the burst client's idle connections, so that an
+// idle outbox keeps neither. Doing so at every idle turn, as it once did, did it many times a
+// second under a steady stream of events (at 1,000 transitions/s the queue empties between two
+// group commits): the next commit's events then started new workers, whose stacks grew again
+// through the HTTP client, and the burst client dialled new connections to the receiver, in a
+// latency-phase trace one POST in thirty, each a connect and an accept on the event's way, its
+// latency's tail. A second or two of idleness is long for a stream of events and short for an
+// idle connector.
+const idleLinger = 2 * time.Second
+
+// shedWhenIdle ends the waiting workers and drops the burst's idle connections once the loop has
+// had nothing to deliver and nothing in flight for idleLinger (sleepFor wakes it then, once); any
+// work in between starts the count again.
+func (l *loop) shedWhenIdle(now time.Time) {
+	if l.inflight != 0 || l.unsettled != 0 || len(l.ready) != 0 || len(l.toDeliver) != 0 {
+		l.idleSince = time.Time{}
+		return
+	}
+	if l.retire.Load() == nil && !l.burstUsed {
+		l.idleSince = time.Time{} // nothing to shed: no timer
+		return
+	}
+	if l.idleSince.IsZero() {
+		l.idleSince = now
+	}
+	if l.o.onIdle != nil {
+		l.o.onIdle()
+	}
+	if now.Sub(l.idleSince) < l.o.idleLinger {
+		return
+	}
+	l.idleSince = time.Time{}
+	l.retireIdleWorkers() // no idle worker waits for a next job
+	if l.burstUsed {
+		l.burstUsed = false
+		l.o.burst.CloseIdleConnections()
+	}
 }
 
 // retireIdleWorkers ends the delivery workers waiting for a job, and those about to wait (they

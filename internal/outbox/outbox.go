@@ -189,6 +189,12 @@ type Outbox struct {
 	// summaryEvery is how often the deliveries are summed up at Info (summaryEvery; tests set it
 	// lower).
 	summaryEvery time.Duration
+	// idleLinger is how long the loop stays idle before it sheds its waiting workers and the
+	// burst client's connections (idleLinger; tests change it).
+	idleLinger time.Duration
+	// onIdle, when set (tests), is called on the loop's goroutine at every turn that finds the
+	// loop idle with workers or burst connections to shed, before it sheds them.
+	onIdle func()
 	// claimer is q when replicas share it: heads are claimed before they are worked on (claim.go).
 	claimer store.Claimer
 }
@@ -201,7 +207,7 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		// The URL is not echoed: it may carry a credential in its query.
 		return nil, errors.New("outbox: T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
 	}
-	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery, handBudget: handBudget, handMax: handMax, handScanEvery: handScanEvery}
+	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery, handBudget: handBudget, handMax: handMax, handScanEvery: handScanEvery, idleLinger: idleLinger}
 	o.claimer, _ = q.(store.Claimer)
 	if cfg.Claimant == "" {
 		cfg.Claimant = "outbox-" + rand.Text()
@@ -263,7 +269,8 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		// they are (http.Transport's default of 2 per host). Requests beyond those, while a
 		// backlog drains, use the burst client, which keeps one connection per request in
 		// flight (2 would have most of them closed and dialled again after every request) and
-		// drops them once the queue is idle, so a burst leaves no pool of idle connections.
+		// drops them once the queue has been idle for idleLinger (loop.go), so a burst leaves no
+		// pool of idle connections, while a steady stream of events keeps its connections.
 		base := http.DefaultTransport.(*http.Transport).Clone()
 		burst := http.DefaultTransport.(*http.Transport).Clone()
 		base.Proxy = func(r *http.Request) (*url.URL, error) { return proxyFor(r.URL) } // the environment now, as newPoster read it
