@@ -74,11 +74,22 @@ func roundOf(streams, n int) []store.Event {
 // to the receiver while it lingers idle: the next events (at 1,000 transitions/s, those of the
 // next group commit, milliseconds later) go out on the connections already open, with no dial
 // and accept on their way. It once dropped the burst client's connections at every idle turn.
+//
+// Both ways of sending: net/http's clients (a proxy from the environment, Config.HTTPClient) and
+// the fasthttp poster (post.go), whose connections stay open idleConnFor whatever the loop does.
 func TestIdleMomentKeepsTheReceiversConnections(t *testing.T) {
+	t.Run("net/http", func(t *testing.T) { testIdleMomentKeepsConnections(t, false) })
+	t.Run("poster", func(t *testing.T) { testIdleMomentKeepsConnections(t, true) })
+}
+
+func testIdleMomentKeepsConnections(t *testing.T, poster bool) {
 	const streams = 4 // > baseRequests: two go out on the burst client
 	rc := newConnReceiver(t, streams)
 	idle := make(chan struct{}, 1)
 	h := startHanded(t, t.TempDir(), Config{URL: rc.srv.URL}, func(o *Outbox) {
+		if !poster {
+			o.fast = nil
+		}
 		o.idleLinger = time.Hour
 		o.onIdle = func() {
 			select {
@@ -103,11 +114,15 @@ func TestIdleMomentKeepsTheReceiversConnections(t *testing.T) {
 
 // Idle for longer than the linger, the outbox drops the burst client's idle connections (and
 // ends its waiting workers): an idle connector keeps no pool a burst left behind. Events after
-// that are delivered as before.
+// that are delivered as before. (net/http's clients; the fasthttp poster closes a connection
+// idle for idleConnFor itself.)
 func TestIdleOutboxDropsTheBurstsConnections(t *testing.T) {
 	const streams = 4
 	rc := newConnReceiver(t, streams)
-	h := startHanded(t, t.TempDir(), Config{URL: rc.srv.URL}, func(o *Outbox) { o.idleLinger = time.Millisecond })
+	h := startHanded(t, t.TempDir(), Config{URL: rc.srv.URL}, func(o *Outbox) {
+		o.fast = nil
+		o.idleLinger = time.Millisecond
+	})
 	h.commit(t, roundOf(streams, 1)...)
 	h.delivered(t, streams)
 	// The burst's two connections close; the base client's stay open.
