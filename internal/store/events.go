@@ -491,23 +491,6 @@ func splitHeadKey(k []byte) (string, uint64, bool) {
 	return string(k[:len(k)-9]), binary.BigEndian.Uint64(k[len(k)-8:]), true
 }
 
-func putHeader(b *bolt.Bucket, e Event) error {
-	v, err := json.Marshal(e) // Body is not part of the header (json:"-")
-	if err != nil {
-		return err
-	}
-	return b.Put(seqKey(e.Seq), v)
-}
-
-func decodeHeader(k, v []byte) (Event, error) {
-	var e Event
-	if err := json.Unmarshal(v, &e); err != nil {
-		return e, fmt.Errorf("store: corrupt event record: %w", err)
-	}
-	e.Seq = binary.BigEndian.Uint64(k)
-	return e, nil
-}
-
 // body returns a copy of the body stored under key k (bbolt memory is only valid inside the
 // transaction).
 func body(tx *bolt.Tx, k []byte) ([]byte, error) {
