@@ -77,6 +77,9 @@ type Config struct {
 	// called once before the ThreadCalls calls: first calls, which read the thread from T3
 	// whatever the connector keeps of threads it has shown (its t3_thread feeds); negative: none.
 	ThreadFirst int
+	// ThreadControlPlane makes the big machine's thread reads carry an attempt and a node per run
+	// as T3's do (t3fake.Options.ControlPlane): a body nearer T3's size for the same thread.
+	ThreadControlPlane bool
 
 	PushRuns  int           // comparison runs noticed through the connector (t3_wait + webhook)
 	Pollers   []Poller      // comparison pollers

@@ -112,6 +112,9 @@ func describe(c Config) string {
 		soak = fmt.Sprintf(", soak %s at %.0f runs/s and %.1f churned threads/s, retention %s (pruned every %s), sampled every %s",
 			c.Soak, c.SoakRate, c.SoakChurn, c.SoakRetention, soakPruneInterval(c.SoakRetention), c.SoakSample)
 	}
+	if c.ThreadControlPlane {
+		soak = ", thread reads with T3's attempts and nodes" + soak
+	}
 	return fmt.Sprintf("connector %s, M=%d machines × T=%d threads, K=%d waits, E=%.0f/s (latency), peak %.0f/s, %s phases, script %s, "+
 		"push %d runs, pollers %v over %s runs, t3_thread %d items × %d calls (and %d first calls), outage %s at %.0f/s on %d threads per machine, fake KeepRuns %d, log %s",
 		where, c.Machines, c.Threads, c.Waits, c.Rate, c.PeakRate, c.Duration, c.Script, c.PushRuns, c.Pollers, c.RunLength,

@@ -51,6 +51,7 @@ func (h *harness) setup(ctx context.Context) error {
 	if cfg.BigThreadItems > 0 && cfg.runs("thread") {
 		bo := opts
 		bo.KeepRuns = -1
+		bo.ControlPlane = cfg.ThreadControlPlane
 		if h.big, err = newMachine(cfg.Machines, "big", bo, cfg.Compression); err != nil {
 			return err
 		}

@@ -2,7 +2,10 @@ package t3fake
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -568,9 +571,118 @@ func TestEncodeProjectionIsTheCopysEncoding(t *testing.T) {
 	for _, last := range []int{-1, 0, 3, len(th.items), len(th.items) + 10} {
 		p := s.projectionTail(th, last)
 		var e jx.Encoder
-		encodeProjection(&e, th, last)
+		encodeProjection(&e, th, last, false)
 		if want := encode(&p); !bytes.Equal(e.Bytes(), want) {
 			t.Errorf("last %d items:\n got %s\nwant %s", last, e.Bytes(), want)
 		}
+	}
+}
+
+// TestControlPlaneShapes: with Options.ControlPlane a thread read carries an attempt and a node
+// per run after the runs, in T3's projection order, with the recorded attempt's and node's keys
+// in the recorded order (fixture 11); the body decodes as the one without them.
+func TestControlPlaneShapes(t *testing.T) {
+	var rec struct {
+		Exchanges []struct {
+			URL          string          `json:"url"`
+			Status       int             `json:"status"`
+			ResponseBody json.RawMessage `json:"responseBody"`
+		} `json:"exchanges"`
+	}
+	b, err := os.ReadFile(filepath.Join(fixtureDir, "t3-v2-pr2829", "11-http-reads-populated.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	keysOf := func(raw []byte, part string) (projection, el []string) {
+		t.Helper()
+		d := jx.DecodeBytes(raw)
+		err := d.Obj(func(d *jx.Decoder, k string) error {
+			if k != "projection" {
+				return d.Skip()
+			}
+			return d.Obj(func(d *jx.Decoder, k string) error {
+				projection = append(projection, k)
+				if k != part {
+					return d.Skip()
+				}
+				return d.Arr(func(d *jx.Decoder) error {
+					if el != nil {
+						return d.Skip()
+					}
+					el = []string{}
+					return d.Obj(func(d *jx.Decoder, k string) error { el = append(el, k); return d.Skip() })
+				})
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return projection, el
+	}
+	var recorded []byte
+	for _, e := range rec.Exchanges {
+		if e.Status == 200 && strings.Contains(e.URL, "/api/orchestration/threads/") {
+			recorded = e.ResponseBody
+			break
+		}
+	}
+	var body string
+	if err := json.Unmarshal(recorded, &body); err == nil {
+		recorded = []byte(body) // bodies are raw text in the recordings
+	}
+	recOrder, recAttempt := keysOf(recorded, "attempts")
+	_, recNode := keysOf(recorded, "nodes")
+
+	read := func(controlPlane bool) []byte {
+		s := StartT(t, Options{ManualSteps: true, ControlPlane: controlPlane})
+		tid := s.AddThread(s.AddProject("payments", "/srv/payments"), "Fix the flaky test", "idle")
+		for i := range 3 {
+			if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d", i)); err != nil {
+				t.Fatal(err)
+			}
+			s.StepAll()
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		th := s.threadByID[tid]
+		th.mu.Lock()
+		defer th.mu.Unlock()
+		var e jx.Encoder
+		e.ObjStart()
+		e.FieldStart("projection")
+		encodeProjection(&e, th, -1, controlPlane)
+		e.ObjEnd()
+		return e.Bytes()
+	}
+	with, without := read(true), read(false)
+	order, attempt := keysOf(with, "attempts")
+	_, node := keysOf(with, "nodes")
+	if !slices.Equal(attempt, recAttempt) || !slices.Equal(node, recNode) {
+		t.Fatalf("attempt keys %v, recorded %v; node keys %v, recorded %v", attempt, recAttempt, node, recNode)
+	}
+	// The fake's parts in the recorded projection's order.
+	if got := slices.DeleteFunc(slices.Clone(recOrder), func(k string) bool { return !slices.Contains(order, k) }); !slices.Equal(got, order) {
+		t.Fatalf("projection keys %v, recorded order %v", order, recOrder)
+	}
+	var a, w struct{ Projection map[string]json.RawMessage }
+	if err := json.Unmarshal(with, &w); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(without, &a); err != nil {
+		t.Fatal(err)
+	}
+	var attempts, runs []json.RawMessage
+	_ = json.Unmarshal(w.Projection["attempts"], &attempts)
+	_ = json.Unmarshal(w.Projection["runs"], &runs)
+	if len(attempts) != 3 || len(runs) != 3 {
+		t.Fatalf("%d attempts for %d runs", len(attempts), len(runs))
+	}
+	delete(w.Projection, "attempts")
+	delete(w.Projection, "nodes")
+	if len(w.Projection) != len(a.Projection) {
+		t.Fatalf("parts %d, without control plane %d", len(w.Projection), len(a.Projection))
 	}
 }

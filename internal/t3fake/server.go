@@ -60,6 +60,12 @@ type Options struct {
 	// of older finished runs (turn items, messages, requests, checkpoints, answers) are dropped
 	// from its projection. Default 100; negative keeps everything, as T3 does.
 	KeepRuns int
+	// ControlPlane makes the thread reads (/threads/{id}, /bounded) also carry an attempt and a
+	// node per run after the runs, shaped as the recorded build's (fixture 11): T3 sends them (and
+	// nine more such parts, docs/benchmarks.md) and no decoder of the connector reads them, so
+	// with it a thread body is nearer T3's size (the fake's is ≈ 2.5× smaller without). Off by
+	// default: the harness's figures so far are without.
+	ControlPlane bool
 	// TicketTTL is a WebSocket ticket's lifetime. Default 5 minutes (T3's).
 	TicketTTL time.Duration
 	// BatchFrames sends every server message that is ready at the same moment in one JSON array

@@ -388,7 +388,7 @@ func (s *Server) projectionTail(th *thread, lastItems int) t3rpc.ThreadProjectio
 // read of a long thread copied every run, message and checkpoint record before encoding them,
 // a third of the fake's CPU per read at 5,000 turn items (BenchmarkBoundedGET). The caller holds
 // th.mu until it is done.
-func encodeProjection(e *jx.Encoder, th *thread, lastItems int) {
+func encodeProjection(e *jx.Encoder, th *thread, lastItems int, controlPlane bool) {
 	items := th.items
 	if lastItems >= 0 && len(items) > lastItems {
 		items = items[len(items)-lastItems:]
@@ -402,6 +402,9 @@ func encodeProjection(e *jx.Encoder, th *thread, lastItems int) {
 		r.rec.Encode(e)
 	}
 	e.ArrEnd()
+	if controlPlane {
+		encodeControlPlane(e, th)
+	}
 	e.FieldStart("runtimeRequests")
 	e.ArrStart()
 	for i := range th.requests {
@@ -429,6 +432,79 @@ func encodeProjection(e *jx.Encoder, th *thread, lastItems int) {
 	e.FieldStart("updatedAt")
 	e.Str(th.updatedAt)
 	e.ObjEnd()
+}
+
+// encodeControlPlane writes Options.ControlPlane's parts: an attempt and a node per run, in T3's
+// projection order (after runs), their fields as the recorded build's (fixture 11).
+func encodeControlPlane(e *jx.Encoder, th *thread) {
+	e.FieldStart("attempts")
+	e.ArrStart()
+	for _, r := range th.runs {
+		esc := r.escapedID()
+		e.ObjStart()
+		e.FieldStart("id")
+		e.Str("run-attempt:run:" + esc + ":attempt:1")
+		e.FieldStart("runId")
+		e.Str(r.rec.ID)
+		e.FieldStart("attemptOrdinal")
+		e.Int(1)
+		e.FieldStart("rootNodeId")
+		e.Str("node:run:" + esc + ":root")
+		e.FieldStart("providerInstanceId")
+		e.Str("codex")
+		e.FieldStart("providerThreadId")
+		e.Str("provider-thread:provider:codex:native-thread:pending%3A" + esc)
+		e.FieldStart("providerTurnId")
+		e.Null()
+		e.FieldStart("reason")
+		e.Str("initial")
+		e.FieldStart("status")
+		e.Str(r.rec.Status)
+		e.FieldStart("startedAt")
+		r.rec.StartedAt.Encode(e)
+		e.FieldStart("completedAt")
+		r.rec.CompletedAt.Encode(e)
+		e.ObjEnd()
+	}
+	e.ArrEnd()
+	e.FieldStart("nodes")
+	e.ArrStart()
+	for _, r := range th.runs {
+		esc := r.escapedID()
+		e.ObjStart()
+		e.FieldStart("id")
+		e.Str("node:run:" + esc + ":root")
+		e.FieldStart("threadId")
+		e.Str(th.id)
+		e.FieldStart("runId")
+		e.Str(r.rec.ID)
+		e.FieldStart("parentNodeId")
+		e.Null()
+		e.FieldStart("rootNodeId")
+		e.Str("node:run:" + esc + ":root")
+		e.FieldStart("kind")
+		e.Str("root_turn")
+		e.FieldStart("status")
+		e.Str(r.rec.Status)
+		e.FieldStart("countsForRun")
+		e.Bool(true)
+		e.FieldStart("providerThreadId")
+		e.Str("provider-thread:provider:codex:native-thread:pending%3A" + esc)
+		e.FieldStart("providerTurnId")
+		e.Null()
+		e.FieldStart("nativeItemRef")
+		e.Null()
+		e.FieldStart("runtimeRequestId")
+		e.Null()
+		e.FieldStart("checkpointScopeId")
+		e.Str("checkpoint-scope:thread:" + th.id + ":name:root")
+		e.FieldStart("startedAt")
+		r.rec.StartedAt.Encode(e)
+		e.FieldStart("completedAt")
+		r.rec.CompletedAt.Encode(e)
+		e.ObjEnd()
+	}
+	e.ArrEnd()
 }
 
 // ---- record upserts: T3 payloads are whole records, replaced by id ----
