@@ -68,6 +68,7 @@ type options struct {
 	traceOut, tracePhase                                 string
 	traceAfter, traceFor                                 time.Duration
 	phases, pollers                                      string
+	threadControlPlane                                   bool
 	over                                                 loadtest.Config
 }
 
@@ -108,7 +109,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&c.RunLength, "run-length", 0, "comparison runs settle uniformly within this (full 60s, short 5s)")
 	fs.IntVar(&c.BigThreadItems, "thread-items", 0, "turn items of the t3_thread thread, -1 for none (5000)")
 	fs.IntVar(&c.ThreadFirst, "thread-first", 0, "more threads of as many items, each called once before the repeated calls: first calls, reported apart; -1 for none (full 10, short 5)")
-	fs.BoolVar(&c.ThreadControlPlane, "thread-control-plane", false, "the big machine's thread reads also carry an attempt and a node per run, as T3's do (the fake leaves them out by default): a body nearer T3's size")
+	fs.BoolVar(&o.threadControlPlane, "thread-control-plane", true, "the big machine's thread reads also carry an attempt and a node per run, as T3's do: a body nearer T3's size; =false: the fake's smaller bodies of before 12-02")
 	fs.DurationVar(&c.Drain, "drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
 	fs.StringVar(&c.LogLevel, "log-level", "", "the connector's log level (info)")
 	fs.IntVar(&c.SeedRuns, "seed-runs", 0, "finished runs every thread has before the connector starts, -1 for none (1)")
@@ -182,7 +183,7 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 	override(&cfg.BigThreadItems, c.BigThreadItems)
 	override(&cfg.ThreadCalls, c.ThreadCalls)
 	override(&cfg.ThreadFirst, c.ThreadFirst)
-	cfg.ThreadControlPlane = cfg.ThreadControlPlane || c.ThreadControlPlane
+	cfg.ThreadControlPlane = o.threadControlPlane
 	override(&cfg.SeedRuns, c.SeedRuns)
 	override(&cfg.Rate, c.Rate)
 	override(&cfg.PeakRate, c.PeakRate)

@@ -78,7 +78,8 @@ type Config struct {
 	// whatever the connector keeps of threads it has shown (its t3_thread feeds); negative: none.
 	ThreadFirst int
 	// ThreadControlPlane makes the big machine's thread reads carry an attempt and a node per run
-	// as T3's do (t3fake.Options.ControlPlane): a body nearer T3's size for the same thread.
+	// as T3's do (t3fake.Options.ControlPlane): a body nearer T3's size for the same thread. On in
+	// Full and Short since 12-02 03:05 (t3code-load -thread-control-plane=false: as before).
 	ThreadControlPlane bool
 
 	PushRuns  int           // comparison runs noticed through the connector (t3_wait + webhook)
@@ -163,7 +164,7 @@ func Full() Config {
 	return Config{
 		Machines: 100, Threads: 1000, Waits: 1000,
 		Rate: 1000, PeakRate: 5000, Duration: 20 * time.Second, Script: "default",
-		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 50, ThreadFirst: 10,
+		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 50, ThreadFirst: 10, ThreadControlPlane: true,
 		PushRuns: 200, Pollers: []Poller{{time.Second, 200}, {30 * time.Second, 50}}, RunLength: 60 * time.Second,
 		Drain: 60 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		// 60,000 events, the backlog of a 10-minute outage at 100/s, built ten times faster.
@@ -178,7 +179,7 @@ func Short() Config {
 	return Config{
 		Machines: 4, Threads: 250, Waits: 100,
 		Rate: 200, PeakRate: 1000, Duration: 5 * time.Second, Script: "default",
-		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 20, ThreadFirst: 5,
+		WaitsPerSession: 50, BigThreadItems: 5000, ThreadCalls: 20, ThreadFirst: 5, ThreadControlPlane: true,
 		PushRuns: 20, Pollers: []Poller{{time.Second, 20}, {5 * time.Second, 10}}, RunLength: 5 * time.Second,
 		Drain: 30 * time.Second, KeepRuns: 20, LogLevel: "info", SeedRuns: 1,
 		Outage: 10 * time.Second, OutageRate: 200, OutageThreads: 50, OutageDrain: time.Minute,
