@@ -532,7 +532,7 @@ func (c *Conn) readFrame() (*frame, error) {
 		fr.release()
 		return nil, err
 	}
-	c.lastFrame = min(fr.buf.Len(), maxPooledFrame)
+	c.lastFrame = min(fr.buf.Len(), maxFrameHint)
 	return fr, nil
 }
 
@@ -566,6 +566,11 @@ var frames = sync.Pool{New: func() any { return new(frame) }}
 
 // maxPooledFrame bounds the buffers kept.
 const maxPooledFrame = 4 << 20
+
+// maxFrameHint bounds readFrame's room made ahead: a busy stream's chunks (up to a few hundred
+// kilobytes), not a start-up snapshot's megabytes, which would otherwise be allocated once more
+// for the frame read after it, while the snapshot is still being applied.
+const maxFrameHint = 512 << 10
 
 func describeReadErr(err error, limit int64) string {
 	if errors.Is(err, websocket.ErrMessageTooBig) {
