@@ -9,6 +9,7 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
+	"github.com/t3code-mcp/t3code-mcp/internal/threadstate"
 )
 
 // Thread reads by route, as the fake counts them.
@@ -640,4 +641,53 @@ func TestActingRightAfterAFeedWokenWaitFindsTheRow(t *testing.T) {
 	if a := <-answered; a.isErr {
 		t.Fatalf("t3_answer right after the wait failed: %s", a.text)
 	}
+}
+
+// A wait woken by the thread's subscription on a run whose start the watcher's row has not even
+// shown (the shell stream held back from before the continuation was sent): the row then says
+// "no active run", as it did after the previous run, and the next lookup must still wait for the
+// row that shows this run over, not take the older row for it.
+func TestLookupAfterAFeedWokenWaitWaitsForARowThatKnowsTheRun(t *testing.T) {
+	leakCheck(t)
+	h := manualHarness(t)
+	c := h.client("cont")
+	d := c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "prompt": promptDone})
+	tid := str(d, "thread_id")
+	done := blockedWait(t, h, c, tid, 1)
+	h.fake.StepAll()
+	if res := <-done; str(res, "reason") != "completed" {
+		t.Fatalf("first wait %v", res)
+	}
+	m := h.app.Fleet.Machines()[0]
+	eventually(t, 10*time.Second, "the row to show the first run over", func() bool {
+		row, _ := m.Watcher().Thread(tid)
+		return threadstate.LatestRun(&row) == str(d, "run_id") && threadstate.ActiveRun(&row) == ""
+	}, nil)
+
+	h.fake.StallShellStreams(true) // the row stays as the first run left it
+	t.Cleanup(func() { h.fake.StallShellStreams(false) })
+	eventually(t, 10*time.Second, "the first wait's subscription to close", func() bool { return h.fake.Stats().ThreadStreams == 0 }, nil)
+	feedWoken := h.metric(`t3code_mcp_wait_woken_seconds_count{by="feed"}`)
+	c.ok("t3_dispatch", map[string]any{"machine": "mac", "project": "api", "thread_id": tid, "prompt": promptDone})
+	done = blockedWait(t, h, c, tid, 1)
+	h.fake.StepAll()
+	res := <-done
+	run2 := str(res, "run_id")
+	if str(res, "reason") != "completed" || run2 == "" || run2 == str(d, "run_id") {
+		t.Fatalf("second wait %v, want the second run completed", res)
+	}
+	if got := h.metric(`t3code_mcp_wait_woken_seconds_count{by="feed"}`); got == feedWoken {
+		t.Fatalf("waits woken by the subscription: still %q: the second wait was not", got)
+	}
+	if row, _ := m.Watcher().Thread(tid); threadstate.LatestRun(&row) == run2 {
+		t.Fatalf("the watcher's row already knows run %s: the shell stream was not held back", run2)
+	}
+	looked := make(chan string, 1)
+	go func() {
+		_, text, _ := c.call("t3_interrupt", map[string]any{"thread_id": tid})
+		looked <- text
+	}()
+	eventually(t, 10*time.Second, "the lookup to wait for the row that shows the run over", func() bool { return m.RowCatchUps() == 1 }, nil)
+	h.fake.StallShellStreams(false)
+	<-looked
 }

@@ -126,11 +126,20 @@ func expectRow(m *fleet.Machine, threadID string, r wait.Result) {
 		req := r.RequestID
 		m.ExpectRow(threadID, func(row *t3rpc.ThreadShell) bool {
 			p, asks := threadstate.PendingRequest(row)
-			return asks && p.ID == req || threadstate.ActiveRun(row) != run
+			return asks && p.ID == req || rowShowsOver(row, run)
 		})
 		return
 	}
-	m.ExpectRow(threadID, func(row *t3rpc.ThreadShell) bool { return threadstate.ActiveRun(row) != run })
+	m.ExpectRow(threadID, func(row *t3rpc.ThreadShell) bool { return rowShowsOver(row, run) })
+}
+
+// rowShowsOver reports whether the row knows run and shows it over. Not "the row's active run
+// is not run": a row from before the run started (the shell stream behind, the run's start not
+// seen yet) says that too, and a lookup took it as caught up — a continuation's approval then
+// described the thread as it was before the run.
+func rowShowsOver(row *t3rpc.ThreadShell, run string) bool {
+	_, v := threadstate.Judge(row, run)
+	return v == threadstate.RunSettled || v == threadstate.RunSettledUnreadable
 }
 
 // observeWoken notes which stream woke a wait that blocked for dur (none for
