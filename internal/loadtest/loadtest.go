@@ -149,6 +149,7 @@ func (h *harness) run(ctx context.Context) error {
 		if !h.cfg.runs(p.name) || (p.name == "thread" && h.big == nil) {
 			continue
 		}
+		restoreGC := phaseGC(h.cfg.InProcess)
 		if h.cfg.OnPhase != nil {
 			h.cfg.OnPhase(p.name, true)
 		}
@@ -156,6 +157,7 @@ func (h *harness) run(ctx context.Context) error {
 		if h.cfg.OnPhase != nil {
 			h.cfg.OnPhase(p.name, false)
 		}
+		restoreGC()
 		if err != nil {
 			return fmt.Errorf("%s phase: %w", p.name, err)
 		}
