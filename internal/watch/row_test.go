@@ -291,3 +291,19 @@ func fixtureShellItems(t testing.TB) []jx.Raw {
 	}
 	return items
 }
+
+// decodeItem is written key by key: a field the schema adds to ShellStreamItem (make generate)
+// and decodeItem does not know would be skipped on every item, not refused. For each field of the
+// generated type, an item whose value under that key is wrong for any type (a number too large
+// for int64) must be refused — decoded, not skipped.
+func TestDecodeItemKnowsEveryGeneratedField(t *testing.T) {
+	typ := reflect.TypeFor[t3rpc.ShellStreamItem]()
+	for i := range typ.NumField() {
+		key := strings.Split(typ.Field(i).Tag.Get("json"), ",")[0]
+		raw := `{"kind":"thread.updated",` + strconv.Quote(key) + `:123456789012345678901234567890}`
+		var it t3rpc.ShellStreamItem
+		if err := decodeItem(&it, []byte(raw)); err == nil {
+			t.Errorf("decodeItem skipped %q (ShellStreamItem.%s): teach it the field (item.go)", key, typ.Field(i).Name)
+		}
+	}
+}
