@@ -405,33 +405,31 @@ func encodeProjection(e *jx.Encoder, th *thread, lastItems int, controlPlane boo
 	if controlPlane {
 		encodeControlPlane(e, th)
 	}
-	e.FieldStart("runtimeRequests")
-	e.ArrStart()
-	for i := range th.requests {
-		th.requests[i].Encode(e)
-	}
-	e.ArrEnd()
-	e.FieldStart("messages")
-	e.ArrStart()
-	for i := range th.messages {
-		th.messages[i].Encode(e)
-	}
-	e.ArrEnd()
+	encodeRecords(e, "runtimeRequests", th.requests)
+	encodeRecords(e, "messages", th.messages)
 	e.FieldStart("turnItems")
 	e.ArrStart()
 	for _, it := range items {
 		it.Encode(e)
 	}
 	e.ArrEnd()
-	e.FieldStart("checkpoints")
-	e.ArrStart()
-	for i := range th.checkpoints {
-		th.checkpoints[i].Encode(e)
-	}
-	e.ArrEnd()
+	encodeRecords(e, "checkpoints", th.checkpoints)
 	e.FieldStart("updatedAt")
 	e.Str(th.updatedAt)
 	e.ObjEnd()
+}
+
+// encodeRecords writes the field name with xs as an array, each record by its generated encoder.
+func encodeRecords[T any, P interface {
+	*T
+	Encode(*jx.Encoder)
+}](e *jx.Encoder, name string, xs []T) {
+	e.FieldStart(name)
+	e.ArrStart()
+	for i := range xs {
+		P(&xs[i]).Encode(e)
+	}
+	e.ArrEnd()
 }
 
 // encodeControlPlane writes Options.ControlPlane's parts: an attempt and a node per run, in T3's
