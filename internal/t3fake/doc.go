@@ -88,8 +88,11 @@
 //     queue on a busy thread), run.interrupt, runtime-request.respond, thread.model-selection.set,
 //     queued-run.cancel and thread.archive are implemented; the other T3 command types fail with
 //     OrchestrationV2DispatchCommandError, unknown ones with T3's Die;
-//   - getThreadProjection and /threads/{id} return the whole projection; /bounded returns the
-//     newest Options.HistoryPage turn items with a history cursor for the rest;
+//   - getThreadProjection and /threads/{id} return the whole projection; /bounded is built as
+//     T3 builds it (bounded.go): a window of the newest ten user turns, at most 75 items
+//     (Options.HistoryPage when set) within a 1 MiB budget, in turnItems and visibleTurnItems,
+//     messages only those the window or the latest and active runs need, runs, requests and
+//     checkpoints whole, with a history cursor for the older items;
 //   - memory stays bounded under load: a thread keeps its newest Options.KeepRuns runs (older
 //     finished runs leave its projection) and the newest 100,000 commandIds are remembered;
 //   - POST /api/projects/mutate knows project.create only;

@@ -339,37 +339,41 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 		threadNotFound(w)
 		return
 	}
-	seq, total := s.headPub.Load(), len(th.items)
-	out := t3api.BoundedThreadSnapshot{
-		SnapshotSequence:       seq,
-		HistoryCursor:          t3api.OptNilString{Set: true, Null: true},
-		HasMoreHistory:         t3api.NewOptBool(false),
-		LatestLocalTurnOrdinal: t3api.OptNilInt64{Set: true, Null: true},
+	rows := boundedRows // T3's window; a test's Options.HistoryPage makes it smaller
+	if s.opts.HistoryPage > 0 {
+		rows = s.opts.HistoryPage
 	}
-	if n := len(th.runs); n > 0 {
-		out.LatestLocalTurnOrdinal = t3api.NewOptNilInt64(th.runs[n-1].rec.Ordinal)
-	}
-	if page := s.historyPage; total > page {
-		out.HistoryCursor = t3api.NewOptNilString(historyCursor(th.items[total-page].Ordinal))
-		out.HasMoreHistory = t3api.NewOptBool(true)
-	}
-	// t3api.BoundedThreadSnapshot's fields in its order, the projection encoded from t3rpc in
-	// place, under the thread's lock (see handleThread).
+	// t3api.BoundedThreadSnapshot's fields in its order, the projection built as T3 builds it
+	// (encodeBounded), encoded under the thread's lock straight from its records (see
+	// handleThread).
 	e := bodyEncoders.Get().(*jx.Encoder)
 	e.Reset()
+	scratch := encoders.Get().(*jx.Encoder)
 	e.ObjStart()
 	e.FieldStart("snapshotSequence")
-	e.Int64(out.SnapshotSequence)
+	e.Int64(s.headPub.Load())
 	e.FieldStart("projection")
-	encodeProjection(e, th, s.historyPage, s.opts.ControlPlane)
+	ans := encodeBounded(e, scratch, th, rows, s.opts.ControlPlane)
 	e.FieldStart("historyCursor")
-	out.HistoryCursor.Encode(e)
+	if ans.windowStart > 0 { // older items than the window's: the history pages hold them
+		e.Str(historyCursor(th.items[ans.windowStart].Ordinal))
+	} else {
+		e.Null()
+	}
 	e.FieldStart("hasMoreHistory")
-	out.HasMoreHistory.Encode(e)
+	e.Bool(ans.windowStart > 0)
 	e.FieldStart("latestLocalTurnOrdinal")
-	out.LatestLocalTurnOrdinal.Encode(e)
+	if ans.hasItems {
+		e.Int64(ans.latestOrdinal)
+	} else {
+		e.Null()
+	}
+	e.FieldStart("payloadBudgetExceeded")
+	e.Bool(ans.budgetExceeded)
 	e.ObjEnd()
 	th.mu.Unlock()
+	scratch.Reset()
+	encoders.Put(scratch)
 	writeBody(w, http.StatusOK, e)
 }
 

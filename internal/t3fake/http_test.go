@@ -286,7 +286,7 @@ func TestHTTPReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := bRes.(*t3api.BoundedThreadSnapshot)
-	if len(b.Projection.TurnItems) != 2 || !b.HasMoreHistory.Value || b.HistoryCursor.Null || b.LatestLocalTurnOrdinal.Value != 1 {
+	if len(b.Projection.TurnItems) != 2 || !b.HasMoreHistory.Value || b.HistoryCursor.Null || b.LatestLocalTurnOrdinal.Value != 1000005 || b.PayloadBudgetExceeded.Or(true) {
 		t.Fatalf("bounded %+v", b)
 	}
 	var ordinals []int64

@@ -53,8 +53,8 @@ type Options struct {
 	// ReplayLimit is the largest afterSequence gap replayed; 0 means DefaultReplayLimit and a
 	// negative value never replays (every resume gets a snapshot).
 	ReplayLimit int
-	// HistoryPage is how many turn items /threads/{id}/bounded and /history return per page.
-	// Default 50.
+	// HistoryPage is how many turn items /history returns per page (default 50) and, when set,
+	// the most /threads/{id}/bounded's window holds (default T3's 75; bounded.go).
 	HistoryPage int
 	// KeepRuns bounds memory under load: a thread keeps its newest KeepRuns runs, and the records
 	// of older finished runs (turn items, messages, requests, checkpoints, answers) are dropped

@@ -45,7 +45,7 @@ var omittedKeys = map[string][]string{
 	"TurnItem.user_message":          {"attachments", "createdBy", "creationSource", "inputIntent", "nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	"TurnItem.file_change":           {"nativeItemRef", "nodeId", "providerThreadId", "providerTurnId"},
 	// The projection's arrays the connector does not read.
-	"ThreadProjection":   {"attempts", "checkpointScopes", "contextHandoffs", "contextTransfers", "nodes", "plans", "providerSessions", "providerThreads", "providerTurns", "subagents", "visibleTurnItems"},
+	"ThreadProjection":   {"attempts", "checkpointScopes", "contextHandoffs", "contextTransfers", "nodes", "plans", "providerSessions", "providerThreads", "providerTurns", "subagents"},
 	"Project":            {"faviconPath", "repositoryIdentity", "scripts"},
 	"Project(shell)":     {"repositoryIdentity", "scripts"},
 	"ShellItem.snapshot": {"resolvedRepositoryIdentityRoots"},
@@ -72,6 +72,7 @@ var documentedKeys = map[string][]string{
 	"HTTPError.EnvironmentInternalError":   {"_tag", "code", "reason", "traceId"},           // §3.4
 	"S.Pong":                               {"_tag"},                                        // §4.3
 	"Question":                             {"multiSelect"},                                 // §6.2.3, on top of the recorded keys
+	"BoundedSnapshot":                      {"payloadBudgetExceeded"},                       // §5.3 (T3's buildBoundedThreadProjection sets it)
 }
 
 // documentedValues are enum values the recordings do not show, with where they are documented.
@@ -220,6 +221,12 @@ func (sh *shapes) projection(v any) {
 	}
 	for _, x := range list(m["checkpoints"]) {
 		sh.checkpoint(x)
+	}
+	for _, x := range list(m["visibleTurnItems"]) {
+		if w := sh.add("VisibleTurnItem", x); w != nil {
+			sh.val("visibility", w["visibility"])
+			sh.item(w["item"])
+		}
 	}
 }
 

@@ -394,6 +394,24 @@ func encodeProjection(e *jx.Encoder, th *thread, lastItems int, controlPlane boo
 		items = items[len(items)-lastItems:]
 	}
 	e.ObjStart()
+	encodeProjectionHead(e, th, controlPlane)
+	encodeRecords(e, "messages", th.messages)
+	e.FieldStart("turnItems")
+	e.ArrStart()
+	for _, it := range items {
+		it.Encode(e)
+	}
+	e.ArrEnd()
+	encodeRecords(e, "checkpoints", th.checkpoints)
+	e.FieldStart("updatedAt")
+	e.Str(th.updatedAt)
+	e.ObjEnd()
+}
+
+// encodeProjectionHead writes the projection's first fields, which the whole read and /bounded
+// send alike: the thread, its runs, with controlPlane their attempts and nodes, the runtime
+// requests.
+func encodeProjectionHead(e *jx.Encoder, th *thread, controlPlane bool) {
 	e.FieldStart("thread")
 	th.app.Encode(e)
 	e.FieldStart("runs")
@@ -406,17 +424,6 @@ func encodeProjection(e *jx.Encoder, th *thread, lastItems int, controlPlane boo
 		encodeControlPlane(e, th)
 	}
 	encodeRecords(e, "runtimeRequests", th.requests)
-	encodeRecords(e, "messages", th.messages)
-	e.FieldStart("turnItems")
-	e.ArrStart()
-	for _, it := range items {
-		it.Encode(e)
-	}
-	e.ArrEnd()
-	encodeRecords(e, "checkpoints", th.checkpoints)
-	e.FieldStart("updatedAt")
-	e.Str(th.updatedAt)
-	e.ObjEnd()
 }
 
 // encodeRecords writes the field name with xs as an array, each record by its generated encoder.

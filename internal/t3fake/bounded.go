@@ -1,0 +1,168 @@
+package t3fake
+
+import (
+	"github.com/go-faster/jx"
+
+	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+)
+
+// T3's bounded thread read (GET /threads/{id}/bounded), as its server builds it
+// (apps/server/src/orchestration-v2/threadHistoryPaging.ts, buildBoundedThreadProjection; the
+// route loads getThreadSnapshotWindow with rowLimit 77 and userTurnLimit 10). It is not the whole
+// projection with the timeline cut: the timeline is a recent window, and the parts that point
+// into the timeline keep only what the window (or a run still going) needs. Everything else
+// (runs, attempts, nodes, runtime requests, checkpoints) stays whole, so the answer still grows
+// with the thread's runs.
+const (
+	// boundedUserTurns: the window holds at most this many user turns (user_message items) …
+	boundedUserTurns = 10
+	// boundedRows: … and at most this many items (Options.HistoryPage overrides it for tests).
+	boundedRows = 75
+	// boundedBudget is the payload budget: the window's items fit in it, less the bytes of the
+	// items kept outside the window (the control items: interrupt requests, pending requests);
+	// a projection larger than it is flagged payloadBudgetExceeded.
+	boundedBudget = 1 << 20
+)
+
+// activeRunStatus are the statuses of a run that is still going (its messages are kept).
+var activeRunStatus = map[string]bool{"preparing": true, "starting": true, "running": true, "waiting": true, "queued": true}
+
+// boundedAnswer is what encodeBounded learned that the answer's fields after the projection say.
+type boundedAnswer struct {
+	windowStart    int   // index in th.items of the window's oldest item (len: no items)
+	latestOrdinal  int64 // the newest ordinal of all local items; valid with hasItems
+	hasItems       bool
+	budgetExceeded bool
+}
+
+// boundedWindow is the index of the oldest item of the recent window of items: newest first, at
+// most rows items and boundedUserTurns user turns whose encoded sizes (size) add up to at most
+// budget. The newest item is always in it (T3 may send none when the budget is spent; the fake
+// errs on the side of answering more).
+func boundedWindow(items []*t3rpc.TurnItem, rows, budget int, size func(*t3rpc.TurnItem) int) int {
+	start, turns, used := len(items), 0, 0
+	for start > 0 && len(items)-start < rows && turns < boundedUserTurns {
+		it := items[start-1]
+		used += size(it)
+		if used > budget && start < len(items) {
+			break
+		}
+		start--
+		if it.Type == "user_message" { // a turn starts at its user message
+			turns++
+		}
+	}
+	return start
+}
+
+// controlItem reports whether it is kept in turnItems wherever it sits: an interrupt request, or
+// the item of a runtime request still pending.
+func controlItem(it *t3rpc.TurnItem, pending map[string]bool) bool {
+	if it.Type == "run_interrupt_request" {
+		return true
+	}
+	id, ok := it.RequestId.Get()
+	return ok && pending[id]
+}
+
+// encodeBounded writes th's bounded projection (the "projection" of /bounded) as T3 builds it
+// and returns what the fields after it say. rows bounds the window's items. scratch is an
+// encoder for measuring items; its content is discarded. The caller holds th.mu.
+//
+//   - turnItems: the window's items, and the control items (controlItem) outside it, in order;
+//   - visibleTurnItems: the window, each item wrapped as T3 wraps it (position from 0, local);
+//   - messages: those the kept turnItems name, the user message of the latest run and of every
+//     active run, and every message of those runs;
+//   - runs, attempts, nodes, runtimeRequests, checkpoints, thread, updatedAt: whole.
+//
+// The fake has no plans, context handoffs or delegated completions, which T3 also filters.
+func encodeBounded(e, scratch *jx.Encoder, th *thread, rows int, controlPlane bool) boundedAnswer {
+	var ans boundedAnswer
+	var pending map[string]bool
+	for i := range th.requests {
+		if th.requests[i].Status == "pending" {
+			if pending == nil {
+				pending = map[string]bool{}
+			}
+			pending[th.requests[i].ID] = true
+		}
+	}
+	items := th.items
+	control := 0
+	for _, it := range items {
+		if !ans.hasItems || it.Ordinal > ans.latestOrdinal {
+			ans.latestOrdinal, ans.hasItems = it.Ordinal, true
+		}
+		if controlItem(it, pending) {
+			control += encodedLen(scratch, it)
+		}
+	}
+	ans.windowStart = boundedWindow(items, rows, boundedBudget-control, func(it *t3rpc.TurnItem) int { return encodedLen(scratch, it) })
+	kept := func(i int) bool { return i >= ans.windowStart || controlItem(items[i], pending) }
+
+	// The messages kept: named by a kept item, or of the latest or an active run.
+	msgIDs, runIDs := map[string]bool{}, map[string]bool{}
+	for i, it := range items {
+		if id, ok := it.MessageId.Get(); ok && kept(i) {
+			msgIDs[id] = true
+		}
+	}
+	for i, r := range th.runs {
+		if i == len(th.runs)-1 || activeRunStatus[r.rec.Status] {
+			runIDs[r.rec.ID] = true
+			if id, ok := r.rec.UserMessageId.Get(); ok {
+				msgIDs[id] = true
+			}
+		}
+	}
+
+	start := len(e.Bytes())
+	e.ObjStart()
+	encodeProjectionHead(e, th, controlPlane)
+	e.FieldStart("messages")
+	e.ArrStart()
+	for i := range th.messages {
+		if m := &th.messages[i]; msgIDs[m.ID] || m.RunId.Set && !m.RunId.Null && runIDs[m.RunId.Value] {
+			m.Encode(e)
+		}
+	}
+	e.ArrEnd()
+	e.FieldStart("turnItems")
+	e.ArrStart()
+	for i, it := range items {
+		if kept(i) {
+			it.Encode(e)
+		}
+	}
+	e.ArrEnd()
+	encodeRecords(e, "checkpoints", th.checkpoints)
+	e.FieldStart("visibleTurnItems")
+	e.ArrStart()
+	for i, it := range items[ans.windowStart:] {
+		e.ObjStart()
+		e.FieldStart("position")
+		e.Int(i)
+		e.FieldStart("visibility")
+		e.Str("local")
+		e.FieldStart("sourceThreadId")
+		e.Str(th.id)
+		e.FieldStart("sourceItemId")
+		e.Str(it.ID)
+		e.FieldStart("item")
+		it.Encode(e)
+		e.ObjEnd()
+	}
+	e.ArrEnd()
+	e.FieldStart("updatedAt")
+	e.Str(th.updatedAt)
+	e.ObjEnd()
+	ans.budgetExceeded = len(e.Bytes())-start > boundedBudget
+	return ans
+}
+
+// encodedLen is the length of it's encoding.
+func encodedLen(scratch *jx.Encoder, it *t3rpc.TurnItem) int {
+	scratch.Reset()
+	it.Encode(scratch)
+	return len(scratch.Bytes())
+}
