@@ -490,7 +490,7 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 	d.mu.Unlock()
 	d.lookups.dropMachine(machine)
 	if rows := d.rows(machine); len(rows) > 0 {
-		if err := d.applyLocked(watch.Change{Machine: machine, Snapshot: true, Threads: rows}, fence); err != nil {
+		if err := d.applyLocked(watch.Change{Machine: machine, Snapshot: true, Threads: watch.RowsOf(rows)}, fence); err != nil {
 			return nil, false, fmt.Errorf("catch up machine %q after gaining its lease: %w", machine, err)
 		}
 	}
@@ -537,12 +537,12 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	// holds several per run): every id is a decoded record.
 	ids := make([]string, 0, len(c.Threads))
 	listed := make(map[string]struct{}, len(c.Threads))
-	for _, rs := range [][]t3rpc.ThreadShell{c.Passed, c.Threads} {
-		for i := range rs {
-			rows = append(rows, &rs[i])
-			if _, dup := listed[rs[i].ID]; !dup {
-				listed[rs[i].ID] = struct{}{}
-				ids = append(ids, rs[i].ID)
+	for _, rs := range [][]*t3rpc.ThreadShell{c.Passed, c.Threads} {
+		for _, r := range rs {
+			rows = append(rows, r)
+			if _, dup := listed[r.ID]; !dup {
+				listed[r.ID] = struct{}{}
+				ids = append(ids, r.ID)
 			}
 		}
 	}
@@ -676,9 +676,8 @@ func (d *Detector) nothingToCommit(c watch.Change) bool {
 	seenNow := states[:0]
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, rs := range [][]t3rpc.ThreadShell{c.Passed, c.Threads} {
-		for i := range rs {
-			row := &rs[i]
+	for _, rs := range [][]*t3rpc.ThreadShell{c.Passed, c.Threads} {
+		for _, row := range rs {
 			k := key(c.Machine, row.ID)
 			j := slices.IndexFunc(seenNow, func(st state) bool { return st.k == k })
 			var prev seen

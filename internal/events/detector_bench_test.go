@@ -51,7 +51,7 @@ func newDetectorBench(b *testing.B) *detectorBench {
 	for _, id := range db.threads {
 		base = append(base, benchShell(id, "idle", ""))
 	}
-	if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Snapshot: true, Threads: base}); err != nil {
+	if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Snapshot: true, Threads: watch.RowsOf(base)}); err != nil {
 		b.Fatal(err)
 	}
 	return db
@@ -85,10 +85,10 @@ func benchRuns(b *testing.B, perChunk int) {
 			done = append(done, benchShell(id, "completed", run))
 			n++
 		}
-		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: start}); err != nil {
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: watch.RowsOf(start)}); err != nil {
 			b.Fatal(err)
 		}
-		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: done}); err != nil {
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: watch.RowsOf(done)}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -116,9 +116,10 @@ func BenchmarkDetectorLaggingChunk64(b *testing.B) {
 			for _, st := range []string{"starting", "running", "waiting"} {
 				r := benchShell(id, st, run)
 				r.ActiveRunId = t3rpc.NewOptNilString(run)
-				c.Passed = append(c.Passed, r)
+				c.Passed = append(c.Passed, &r)
 			}
-			c.Threads = append(c.Threads, benchShell(id, "completed", run))
+			done := benchShell(id, "completed", run)
+			c.Threads = append(c.Threads, &done)
 			n++
 		}
 		if err := db.d.Apply(ctx, c); err != nil {
@@ -145,13 +146,13 @@ func BenchmarkDetectorNoTransition(b *testing.B) {
 	db := newDetectorBench(b)
 	ctx := context.Background()
 	running := benchShell(db.threads[0], "running", "run-1")
-	if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: []t3rpc.ThreadShell{running}}); err != nil {
+	if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: watch.RowsOf([]t3rpc.ThreadShell{running})}); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: []t3rpc.ThreadShell{running}}); err != nil {
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: watch.RowsOf([]t3rpc.ThreadShell{running})}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -169,7 +170,7 @@ func BenchmarkDetectorUnwatched64(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: rows}); err != nil {
+		if err := db.d.Apply(ctx, watch.Change{Machine: "load", Threads: watch.RowsOf(rows)}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -216,7 +217,7 @@ func benchMachines(b *testing.B, grouped bool) {
 			for i := 0; i < per; i++ {
 				run := fmt.Sprintf("run-%d", i)
 				for _, row := range []t3rpc.ThreadShell{benchShell(id, "running", run), benchShell(id, "completed", run)} {
-					if err := d.Apply(ctx, watch.Change{Machine: machine, Threads: []t3rpc.ThreadShell{row}}); err != nil {
+					if err := d.Apply(ctx, watch.Change{Machine: machine, Threads: watch.RowsOf([]t3rpc.ThreadShell{row})}); err != nil {
 						errs <- err
 						return
 					}

@@ -126,14 +126,14 @@ func (e *env) watchThread(id, origin string, base *t3rpc.ThreadShell) {
 
 func (e *env) apply(threads ...t3rpc.ThreadShell) {
 	e.t.Helper()
-	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Threads: threads}); err != nil {
+	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Threads: watch.RowsOf(threads)}); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
 func (e *env) snapshot(threads ...t3rpc.ThreadShell) {
 	e.t.Helper()
-	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Snapshot: true, Threads: threads}); err != nil {
+	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Snapshot: true, Threads: watch.RowsOf(threads)}); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -373,7 +373,7 @@ func TestQuestionAskedAndAnsweredBetweenObservations(t *testing.T) {
 	// Inside one chunk (the watcher keeps the rows it folded): asked and
 	// answered between two chunks' final rows.
 	asked := row("t1", "running", "r1", "r1", "q-folded")
-	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Passed: []t3rpc.ThreadShell{asked}, Threads: []t3rpc.ThreadShell{row("t1", "running", "r1", "r1", "")}}); err != nil {
+	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Passed: watch.RowsOf([]t3rpc.ThreadShell{asked}), Threads: watch.RowsOf([]t3rpc.ThreadShell{row("t1", "running", "r1", "r1", "")})}); err != nil {
 		t.Fatal(err)
 	}
 	e.want("question q-missed", "question q-folded")
@@ -407,8 +407,8 @@ func TestRunInsideOneChunk(t *testing.T) {
 	e := newEnv(t, "")
 	e.watchThread("t1", "", &t3rpc.ThreadShell{ID: "t1", Status: "idle"})
 	err := e.d.Apply(context.Background(), watch.Change{Machine: "m",
-		Passed:  []t3rpc.ThreadShell{row("t1", "running", "r1", "r1", ""), row("t1", "completed", "", "r1", ""), row("t1", "running", "r2", "r2", "")},
-		Threads: []t3rpc.ThreadShell{row("t1", "completed", "", "r2", "")}})
+		Passed:  watch.RowsOf([]t3rpc.ThreadShell{row("t1", "running", "r1", "r1", ""), row("t1", "completed", "", "r1", ""), row("t1", "running", "r2", "r2", "")}),
+		Threads: watch.RowsOf([]t3rpc.ThreadShell{row("t1", "completed", "", "r2", "")})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -646,7 +646,7 @@ func TestApplyReadsTrackedThreadsOncePerChunk(t *testing.T) {
 	ct.one, ct.many = 0, 0
 	ct.mu.Unlock()
 	// The chunk passes over some rows too (watch.Change.Passed).
-	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Passed: rows[:10], Threads: rows}); err != nil {
+	if err := e.d.Apply(context.Background(), watch.Change{Machine: "m", Passed: watch.RowsOf(rows[:10]), Threads: watch.RowsOf(rows)}); err != nil {
 		t.Fatal(err)
 	}
 	if ct.one != 0 || ct.many != 1 {

@@ -61,11 +61,11 @@ func BenchmarkEnrichedEvent(b *testing.B) {
 				run := fmt.Sprintf("run-%d", i)
 				running := benchShell(id, "running", run)
 				running.ActiveRunId = running.LatestRunId
-				if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Threads: []t3rpc.ThreadShell{running}}); err != nil {
+				if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Threads: watch.RowsOf([]t3rpc.ThreadShell{running})}); err != nil {
 					b.Fatal(err)
 				}
 				t0 := time.Now()
-				if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Threads: []t3rpc.ThreadShell{benchShell(id, "failed", run)}}); err != nil {
+				if err := db.d.Apply(context.Background(), watch.Change{Machine: "load", Threads: watch.RowsOf([]t3rpc.ThreadShell{benchShell(id, "failed", run)})}); err != nil {
 					b.Fatal(err)
 				}
 				evs, err := db.st.Pending(1)

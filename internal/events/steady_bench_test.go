@@ -164,14 +164,15 @@ func BenchmarkChunkDurableSteady(b *testing.B) {
 				// As the watcher builds it: the last row of each thread, earlier ones passed.
 				c := watch.Change{Machine: machine}
 				idx := map[string]int{}
-				for _, r := range chunk {
+				for j := range chunk {
+					r := &chunk[j]
 					if i, ok := idx[r.row.ID]; ok {
 						c.Passed = append(c.Passed, c.Threads[i])
-						c.Threads[i] = r.row
+						c.Threads[i] = &r.row
 						continue
 					}
 					idx[r.row.ID] = len(c.Threads)
-					c.Threads = append(c.Threads, r.row)
+					c.Threads = append(c.Threads, &r.row)
 				}
 				start := time.Now()
 				txs0, _ := g.Stats()

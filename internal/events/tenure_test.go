@@ -76,7 +76,7 @@ func TestATakenOverLeaseUsesTheOtherReplicasState(t *testing.T) {
 		row("t1", "completed", "", "r1", ""), row("t1", "running", "r2", "r2", ""), row("t1", "completed", "", "r2", ""),
 	} {
 		l.see(r) // passed over here
-		if err := other.Apply(context.Background(), watch.Change{Machine: "m", Threads: []t3rpc.ThreadShell{r}}); err != nil {
+		if err := other.Apply(context.Background(), watch.Change{Machine: "m", Threads: watch.RowsOf([]t3rpc.ThreadShell{r})}); err != nil {
 			t.Fatal(err)
 		}
 	}

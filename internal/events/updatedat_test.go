@@ -172,8 +172,8 @@ func TestChunkMovingOnlyUpdatedAtReadsNothing(t *testing.T) {
 	ct.mu.Unlock()
 	txs := e.txs()
 	err := e.d.Apply(context.Background(), watch.Change{Machine: "m",
-		Passed:  []t3rpc.ThreadShell{rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", "")},
-		Threads: []t3rpc.ThreadShell{rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "r1", "r1", ""), rowAt("2026-12-01T10:00:02Z", "t2", "running", "r2", "r2", "")}})
+		Passed:  watch.RowsOf([]t3rpc.ThreadShell{rowAt("2026-12-01T10:00:01Z", "t1", "running", "r1", "r1", "")}),
+		Threads: watch.RowsOf([]t3rpc.ThreadShell{rowAt("2026-12-01T10:00:02Z", "t1", "waiting", "r1", "r1", ""), rowAt("2026-12-01T10:00:02Z", "t2", "running", "r2", "r2", "")})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,8 +109,7 @@ func (p *Push) Apply(_ context.Context, c watch.Change) error {
 		return nil
 	}
 	queued := false
-	for i := range c.Threads {
-		t := &c.Threads[i]
+	for _, t := range c.Threads {
 		s := p.subs[subKey(c.Machine, t.ID)]
 		if s == nil {
 			continue

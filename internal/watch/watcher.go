@@ -41,15 +41,30 @@ type Change struct {
 	Snapshot bool
 	// Threads holds the new state of every thread the chunk touched (all of
 	// them after a snapshot), in the order the items arrived.
-	Threads []t3rpc.ThreadShell
+	//
+	// The rows of Threads and Passed are lent, not given: they are the chunk's decoded items,
+	// valid only until Sink.Apply returns (the items then serve a later chunk). A sink that keeps
+	// a row past Apply must copy it (its strings need no copy: they are the sink's to keep). A
+	// copy of every row into the change was most of a lagging chunk's allocation (a ThreadShell
+	// is most of a kilobyte) and a visible part of every chunk's (BenchmarkApplyChunkSteady).
+	Threads []*t3rpc.ThreadShell
 	// Passed holds, in arrival order, the rows of threads that the chunk
 	// updated again later (their final row is in Threads): a run that started
 	// and ended inside one chunk shows only here. Empty after a snapshot.
-	Passed []t3rpc.ThreadShell
+	Passed []*t3rpc.ThreadShell
 	// Removed lists threads the chunk removed.
 	Removed []string
 	// Cursor is the highest sequence applied once this change is in.
 	Cursor int64
+}
+
+// RowsOf is rows as a change's rows (Change.Threads): pointers to its elements.
+func RowsOf(rows []t3rpc.ThreadShell) []*t3rpc.ThreadShell {
+	out := make([]*t3rpc.ThreadShell, len(rows))
+	for i := range rows {
+		out[i] = &rows[i]
+	}
+	return out
 }
 
 // Sink receives every applied change before the chunk that caused it is
@@ -239,11 +254,12 @@ func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, err
 	if err != nil {
 		return false, err
 	}
-	// The change holds copies of the rows it needs: the items go back to the pool once applied.
+	// The change lends the sink the decoded rows (Change.Threads): the items go back to the pool
+	// once the sink is done with them.
 	defer putItems(items)
 
 	w.mu.Lock()
-	change := Change{Machine: w.name, Threads: make([]t3rpc.ThreadShell, 0, len(items))}
+	change := Change{Machine: w.name, Threads: make([]*t3rpc.ThreadShell, 0, len(items))}
 	touched := map[string]int{} // thread id → index in change.Threads
 	syncedNow := false
 	for i := range items {
@@ -255,9 +271,10 @@ func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, err
 				continue
 			}
 			w.replaceLocked(&snap)
-			change = Change{Machine: w.name, Snapshot: true, Threads: make([]t3rpc.ThreadShell, 0, len(snap.Threads))}
+			change = Change{Machine: w.name, Snapshot: true, Threads: make([]*t3rpc.ThreadShell, 0, len(snap.Threads))}
 			touched = map[string]int{}
-			for _, t := range snap.Threads {
+			for i := range snap.Threads {
+				t := &snap.Threads[i]
 				touched[t.ID] = len(change.Threads)
 				change.Threads = append(change.Threads, t)
 			}
@@ -348,8 +365,9 @@ func putItems(items []t3rpc.ShellStreamItem) {
 func (w *Watcher) applyItemLocked(it *t3rpc.ShellStreamItem, change *Change, touched map[string]int) {
 	switch it.Kind {
 	case "thread.updated":
-		// The row is used where it was decoded and copied once, into the change: a ThreadShell is
-		// most of a kilobyte, and a copy of it per item was a visible part of applyChunk.
+		// The row is used where it was decoded, and lent to the sink from there (Change.Threads):
+		// a ThreadShell is most of a kilobyte, and a copy of it per item was a visible part of
+		// applyChunk.
 		if it.Thread.Set {
 			t := &it.Thread.Value
 			if loc, _ := it.Location.Get(); loc == "archive" {
@@ -360,17 +378,15 @@ func (w *Watcher) applyItemLocked(it *t3rpc.ShellStreamItem, change *Change, tou
 				w.touchLocked(t.ID)
 				if idx, ok := touched[t.ID]; ok {
 					if change.Passed == nil {
-						// Sized for the chunk (cap(Threads) is its item count; at most 1,024
-						// rows ahead, so a big chunk that passes few rows does not pay for all):
-						// a lagging machine's chunk passes most of its rows, and growing a slice
-						// of rows this large from empty was most of applyItemLocked's CPU.
-						change.Passed = make([]t3rpc.ThreadShell, 0, min(cap(change.Threads), 1024))
+						// Sized for the chunk (cap(Threads) is its item count): a lagging
+						// machine's chunk passes most of its rows.
+						change.Passed = make([]*t3rpc.ThreadShell, 0, cap(change.Threads))
 					}
 					change.Passed = append(change.Passed, change.Threads[idx])
-					change.Threads[idx] = *t
+					change.Threads[idx] = t
 				} else {
 					touched[t.ID] = len(change.Threads)
-					change.Threads = append(change.Threads, *t)
+					change.Threads = append(change.Threads, t)
 				}
 			}
 		}

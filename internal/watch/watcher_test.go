@@ -465,10 +465,21 @@ type changes struct {
 }
 
 func (c *changes) Apply(_ context.Context, ch watch.Change) error {
+	// The rows are lent until Apply returns: keep copies.
+	ch.Threads, ch.Passed = copyRows(ch.Threads), copyRows(ch.Passed)
 	c.mu.Lock()
 	c.all = append(c.all, ch)
 	c.mu.Unlock()
 	return nil
+}
+
+func copyRows(rows []*t3rpc.ThreadShell) []*t3rpc.ThreadShell {
+	out := make([]*t3rpc.ThreadShell, len(rows))
+	for i, r := range rows {
+		cp := *r
+		out[i] = &cp
+	}
+	return out
 }
 
 func (c *changes) removed(id string) bool {
