@@ -277,7 +277,7 @@ func (s *Bolt) GetThread(id string) (Thread, bool, error) {
 			return nil
 		}
 		ok = true
-		return json.Unmarshal(v, &t)
+		return decodeThread(v, &t)
 	})
 	return t, ok, err
 }
@@ -298,7 +298,7 @@ func (s *Bolt) GetThreads(ids []string) (map[string]Thread, error) {
 				continue
 			}
 			var t Thread
-			if err := json.Unmarshal(v, &t); err != nil {
+			if err := decodeThread(v, &t); err != nil {
 				return fmt.Errorf("store: thread %q: %w", id, err)
 			}
 			out[id] = t
@@ -319,7 +319,7 @@ func (s *Bolt) ListThreads() ([]Thread, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bThreads).ForEach(func(_, v []byte) error {
 			var t Thread
-			if err := json.Unmarshal(v, &t); err != nil {
+			if err := decodeThread(v, &t); err != nil {
 				return err
 			}
 			out = append(out, t)
@@ -463,7 +463,7 @@ func (s *Bolt) prune(tx *bolt.Tx, b Batch) error {
 		if v == nil {
 			return t, false, nil
 		}
-		return t, true, json.Unmarshal(v, &t)
+		return t, true, decodeThread(v, &t)
 	}
 	for k, o := range b.PruneStates {
 		t, found, err := row(o.Thread)
