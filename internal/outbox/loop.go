@@ -173,8 +173,16 @@ type loop struct {
 	inflight  int
 	unsettled int
 	jobs      sync.WaitGroup
-	freed     chan struct{} // worker → loop: a slot is free
-	work      chan job      // loop → an idle worker (unbuffered: taken only by one waiting for it)
+	// A worker that finished counts its slot free in freedN (the loop takes the count into
+	// inflight at the start of each turn) and wakes the loop on freed only when the loop asked
+	// for it (wantSlot: every slot was taken when it last dispatched). With slots to spare no
+	// head waits for one, so a finished request costs the loop no turn of its own: the
+	// outcome's record, which the loop waits for anyway, brings it round (one goroutine
+	// hand-off per delivery fewer at 1,000 events/s, where the limit is never reached).
+	freedN   atomic.Int64
+	wantSlot atomic.Bool
+	freed    chan struct{} // worker → loop: a slot is free and the loop wants one (capacity 1)
+	work     chan job      // loop → an idle worker (unbuffered: taken only by one waiting for it)
 	// retire is closed when the outbox goes idle: the workers waiting for a job end (nil: idle).
 	retire   atomic.Pointer[chan struct{}]
 	toRec    *mailbox      // workers → recorder
@@ -198,7 +206,7 @@ func (o *Outbox) newLoop(ctx context.Context) *loop {
 		// Every slot freed fits in the channel, and the mailboxes never block, so neither a
 		// worker nor the recorder ever waits for a loop that is busy elsewhere, nor a worker
 		// for the recorder.
-		freed:       make(chan struct{}, o.cfg.Concurrency),
+		freed:       make(chan struct{}, 1),
 		work:        make(chan job),
 		toRec:       newMailbox(),
 		fromRec:     newMailbox(),
@@ -246,6 +254,8 @@ func (o *Outbox) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		l.inflight -= int(l.freedN.Swap(0)) // the slots freed since the last turn
+		o.turns.Add(1)
 		now := o.cfg.Clock()
 		if now.Sub(lastPrune) >= o.cfg.PruneEvery || now.Before(lastPrune) {
 			// On an error too, the next try is PruneEvery later: pruning is housekeeping and
@@ -337,6 +347,14 @@ func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
 // await sleeps until something happens: an outcome (taken), a freed slot, Notify or the timer.
 // It reports false when the loop's context is done.
 func (l *loop) await(timer <-chan time.Time) bool {
+	// Every slot taken: a worker finishing must wake the loop (wantSlot). A slot freed after
+	// the turn began and before wantSlot was set is seen here instead: either the worker's
+	// count comes before this load, or its check of wantSlot comes after the store.
+	full := l.inflight >= l.limit
+	l.wantSlot.Store(full)
+	if full && l.freedN.Load() > 0 {
+		return l.ctx.Err() == nil
+	}
 	return l.take(l.ctx.Done(), l.o.wake, timer)
 }
 
@@ -357,7 +375,7 @@ func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan tim
 	case r := <-l.fromEnrich:
 		l.finish(r)
 	case <-l.freed:
-		l.inflight--
+		// The slot is in freedN: taken at the next turn's start.
 	case <-l.enrichFreed:
 		l.enriching--
 	case <-wake:
@@ -734,8 +752,17 @@ func (l *loop) worker(j job) {
 	for {
 		r := l.o.work(l.ctx, j)
 		r.job.body = nil // sent: what is still to store is in the op
+		// The slot is counted free before the outcome goes to the recorder, so that the loop
+		// sees it free by the time the outcome comes back recorded.
+		l.freedN.Add(1)
 		l.toRec.put(r)
-		l.freed <- struct{}{}
+		if l.wantSlot.CompareAndSwap(true, false) {
+			l.o.slotWakes.Add(1)
+			select {
+			case l.freed <- struct{}{}:
+			default: // a wake-up is pending already
+			}
+		}
 		idle.Reset(workerIdle)
 		var retired <-chan struct{}
 		if r := l.retire.Load(); r != nil {

@@ -195,6 +195,9 @@ type Outbox struct {
 	// onIdle, when set (tests), is called on the loop's goroutine at every turn that finds the
 	// loop idle with workers or burst connections to shed, before it sheds them.
 	onIdle func()
+	// turns counts the loop's turns and slotWakes the loop's wake-ups by a finished request
+	// (tests and benchmarks: the goroutine hand-offs per delivery).
+	turns, slotWakes atomic.Int64
 	// claimer is q when replicas share it: heads are claimed before they are worked on (claim.go).
 	claimer store.Claimer
 }

@@ -443,12 +443,42 @@ func TestSlowRecordDoesNotHoldBackRequests(t *testing.T) {
 	if p, _, _ := h.counts(); p != single+3 {
 		t.Fatalf("pending = %d while records wait, want %d", p, single+3)
 	}
+	// No record came back meanwhile: the heads that waited for a slot were started by the
+	// finished requests' wake-ups.
+	if h.ob.slotWakes.Load() == 0 {
+		t.Fatal("no finished request woke the loop, yet heads waited for a slot")
+	}
 	release()
 	eventually(t, "all delivered", func() bool { _, _, dl := h.counts(); return dl == single+3 })
 	if got := rc.acceptedBy("m/multi"); !reflect.DeepEqual(got, seq(3)) {
 		t.Fatalf("m/multi order = %v", got)
 	}
 	checkOrder(t, rc, single, 1)
+}
+
+// TestFinishedRequestWakesTheLoopOnlyForAWaitingHead: with request slots to spare, no head
+// waits for one, so a finished request does not wake the loop (its recorded outcome does, once);
+// the events are still delivered exactly once and in order. TestSlowRecordDoesNotHoldBackRequests
+// shows the other side: with every slot taken, a finished request wakes the loop.
+func TestFinishedRequestWakesTheLoopOnlyForAWaitingHead(t *testing.T) {
+	const streams, perStream = 12, 3
+	rc := newReceiver(t)
+	h := start(t, Config{URL: rc.srv.URL, Concurrency: 64})
+	n := 0
+	for i := 1; i <= perStream; i++ {
+		for s := range streams {
+			h.commit(t, mkEvent(fmt.Sprintf("m/t%04d", s), i))
+			n++
+			eventually(t, "the event delivered and recorded", func() bool { _, _, dl := h.counts(); return dl == n })
+		}
+	}
+	if w := h.ob.slotWakes.Load(); w != 0 {
+		t.Fatalf("finished requests woke the loop %d times with slots to spare, want 0", w)
+	}
+	if got := len(rc.requests()); got != streams*perStream {
+		t.Fatalf("%d requests, want %d (exactly once)", got, streams*perStream)
+	}
+	checkOrder(t, rc, streams, perStream)
 }
 
 // TestInFlightFollowsTheBacklog: the requests in flight start at startInFlight, grow while
