@@ -97,7 +97,7 @@ func (o *Outbox) work(ctx context.Context, j job) outcome {
 		// though: the receiver may have seen it, and a retry must send the same bytes.
 		out.cancelled = true
 		if enriched != nil {
-			out.op = &store.Op{ID: e.ID, Kind: store.OpBody, Body: enriched}
+			out.op = &store.Op{ID: e.ID, Seq: e.Seq, Kind: store.OpBody, Body: enriched}
 		}
 		return out
 	}
@@ -192,14 +192,14 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 			o.log.Debug("event delivered", "id", e.ID, "stream", e.Stream, "attempt", attempt, "status", r.status, "lag_ms", max(0, now.Sub(e.CreatedAt).Milliseconds()))
 		}
 		out.final, out.delivered, out.lag = true, true, max(0, now.Sub(e.CreatedAt))
-		return &store.Op{ID: e.ID, Kind: store.OpDelivered, At: now}
+		return &store.Op{ID: e.ID, Seq: e.Seq, Kind: store.OpDelivered, At: now}
 
 	case !r.retryable:
 		o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
 		o.m.deadLetters.WithLabelValues(reasonRejected).Inc()
 		o.log.Error("outbox: rejected by the receiver; dead letter", "id", e.ID, "stream", e.Stream, "attempt", attempt, "err", r.msg)
 		out.final = true
-		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: r.msg}
+		return &store.Op{ID: e.ID, Seq: e.Seq, Kind: store.OpDead, At: now, Error: r.msg}
 	}
 
 	o.m.deliveries.WithLabelValues(outcomeLabel(r)).Inc()
@@ -210,7 +210,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 		reason := fmt.Sprintf("expired: not delivered within %s (%d attempts); last error: %s", o.cfg.MaxAge, attempt, r.msg)
 		log.Error("outbox: giving up; dead letter", "err", reason)
 		out.final = true
-		return &store.Op{ID: e.ID, Kind: store.OpDead, At: now, Error: reason}
+		return &store.Op{ID: e.ID, Seq: e.Seq, Kind: store.OpDead, At: now, Error: reason}
 	}
 	delay := r.retryAfter // the receiver's word wins over our backoff
 	if delay < 0 {
@@ -238,7 +238,7 @@ func (o *Outbox) classify(e store.Event, r result, bo backoff.BackOff, out *outc
 	out.retryAt, out.retryIn = next, next.Sub(now)
 	out.outage = r.retryAfter < 0 && (r.network || r.status >= 500)
 	out.overload = true // every retryable failure: no answer, 408, 429, 5xx
-	return &store.Op{ID: e.ID, Kind: store.OpRetry, Next: next, Error: r.msg}
+	return &store.Op{ID: e.ID, Seq: e.Seq, Kind: store.OpRetry, Next: next, Error: r.msg}
 }
 
 func outcomeLabel(r result) string {

@@ -263,7 +263,12 @@ const (
 
 // Op is one outcome for Record.
 type Op struct {
-	ID    string
+	ID string
+	// Seq, when not 0, is the event's sequence number as the caller knows it (the outbox does):
+	// the bbolt store then finds the pending event by it, without a read of the id index first.
+	// It is a hint: an event found there that is not ID's, or none, is looked up by ID as when
+	// Seq is 0 (PostgreSQL finds every op by ID).
+	Seq   uint64
 	Kind  OpKind
 	At    time.Time // OpDelivered, OpDead
 	Next  time.Time // OpRetry
@@ -295,7 +300,7 @@ func (s *Bolt) applyOps(tx *bolt.Tx, ops []Op, d *countDelta) (errs []error, fat
 
 // apply applies one op; opErr concerns only this op, fatal the transaction.
 func (s *Bolt) apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
-	e, b, err := s.find(tx, op.ID)
+	e, b, err := s.findOp(tx, op)
 	if err != nil {
 		return err, nil
 	}
@@ -505,6 +510,23 @@ func body(tx *bolt.Tx, k []byte) ([]byte, error) {
 // bucket holding it.
 func (s *Bolt) find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
 	return findSeq(tx, id, s.ids.getTx(tx, id))
+}
+
+// findOp is find for a recorded op: by the op's sequence number when it gives one (Op.Seq), a
+// get in the pending bucket instead of a read of the id index before it (the id index is a
+// B-tree of random keys beside its journal's overlay: the larger part of a delivery record's
+// look-up). The record there must be the op's event; anything else falls back to find.
+func (s *Bolt) findOp(tx *bolt.Tx, op Op) (Event, *bolt.Bucket, error) {
+	if op.Seq != 0 {
+		b := tx.Bucket(bPending)
+		k := seqKey(op.Seq)
+		if v := b.Get(k); v != nil {
+			if e, err := decodeHeader(k, v); err == nil && e.ID == op.ID {
+				return e, b, nil
+			}
+		}
+	}
+	return s.find(tx, op.ID)
 }
 
 // findSeq is find of the event whose id the index maps to sk (nil: none).

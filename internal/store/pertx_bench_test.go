@@ -50,7 +50,7 @@ func BenchmarkGroupCommitPerEvent(b *testing.B) {
 	g.OnDurable(func(evs []Event) {
 		mu.Lock()
 		for _, e := range evs {
-			due = append(due, Op{ID: e.ID, Kind: OpDelivered, At: time.Now()})
+			due = append(due, Op{ID: e.ID, Seq: e.Seq, Kind: OpDelivered, At: time.Now()}) // as the outbox records
 		}
 		mu.Unlock()
 		select {

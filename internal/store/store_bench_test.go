@@ -196,7 +196,11 @@ func BenchmarkCommitEventLargeStore(b *testing.B) {
 
 // benchRecord records b.N deliveries, perTx outcomes per transaction (the outbox's recorder
 // batches whatever outcomes wait for it): ns/op is per event.
-func benchRecord(b *testing.B, perTx int) {
+func benchRecord(b *testing.B, perTx int) { benchRecordOps(b, perTx, false) }
+
+// benchRecordOps is benchRecord, the ops giving each event's sequence number when bySeq (Op.Seq,
+// as the outbox records).
+func benchRecordOps(b *testing.B, perTx int, bySeq bool) {
 	s := openBench(b)
 	var batch []store.Event
 	for i := 0; i < b.N; i++ {
@@ -208,12 +212,22 @@ func benchRecord(b *testing.B, perTx int) {
 			batch = batch[:0]
 		}
 	}
+	seqs := make([]uint64, b.N)
+	if bySeq {
+		p, err := s.Pending(0)
+		if err != nil || len(p) != b.N {
+			b.Fatalf("Pending = %d events, %v", len(p), err)
+		}
+		for i, e := range p { // in insertion order: evt_i is the i-th
+			seqs[i] = e.Seq
+		}
+	}
 	now := time.Now()
 	ops := make([]store.Op, 0, perTx)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		ops = append(ops, store.Op{ID: "evt_" + strconv.Itoa(i), Kind: store.OpDelivered, At: now})
+		ops = append(ops, store.Op{ID: "evt_" + strconv.Itoa(i), Seq: seqs[i], Kind: store.OpDelivered, At: now})
 		if len(ops) == perTx || i == b.N-1 {
 			errs, err := s.Record(ops)
 			if err != nil {
@@ -239,6 +253,10 @@ func BenchmarkRecord32(b *testing.B) { benchRecord(b, 32) }
 
 // BenchmarkRecord256: 256 deliveries per transaction (a drained backlog's batches).
 func BenchmarkRecord256(b *testing.B) { benchRecord(b, 256) }
+
+// BenchmarkRecord256BySeq is BenchmarkRecord256 with each op's sequence number (Op.Seq), as the
+// outbox records: the pending event is found without a read of the id index.
+func BenchmarkRecord256BySeq(b *testing.B) { benchRecordOps(b, 256, true) }
 
 // BenchmarkPruneNothingDue100000Delivered is one prune turn (the detector's, every prune
 // interval) over 100,000 delivered events none of which is due yet: it reads the delivery-time

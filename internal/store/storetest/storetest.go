@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 		{"GroupCommit", testGroupCommit},
 		{"Record", testRecord},
 		{"RecordSkipsWhatCannotApply", testRecordSkips},
+		{"RecordBySequenceNumber", testRecordBySeq},
 		{"HeadsFollowDelivery", testHeads},
 		{"DeadAndRequeue", testDeadAndRequeue},
 		{"Prune", testPrune},
@@ -469,6 +470,49 @@ func testRecord(t *testing.T, open Opener) {
 		t.Fatalf("delivered after two retries: %+v", e2)
 	}
 	counts(t, s, 1, 1, 2)
+}
+
+// testRecordBySeq: an op's sequence number (Op.Seq) is a hint for finding the event; the op
+// applies to the event its ID names whatever the number says, and to none when the ID is
+// unknown, even if the number is another pending event's.
+func testRecordBySeq(t *testing.T, open Opener) {
+	s, _ := open(t)
+	commit(t, s, Ev("e1", "s"), Ev("e2", "s"), Ev("e3", "t"))
+	seqs := map[string]uint64{}
+	p, err := s.Pending(0)
+	must(t, err)
+	for _, e := range p {
+		seqs[e.ID] = e.Seq
+	}
+	errs, err := s.Record([]store.Op{
+		{ID: "e1", Seq: seqs["e1"], Kind: store.OpDelivered, At: T0},
+		{ID: "e2", Seq: seqs["e3"], Kind: store.OpRetry, Next: T0.Add(time.Minute), Error: "HTTP 503"}, // another event's number
+		{ID: "nope", Seq: seqs["e3"], Kind: store.OpDelivered, At: T0},
+		{ID: "e3", Seq: 1 << 40, Kind: store.OpDead, At: T0, Error: "HTTP 400"}, // no event has it
+	})
+	must(t, err)
+	if errs[0] != nil || errs[1] != nil || errs[3] != nil {
+		t.Fatalf("errs = %v", errs)
+	}
+	if !errors.Is(errs[2], store.ErrNotFound) {
+		t.Fatalf("unknown id with another event's number: %v", errs[2])
+	}
+	if e := get(t, s, "e1"); e.State != store.StateDelivered || e.Attempts != 1 {
+		t.Fatalf("e1: %+v", e)
+	}
+	if e := get(t, s, "e2"); e.State != store.StatePending || e.Attempts != 1 || e.LastError != "HTTP 503" {
+		t.Fatalf("e2: %+v", e)
+	}
+	if e := get(t, s, "e3"); e.State != store.StateDead || e.LastError != "HTTP 400" {
+		t.Fatalf("e3 (recorded by its id, the number matching none): %+v", e)
+	}
+	counts(t, s, 1, 1, 1)
+	// A number given for an event no longer pending: found by its id, refused as not pending.
+	errs, err = s.Record([]store.Op{{ID: "e1", Seq: seqs["e1"], Kind: store.OpDelivered, At: T0}})
+	must(t, err)
+	if !errors.Is(errs[0], store.ErrNotPending) {
+		t.Fatalf("a delivered event recorded again by its number: %v", errs[0])
+	}
 }
 
 func testRecordSkips(t *testing.T, open Opener) {
