@@ -149,7 +149,9 @@ func TestEnrichTimeoutSendsPartial(t *testing.T) {
 	h := start(t, Config{URL: rc.srv.URL, Enricher: en, EnrichTimeout: time.Minute, Backoff: constBackoff(time.Hour)})
 	e := enrichEvent("m/a", 1)
 	h.commit(t, e)
-	eventually(t, "first enrichment", func() bool { return en.count(e.ID) == 1 })
+	// Its failure judged (a retry counted) before the clock moves: judged after, the first
+	// failure would already be past the deadline and go out partial without a second try.
+	eventually(t, "first enrichment judged", func() bool { return value(h.m.enrichments.WithLabelValues(enrichRetry)) == 1 })
 	h.ob.Notify()
 	if got := h.event(t, e.ID); got.State != store.StatePending || got.Attempts != 0 {
 		t.Fatalf("before the timeout: %+v", got)

@@ -235,7 +235,11 @@ func TestPosterLeavesNoGoroutineAfterStop(t *testing.T) {
 	h.commit(t, mkEvent("m/a", 1), mkEvent("m/b", 1))
 	eventually(t, "delivery", func() bool { _, _, dl := h.counts(); return dl == 2 })
 	h.stop()
-	if n := len(h.ob.fast.conns.open); n != 0 {
+	// Under the set's lock: Run's context.AfterFunc may still be running its own stop.
+	h.ob.fast.conns.mu.Lock()
+	n := len(h.ob.fast.conns.open)
+	h.ob.fast.conns.mu.Unlock()
+	if n != 0 {
 		t.Fatalf("%d connections left open after the stop", n)
 	}
 	eventually(t, "fasthttp's cleaner to end", func() bool {
