@@ -18,10 +18,11 @@ const loadPrompt = "Fix the flaky test in the payment service: the retry loop as
 	"so make it wait for the settlement event and run the whole suite afterwards."
 
 // fakeBounded is the fake T3's GET …/threads/{id}/bounded body for a thread that ran runs
-// default-script runs (five turn items each), as the load harness's t3_thread phase reads it.
+// default-script runs (five turn items each), as the load harness's t3_thread phase reads it:
+// with an attempt and a node per run (t3fake.Options.ControlPlane, the harness's default), as T3's.
 func fakeBounded(t testing.TB, runs int) []byte {
 	t.Helper()
-	fk, err := t3fake.New(t3fake.Options{ManualSteps: true, KeepRuns: -1})
+	fk, err := t3fake.New(t3fake.Options{ManualSteps: true, KeepRuns: -1, ControlPlane: true})
 	if err != nil {
 		t.Fatal(err)
 	}
