@@ -210,6 +210,30 @@ func TestDist(t *testing.T) {
 	}
 }
 
+// TestTinyCompareAlone runs the comparison phase alone: the first phase to release runs with
+// run.interrupt. The harness's own command sockets are dialed at set-up, so the requests the
+// phase counts as the connector's (the t3_wait approach's by_route) hold no ticket and no
+// WebSocket upgrade of the harness's; before 12-02 one of each per machine fell into the window.
+func TestTinyCompareAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the connector binary")
+	}
+	_, rep, progress := runTiny(t, func(cfg *Config) { cfg.Phases = []string{"compare"} })
+	if len(rep.Compare) == 0 {
+		t.Fatalf("no comparison\nprogress:\n%s", progress.String())
+	}
+	for _, a := range rep.Compare {
+		if a.Noticed != a.Runs {
+			t.Errorf("comparison %s: noticed %d of %d", a.Name, a.Noticed, a.Runs)
+		}
+	}
+	for route, n := range rep.Compare[0].ByRoute {
+		if route == "GET /ws" || strings.Contains(route, "websocket-ticket") {
+			t.Errorf("the window's requests count %d × %s: the harness's own command sockets were dialed in it", n, route)
+		}
+	}
+}
+
 // TestTinyReplicas runs the throughput phase at the tiny scale on PostgreSQL with two replicas of
 // the binary, each given -replica-env settings: both replicas start with them (their logs say so),
 // the phase drains (nothing pending, no look-up left on either replica) and no settled run is
