@@ -123,10 +123,16 @@ type call struct {
 	// borrow: the handler gets chunk values as slices of the frame's buffer, lent until it
 	// returns (StreamChunks); otherwise copies it may keep (Stream).
 	borrow bool
+	// ahead > 0: a Chunk is acknowledged by the read loop as it is queued, while at most ahead
+	// wait for the handler (StreamAhead); 0: after the handler returns.
+	ahead int
 
 	mu    sync.Mutex
 	queue []event
-	wake  chan struct{} // capacity 1: "the queue may have grown"
+	// owed: a Chunk of an ahead stream came while ahead others waited; its Ack goes out once
+	// the handler has taken one (only one can be owed: T3 sends nothing more until it has it).
+	owed bool
+	wake chan struct{} // capacity 1: "the queue may have grown"
 }
 
 // event is a Chunk (values) or the terminal Exit (end).
@@ -148,6 +154,35 @@ func (cl *call) push(ev event) {
 	case cl.wake <- struct{}{}:
 	default:
 	}
+}
+
+// pushChunk queues a Chunk and reports whether its Ack is to go out now (an ahead stream with
+// room); otherwise, for an ahead stream, the Ack is owed until the handler makes room.
+func (cl *call) pushChunk(ev event) (ackNow bool) {
+	cl.mu.Lock()
+	cl.queue = append(cl.queue, ev)
+	if cl.ahead > 0 {
+		if ackNow = len(cl.queue) <= cl.ahead; !ackNow {
+			cl.owed = true
+		}
+	}
+	cl.mu.Unlock()
+	select {
+	case cl.wake <- struct{}{}:
+	default:
+	}
+	return ackNow
+}
+
+// payOwed reports whether an owed Ack may go out now that the handler took a chunk.
+func (cl *call) payOwed() bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.owed && len(cl.queue) <= cl.ahead {
+		cl.owed = false
+		return true
+	}
+	return false
 }
 
 func (cl *call) pop() (event, bool) {
@@ -247,7 +282,7 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cl, err := c.start(method, payload, false)
+	cl, err := c.start(method, payload, false, 0)
 	if err != nil {
 		return err
 	}
@@ -288,7 +323,18 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 // sending an Interrupt when ctx ends, onChunk's error (after an Interrupt) when
 // it fails, and an error wrapping ErrClosed when the socket goes away.
 func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk func(values []jx.Raw) error) error {
-	return c.stream(ctx, method, payload, false, func(ch Chunk) error { return onChunk(ch.Values) })
+	return c.stream(ctx, method, payload, false, 0, func(ch Chunk) error { return onChunk(ch.Values) })
+}
+
+// StreamAhead is Stream for a stream whose chunks hold nothing T3 must know applied before it
+// sends more (a thread's feed, unlike the shell stream, whose Ack follows durability): each
+// Chunk is acknowledged by the socket's read loop as soon as it is queued, while at most ahead
+// Chunks (≥ 1) wait for onChunk; beyond that the Ack waits until onChunk has taken one. So
+// T3's next Chunk is not held behind the handler's turn on a core — on a busy machine that
+// turn, not the handler's work, is most of an Ack's round trip — and what is read ahead is
+// bounded by ahead + 1 Chunks. The values are onChunk's to keep.
+func (c *Conn) StreamAhead(ctx context.Context, method string, payload any, ahead int, onChunk func(values []jx.Raw) error) error {
+	return c.stream(ctx, method, payload, false, max(ahead, 1), func(ch Chunk) error { return onChunk(ch.Values) })
 }
 
 // Chunk is one Chunk message of a stream.
@@ -306,14 +352,14 @@ type Chunk struct {
 // must copy it; one that decodes the values into its own types (the watcher) needs no copy, and
 // the read loop makes none (decodeChunk).
 func (c *Conn) StreamChunks(ctx context.Context, method string, payload any, onChunk func(Chunk) error) error {
-	return c.stream(ctx, method, payload, true, onChunk)
+	return c.stream(ctx, method, payload, true, 0, onChunk)
 }
 
-func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bool, onChunk func(Chunk) error) error {
+func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bool, ahead int, onChunk func(Chunk) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cl, err := c.start(method, payload, borrow)
+	cl, err := c.start(method, payload, borrow, ahead)
 	if err != nil {
 		return err
 	}
@@ -331,16 +377,21 @@ func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bo
 			c.abandon(cl)
 			return err
 		}
-		if c.isPending(cl.id) {
+		if (cl.ahead == 0 || cl.payOwed()) && c.isPending(cl.id) {
 			// A failed Ack means the socket is gone; next() then reports it.
-			_ = c.send(t3rpc.NewAckClientMessage(t3rpc.Ack{RequestId: t3rpc.NewStringRequestId(cl.id)}))
+			c.ack(cl)
 		}
 	}
 }
 
+// ack sends the Ack of cl's last Chunk.
+func (c *Conn) ack(cl *call) {
+	_ = c.send(t3rpc.NewAckClientMessage(t3rpc.Ack{RequestId: t3rpc.NewStringRequestId(cl.id)}))
+}
+
 // start registers a request and writes it. The request is registered first so
 // that a reply racing the write is never dropped.
-func (c *Conn) start(method string, payload any, borrow bool) (*call, error) {
+func (c *Conn) start(method string, payload any, borrow bool, ahead int) (*call, error) {
 	raw, err := encodePayload(payload)
 	if err != nil {
 		return nil, fmt.Errorf("effectrpc: %s: encode payload: %w", method, err)
@@ -353,7 +404,7 @@ func (c *Conn) start(method string, payload any, borrow bool) (*call, error) {
 	}
 	id := strconv.FormatUint(c.nextID, 10)
 	c.nextID++
-	cl := &call{id: id, method: method, borrow: borrow, wake: make(chan struct{}, 1)}
+	cl := &call{id: id, method: method, borrow: borrow, ahead: ahead, wake: make(chan struct{}, 1)}
 	c.pending[id] = cl
 	c.mu.Unlock()
 
@@ -594,12 +645,13 @@ func (c *Conn) handle(m inbound, read time.Time, fr *frame) {
 			c.log.Debug("effectrpc: Chunk for an unknown request", "id", ch.id)
 			return
 		}
-		if !cl.borrow {
-			cl.push(event{values: copyValues(ch.values), read: read})
-			return
+		ev := event{values: ch.values, frame: fr, read: read}
+		if cl.borrow {
+			fr.hold()
+		} else {
+			ev.values, ev.frame = copyValues(ch.values), nil
 		}
-		fr.hold()
-		cl.push(event{values: ch.values, frame: fr, read: read})
+		c.pushChunk(cl, ev)
 		return
 	}
 	if m.err != nil {
@@ -625,7 +677,7 @@ func (c *Conn) handle(m inbound, read time.Time, fr *frame) {
 			c.log.Debug("effectrpc: Chunk for an unknown request", "id", id)
 			return
 		}
-		cl.push(event{values: m.msg.Chunk.Values, read: read})
+		c.pushChunk(cl, event{values: m.msg.Chunk.Values, read: read})
 	case t3rpc.ExitServerMessage:
 		id := idKey(m.msg.Exit.RequestId)
 		cl := c.lookup(id, true)
@@ -655,6 +707,14 @@ func (c *Conn) handle(m inbound, read time.Time, fr *frame) {
 		for _, cl := range calls {
 			cl.push(event{end: true, err: &Error{Kind: KindProtocol, Method: cl.method, Message: msg}})
 		}
+	}
+}
+
+// pushChunk queues a Chunk for its stream; an ahead stream's Ack goes out from here, on the read
+// loop, when there is room (StreamAhead).
+func (c *Conn) pushChunk(cl *call, ev event) {
+	if cl.pushChunk(ev) {
+		c.ack(cl)
 	}
 }
 

@@ -859,3 +859,87 @@ func TestLentChunkValuesOutliveLaterFrames(t *testing.T) {
 		}
 	}
 }
+
+// StreamAhead acknowledges a Chunk as the read loop queues it, while the handler is still busy
+// with an earlier one, up to ahead Chunks waiting; the Ack of one beyond that waits until the
+// handler has taken one. The handler sees every Chunk in order.
+func TestStreamAheadAcksOnReceiptUpToItsBound(t *testing.T) {
+	sent3 := make(chan struct{})
+	ts := newServer(t, func(p *peer) {
+		var once sync.Once
+		defer once.Do(func() { close(sent3) }) // a script that failed early lets the test go on
+		s, ok := p.request()
+		if !ok {
+			return
+		}
+		id := s.ID.String
+		expectAck := func(what string) bool {
+			r, ok := p.recv()
+			if !ok {
+				return false
+			}
+			if !r.msg.IsAck() || idKey(r.msg.Ack.RequestId) != id {
+				t.Errorf("%s: want the stream's Ack, got %s", what, r.raw)
+				return false
+			}
+			return true
+		}
+		// Chunk 1 is in the handler, which does not return: its Ack comes all the same.
+		p.send(chunk(id, "1"))
+		if !expectAck("chunk 1, handler busy with it") {
+			return
+		}
+		// Chunk 2 waits alone: acknowledged too.
+		p.send(chunk(id, "2"))
+		if !expectAck("chunk 2, one waiting") {
+			return
+		}
+		// Chunk 3 would be the second waiting: no Ack yet.
+		p.send(chunk(id, "3"))
+		once.Do(func() { close(sent3) })
+		// Two probes: the first one's Exit follows chunk 3 on the socket, so when the client
+		// sends the second, its read loop has queued chunk 3; an Ack for it would come first.
+		for _, want := range []string{"test.probe1", "test.probe2"} {
+			r, ok := p.recv()
+			if !ok {
+				return
+			}
+			if !r.msg.IsRequest() || r.msg.Request.Method != want {
+				t.Errorf("with two chunks waiting: want the %s Request, got %s", want, r.raw)
+				return
+			}
+			p.send(exitOK(idKey(r.msg.Request.ID), "{}"))
+		}
+		// The handler is released: chunk 2 taken, chunk 3's owed Ack goes out.
+		if !expectAck("chunk 3, after the handler took chunk 2") {
+			return
+		}
+		p.send(exitOK(id, ""))
+	})
+	c := dial(t, ts, Options{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) })
+	var got []string
+	done := make(chan error, 1)
+	go func() {
+		done <- c.StreamAhead(tctx(t), "test.stream", nil, 1, func(values []jx.Raw) error {
+			got = append(got, string(values[0]))
+			<-release
+			return nil
+		})
+	}()
+	<-sent3
+	for _, probe := range []string{"test.probe1", "test.probe2"} {
+		if err := c.Call(tctx(t), probe, nil, nil); err != nil {
+			t.Fatalf("%s: %v", probe, err)
+		}
+	}
+	releaseOnce.Do(func() { close(release) })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "1,2,3" {
+		t.Fatalf("handler saw %v, want 1,2,3", got)
+	}
+}

@@ -97,7 +97,7 @@ type testServer struct {
 	pinged chan struct{}
 }
 
-func newServer(t *testing.T, script func(p *peer)) *testServer {
+func newServer(t testing.TB, script func(p *peer)) *testServer {
 	t.Helper()
 	ts := &testServer{pinged: make(chan struct{}, 64)}
 	ts.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -140,7 +140,7 @@ type received struct {
 }
 
 type peer struct {
-	t      *testing.T
+	t      testing.TB
 	ws     *websocket.Conn
 	srv    *testServer
 	in     chan received

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,24 +45,20 @@ func abandonedCalls(next http.Handler, maxBody int64) http.Handler {
 		}
 		// What the cancels carry, taken before the SDK has the request.
 		header, host := r.Header.Clone(), r.Host
-		answered := make(chan struct{})
+		// The connection closed while the call ran (the server cancels a request's context
+		// only then, before the handler returns): the cancels run on a goroutine of their own,
+		// started only then — a call answered in time starts none.
 		gone := make(chan struct{})
-		go func() {
+		stop := context.AfterFunc(r.Context(), func() {
 			defer close(gone)
-			select {
-			case <-answered:
-			case <-r.Context().Done():
-				// The connection closed while the call ran (the server
-				// cancels a request's context only then, before the
-				// handler returns).
-				for _, id := range ids {
-					cancelCall(next, header, host, id)
-				}
+			for _, id := range ids {
+				cancelCall(next, header, host, id)
 			}
-		}()
+		})
 		next.ServeHTTP(w, r)
-		close(answered)
-		<-gone
+		if !stop() {
+			<-gone // the cancels began: they are done before the request is
+		}
 	})
 }
 

@@ -46,6 +46,11 @@ type Dial func(ctx context.Context) (*effectrpc.Conn, error)
 // snapshot: the runs a wait result shows (tools: three).
 const keepRuns = 3
 
+// readAhead is how many of a feed's chunks may wait for it, acknowledged, while it applies
+// one (effectrpc.StreamAhead): T3 sends the next chunk without waiting for the feed's turn on a
+// core, and a feed busy with a snapshot holds at most this many more.
+const readAhead = 2
+
 // errEnded is a feed's error when T3 ended its stream without a failure.
 var errEnded = errors.New("T3 ended the thread subscription")
 
@@ -102,7 +107,9 @@ func (f *Feed) run(ctx context.Context, dial Dial) {
 		if cursor, ok := f.resumeAt(); ok {
 			in.AfterSequence = t3rpc.NewOptInt64(cursor)
 		}
-		err = conn.Stream(ctx, "orchestration.subscribeThread", &in, f.applyChunk)
+		// Acknowledged as read (a feed holds nothing durable): T3's next chunk — the one
+		// that may settle the waited run — is not held behind this goroutine's turn on a core.
+		err = conn.StreamAhead(ctx, "orchestration.subscribeThread", &in, readAhead, f.applyChunk)
 		if ctx.Err() == nil && errors.Is(err, effectrpc.ErrClosed) {
 			lost = conn
 			continue

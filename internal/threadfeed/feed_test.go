@@ -268,27 +268,8 @@ func TestFakeStreamRendersAsTheBoundedRead(t *testing.T) {
 // gives the projection at once when it shows what is asked, a copy the feed's next chunks do not
 // change; before that, and once the feed has stopped, it says no without waiting.
 func TestReadyAnswersOnlyOnceTheFeedShowsIt(t *testing.T) {
-	r := newRig(t, t3fake.Options{ManualSteps: true})
-	pid := r.fake.AddProject("api", "/srv/api")
-	tid := r.fake.AddThread(pid, "ready", "idle")
-	run, err := r.fake.StartRun(tid, "write the docs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := NewPool(10)
-	f, release, ok := pool.Acquire("mac", tid, r.dial)
-	if !ok {
-		t.Fatal("no feed")
-	}
-	defer func() { release(); pool.Wait() }()
-	completed := func(p *t3api.ThreadProjection) bool {
-		for i := range p.Runs {
-			if p.Runs[i].ID == run && p.Runs[i].Status == "completed" {
-				return true
-			}
-		}
-		return false
-	}
+	r, f, tid, run := runFeed(t)
+	completed := runCompleted(run)
 	eventually(t, "the feed's snapshot", func() bool { return now(t, f).Projection != nil })
 	if _, ok := f.Ready(completed); ok {
 		t.Fatal("Ready answered before the run completed")
@@ -296,6 +277,7 @@ func TestReadyAnswersOnlyOnceTheFeedShowsIt(t *testing.T) {
 	r.fake.StepAll()
 	var st State
 	eventually(t, "the feed to show the run completed", func() bool {
+		var ok bool
 		st, ok = f.Ready(completed)
 		return ok
 	})
@@ -314,5 +296,74 @@ func TestReadyAnswersOnlyOnceTheFeedShowsIt(t *testing.T) {
 	f.fail(errEnded)
 	if _, ok := f.Ready(func(*t3api.ThreadProjection) bool { return true }); ok {
 		t.Fatal("a stopped feed answered")
+	}
+}
+
+// TestFeedAcknowledgesChunksItHasNotAppliedYet: a feed's chunks hold nothing durable, so the
+// socket's read loop acknowledges each as it queues it (effectrpc.StreamAhead) and T3 sends the
+// thread's next chunk — the one that may settle a waited run — while the feed is still busy
+// (here: its lock held, as a feed waiting for a core would hold the chunk). Once the feed goes
+// on, it applies what came meanwhile.
+func TestFeedAcknowledgesChunksItHasNotAppliedYet(t *testing.T) {
+	r, f, _, run := runFeed(t)
+	settled := func() bool {
+		st := r.fake.Stats()
+		return st.ChunksSent > 0 && st.AcksReceived == st.ChunksSent
+	}
+	eventually(t, "the feed's snapshot, acknowledged", func() bool { return now(t, f).Projection != nil && settled() })
+	before := r.fake.Stats().ChunksSent
+
+	f.mu.Lock() // the feed cannot apply anything now
+	locked := true
+	defer func() {
+		if locked {
+			f.mu.Unlock()
+		}
+	}()
+	if !r.fake.Step() {
+		t.Fatal("no step")
+	}
+	eventually(t, "the step's chunk sent and acknowledged while the feed cannot apply it", func() bool {
+		return r.fake.Stats().ChunksSent > before && settled()
+	})
+	f.mu.Unlock()
+	locked = false
+
+	r.fake.StepAll()
+	eventually(t, "the feed to show the run completed", func() bool {
+		_, ok := f.Ready(runCompleted(run))
+		return ok
+	})
+}
+
+// runFeed is a thread with a run started on a fake machine, and a feed of it, released (and
+// its stream ended) when the test ends.
+func runFeed(t *testing.T) (r *rig, f *Feed, thread, run string) {
+	t.Helper()
+	r = newRig(t, t3fake.Options{ManualSteps: true})
+	pid := r.fake.AddProject("api", "/srv/api")
+	thread = r.fake.AddThread(pid, "feed", "idle")
+	run, err := r.fake.StartRun(thread, "write the docs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := NewPool(10)
+	f, release, ok := pool.Acquire("mac", thread, r.dial)
+	if !ok {
+		t.Fatal("no feed")
+	}
+	t.Cleanup(func() { release(); pool.Wait() })
+	return r, f, thread, run
+}
+
+// runCompleted says whether a projection shows run completed.
+func runCompleted(run string) func(*t3api.ThreadProjection) bool {
+	return func(p *t3api.ThreadProjection) bool {
+		for i := range p.Runs {
+			if p.Runs[i].ID == run && p.Runs[i].Status == "completed" {
+				return true
+			}
+		}
+		return false
 	}
 }
