@@ -292,3 +292,33 @@ func BenchmarkShellRow(b *testing.B) {
 	}
 	b.SetBytes(int64(len(s.log[len(s.log)-1].shell)))
 }
+
+// BenchmarkPromptFacts is a run's look-up of its prompt's facts (script, excerpt), twice per
+// default-script run: same, one prompt string every time (a driver's; remembered since 12-02);
+// alternating, two prompts in turn, each a look-up in the map by the prompt's bytes (every
+// look-up before 12-02).
+func BenchmarkPromptFacts(b *testing.B) {
+	s, err := New(Options{ManualSteps: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	hang := "Hang on: " + loadPrompt
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b.Run("same", func(b *testing.B) {
+		for b.Loop() {
+			_ = s.facts(loadPrompt)
+		}
+	})
+	b.Run("alternating", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			if i++; i%2 == 0 {
+				_ = s.facts(loadPrompt)
+			} else {
+				_ = s.facts(hang)
+			}
+		}
+	})
+}

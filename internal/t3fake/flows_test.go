@@ -695,6 +695,26 @@ func TestScriptChoice(t *testing.T) {
 	}
 }
 
+// TestPromptFactsFollowThePrompt: the server's facts of a prompt (its script, its excerpt) are
+// that prompt's whatever came before: the same prompt again, another, an equal prompt in another
+// string, and the empty prompt first.
+func TestPromptFactsFollowThePrompt(t *testing.T) {
+	s := StartT(t, Options{ManualSteps: true})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	long := "Fix the flaky test in the payment service: the retry loop asserts before the ledger has settled"
+	for i, prompt := range []string{"", "hello", "hello", "Work FOREVER", "hello", "failing test", "failing test",
+		string([]byte("Work FOREVER")), long, long, "", "Ask me a Question"} {
+		f := s.facts(prompt)
+		if want := chooseScript(prompt); f.kind != want {
+			t.Errorf("call %d: facts(%q) say script %v, want %v", i, prompt, f.kind, want)
+		}
+		if want := excerpt(prompt, 60); f.excerpt != want {
+			t.Errorf("call %d: facts(%q) excerpt %q, want %q", i, prompt, f.excerpt, want)
+		}
+	}
+}
+
 func TestRetentionBounds(t *testing.T) {
 	s := StartT(t, Options{ManualSteps: true, KeepRuns: 2})
 	pid := s.AddProject("api", "/srv/api")

@@ -95,14 +95,18 @@ const maxPromptFacts = 256
 // facts returns prompt's facts, remembered: splitting a 200-character prompt into words for
 // every run was a visible part of the fake's cost under load. Callers hold Server.mu.
 func (s *Server) facts(prompt string) promptFacts {
-	if f, ok := s.prompts[prompt]; ok {
-		return f
+	if prompt == s.lastPrompt && prompt != "" {
+		return s.lastFacts
 	}
-	f := promptFacts{kind: chooseScript(prompt), excerpt: excerpt(prompt, 60)}
-	if len(s.prompts) >= maxPromptFacts {
-		clear(s.prompts)
+	f, ok := s.prompts[prompt]
+	if !ok {
+		f = promptFacts{kind: chooseScript(prompt), excerpt: excerpt(prompt, 60)}
+		if len(s.prompts) >= maxPromptFacts {
+			clear(s.prompts)
+		}
+		s.prompts[prompt] = f
 	}
-	s.prompts[prompt] = f
+	s.lastPrompt, s.lastFacts = prompt, f
 	return f
 }
 

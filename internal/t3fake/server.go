@@ -115,7 +115,12 @@ type Server struct {
 	tsMilli int64
 	tsText  string
 	prompts map[string]promptFacts // facts' cache. Guarded by mu.
-	slab    slab                   // bytes of shell items. Guarded by mu.
+	// The prompt facts last returned, and its prompt: a driver starts its runs with one prompt
+	// string, which compares equal by its pointer without hashing its 200 bytes. Guarded by mu.
+	lastPrompt string
+	lastFacts  promptFacts
+
+	slab slab // bytes of shell items. Guarded by mu.
 	// Row caches (rows.go): the spare one encodes idle threads' rows; freeRows are those no
 	// thread holds. Guarded by mu.
 	spareRows rowCache
