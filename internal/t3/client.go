@@ -431,8 +431,9 @@ func (c *Client) threadBounded(ctx context.Context, threadID string, keep *Keep)
 type Recent struct {
 	Projection *t3api.ThreadProjection
 	// Bounded is true when it came from /bounded: every run, request and
-	// checkpoint, but only the newest timeline rows; HasMoreHistory says
-	// whether older rows were left out.
+	// checkpoint, but only the newest timeline rows and the messages they or
+	// the latest and active runs name; HasMoreHistory says whether older
+	// rows were left out.
 	Bounded        bool
 	HasMoreHistory bool
 	// RunCount is how many runs the thread has: more than Projection.Runs

@@ -14,11 +14,13 @@ import (
 )
 
 // Keep says which part of a bounded thread read (GET …/threads/{id}/bounded)
-// a caller needs. T3's bounded body windows only the timeline rows: it
-// carries every run, message, checkpoint and runtime request of the thread,
-// so it grows with the thread's history (1.6 MiB at 5,000 turn items, 16 MiB
-// at 50,000). A read with a Keep decodes only the runs the caller names and
-// what belongs to them; the rest is skipped without being decoded.
+// a caller needs. T3's bounded body windows the timeline rows (the newest ten
+// user turns, at most 75 rows) and the messages (those the window names, the
+// latest and active runs'), but carries every run, attempt, node, checkpoint
+// and runtime request of the thread, so it grows with the thread's runs
+// (1.7 MiB at 5,000 turn items of 1,000 runs, 16 MiB at 50,000: ≈ 1.7 kB a
+// run). A read with a Keep decodes only the runs the caller names and what
+// belongs to them; the rest is skipped without being decoded.
 //
 // What is kept: the newest Runs runs by ordinal, the runs named in RunIDs,
 // the runs T3 made of the user messages in MessageIDs; the messages,
