@@ -12,17 +12,11 @@ import (
 // disk, while a hundred machines' watchers share the fsyncs instead of queueing
 // for one each.
 //
-// There is one writer at a time. A Commit that finds no commit running writes
-// the next transaction itself, on its own goroutine: it takes every pending batch
-// (its own among them, and of the outbox's records, while batches wait, a bounded
-// share: recordShare), writes them and releases their callers. Whatever arrived
-// meanwhile is written by a goroutine it starts, which goes on while batches keep
-// arriving and then ends, so nothing runs while nothing is written.
-//
-// The Commit that finds the group idle writes itself instead of handing its batch
-// to a new writer goroutine and waiting to be handed the answer back: on a loaded
-// machine each of those two hand-offs waited for a core (p50 1-10 ms, p99 20-110
-// ms at load 5-7, docs/benchmarks.md), and that chunk's Ack waited for both.
+// There is one writer at a time: the goroutine that finds no commit running
+// becomes the writer, takes every pending batch (and of the outbox's records, while
+// batches wait, a bounded share: recordShare), writes them, releases their
+// callers and goes on while batches keep arriving; it then ends, so nothing
+// runs while nothing is written.
 type Group struct {
 	s Store
 
@@ -78,11 +72,7 @@ func (g *Group) Commit(b Batch) error {
 		return err
 	}
 	r := &groupReq{b: b, done: make(chan error, 1)}
-	if g.enqueue(r) {
-		// The writer now: r is in this turn's transaction (a turn takes every batch pending).
-		g.turn()
-		g.handOff()
-	}
+	g.enqueue(r)
 	return <-r.done
 }
 
@@ -125,9 +115,7 @@ func (g *Group) Record(ops []Op) ([]error, error) {
 	for i := 0; i == 0 || i < len(ops); i += recordPart {
 		parts = append(parts, &groupReq{ops: ops[i:min(i+recordPart, len(ops))], done: make(chan error, 1)})
 	}
-	if g.enqueue(parts...) {
-		go g.write()
-	}
+	g.enqueue(parts...)
 	errs := make([]error, 0, len(ops))
 	var failed error
 	for _, r := range parts {
@@ -169,9 +157,7 @@ func recordShare(events int) int {
 	return max(recordBudget, 2*events)
 }
 
-// enqueue queues rs and reports whether the caller is the writer now (no commit was running):
-// it must then write (turn, write) until the pending requests are written or handed off.
-func (g *Group) enqueue(rs ...*groupReq) (writer bool) {
+func (g *Group) enqueue(rs ...*groupReq) {
 	if g.m != nil {
 		now := time.Now()
 		for _, r := range rs {
@@ -179,25 +165,12 @@ func (g *Group) enqueue(rs ...*groupReq) (writer bool) {
 		}
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.pending = append(g.pending, rs...)
-	if g.writing {
-		return false
+	if !g.writing {
+		g.writing = true
+		go g.write()
 	}
-	g.writing = true
-	return true
-}
-
-// handOff ends a writer's turn: what arrived meanwhile is written by a writer goroutine, and
-// with nothing pending there is no writer.
-func (g *Group) handOff() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.pending) == 0 {
-		g.writing = false
-		return
-	}
-	go g.write()
+	g.mu.Unlock()
 }
 
 // Detector returns the detector state stored under key.
@@ -211,72 +184,65 @@ func (g *Group) Stats() (txs, batches uint64) {
 	return g.txs, g.batches
 }
 
-// write is the writer goroutine: it writes transactions while requests are pending.
 func (g *Group) write() {
-	for g.turn() {
-	}
-}
-
-// turn writes one transaction of the pending requests and answers their callers; it reports
-// false, and the group has no writer any more, when nothing was pending.
-func (g *Group) turn() bool {
-	g.mu.Lock()
-	reqs := g.takeLocked()
-	if len(reqs) == 0 {
-		g.writing = false
-		g.mu.Unlock()
-		return false
-	}
-	g.txs++
-	g.batches += uint64(len(reqs))
-	g.mu.Unlock()
-
-	bs := make([]Batch, 0, len(reqs))
-	var ops []Op
-	hasOps := false
-	for _, r := range reqs {
-		if r.ops != nil {
-			ops = append(ops, r.ops...)
-			hasOps = true
-		} else {
-			bs = append(bs, r.b)
+	for {
+		g.mu.Lock()
+		reqs := g.takeLocked()
+		if len(reqs) == 0 {
+			g.writing = false
+			g.mu.Unlock()
+			return
 		}
-	}
-	var err error
-	var errs []error
-	start := time.Now()
-	g.m.started(reqs, start)
-	if hasOps || g.durable != nil {
-		errs, err = g.commitReporting(bs, ops)
-	} else {
-		err = g.s.CommitBatches(bs)
-	}
-	g.m.committed(start)
-	if err != nil && len(reqs) > 1 {
-		// One batch (or the disk) failed the group: write each alone, so
-		// every caller gets its own answer.
+		g.txs++
+		g.batches += uint64(len(reqs))
+		g.mu.Unlock()
+
+		bs := make([]Batch, 0, len(reqs))
+		var ops []Op
+		hasOps := false
 		for _, r := range reqs {
 			if r.ops != nil {
-				r.errs, err = g.s.Record(r.ops)
-				r.done <- err
-				continue
+				ops = append(ops, r.ops...)
+				hasOps = true
+			} else {
+				bs = append(bs, r.b)
 			}
-			if g.durable != nil {
-				_, err = g.commitReporting([]Batch{r.b}, nil)
-				r.done <- err
-				continue
+		}
+		var err error
+		var errs []error
+		start := time.Now()
+		g.m.started(reqs, start)
+		if hasOps || g.durable != nil {
+			errs, err = g.commitReporting(bs, ops)
+		} else {
+			err = g.s.CommitBatches(bs)
+		}
+		g.m.committed(start)
+		if err != nil && len(reqs) > 1 {
+			// One batch (or the disk) failed the group: write each alone, so
+			// every caller gets its own answer.
+			for _, r := range reqs {
+				if r.ops != nil {
+					r.errs, err = g.s.Record(r.ops)
+					r.done <- err
+					continue
+				}
+				if g.durable != nil {
+					_, err = g.commitReporting([]Batch{r.b}, nil)
+					r.done <- err
+					continue
+				}
+				r.done <- g.s.Commit(r.b)
 			}
-			r.done <- g.s.Commit(r.b)
+			continue
 		}
-		return true
-	}
-	for _, r := range reqs {
-		if r.ops != nil && err == nil {
-			r.errs, errs = errs[:len(r.ops):len(r.ops)], errs[len(r.ops):]
+		for _, r := range reqs {
+			if r.ops != nil && err == nil {
+				r.errs, errs = errs[:len(r.ops):len(r.ops)], errs[len(r.ops):]
+			}
+			r.done <- err
 		}
-		r.done <- err
 	}
-	return true
 }
 
 // commitReporting writes bs and ops in one transaction of the OpsCommitter and, once it is

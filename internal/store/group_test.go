@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
-	"go.uber.org/goleak"
 )
 
 // TestGroupFailsABatchAlone: batches waiting for the same commit are written in one
@@ -287,109 +286,4 @@ func recordBesideBatch(t *testing.T, s *Bolt, g *Group, ops []Op, batch []Event)
 		t.Fatal(err)
 	}
 	return <-rec
-}
-
-// stackLog is a store whose group transactions note whether they ran beneath Group.Commit (on
-// the committer's own goroutine) or beneath Group.write (the writer goroutine).
-type stackLog struct {
-	*Bolt
-	mu       sync.Mutex
-	byCaller int
-	byWriter int
-	// hold, when set, is waited for inside the first transaction (batches queue meanwhile).
-	hold chan struct{}
-	in   chan struct{}
-}
-
-func (l *stackLog) CommitBatches(bs []Batch) error {
-	pcs := make([]uintptr, 64)
-	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
-	caller := false
-	for {
-		f, more := frames.Next()
-		if strings.HasSuffix(f.Function, "store.(*Group).Commit") {
-			caller = true
-		}
-		if !more {
-			break
-		}
-	}
-	l.mu.Lock()
-	if caller {
-		l.byCaller++
-	} else {
-		l.byWriter++
-	}
-	hold := l.hold
-	l.hold = nil
-	l.mu.Unlock()
-	if hold != nil {
-		close(l.in)
-		<-hold
-	}
-	return l.Bolt.CommitBatches(bs)
-}
-
-// TestIdleGroupCommitsOnTheCallersGoroutine: a Commit that finds no commit running writes its
-// transaction itself (no hand-off to a writer goroutine and back, each a wait for a core on a
-// loaded machine); the batches that queued meanwhile are written together by a writer goroutine,
-// which ends once nothing is pending.
-func TestIdleGroupCommitsOnTheCallersGoroutine(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	s := open(t, t.TempDir())
-	release := make(chan struct{})
-	l := &stackLog{Bolt: s, hold: release, in: make(chan struct{})}
-	g := NewGroup(l) // not an OpsCommitter: CommitBatches
-
-	first := make(chan error, 1)
-	go func() { first <- g.Commit(Batch{Events: []Event{ev("i1", "a")}}) }()
-	<-l.in // the first transaction is running, on its committer's goroutine
-	const n = 3
-	rest := make(chan error, n)
-	for i := range n {
-		go func() { rest <- g.Commit(Batch{Events: []Event{ev(fmt.Sprintf("i%d", i+2), "b")}}) }()
-	}
-	waitPending(g, n)
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	for range n {
-		if err := <-rest; err != nil {
-			t.Fatal(err)
-		}
-	}
-	l.mu.Lock()
-	byCaller, byWriter := l.byCaller, l.byWriter
-	l.mu.Unlock()
-	if byCaller != 1 || byWriter != 1 {
-		t.Fatalf("transactions: %d on a committer's goroutine, %d on the writer's; want 1 and 1 (the idle group's first, then the three queued together)", byCaller, byWriter)
-	}
-	if txs, batches := g.Stats(); txs != 2 || batches != n+1 {
-		t.Fatalf("Stats = %d transactions, %d batches; want 2, %d", txs, batches, n+1)
-	}
-	for i := range n + 1 {
-		if _, err := s.Get(fmt.Sprintf("i%d", i+1)); err != nil {
-			t.Fatalf("i%d not stored: %v", i+1, err)
-		}
-	}
-	// Idle again (the writer goroutine has found nothing pending): the next Commit writes on its
-	// own goroutine.
-	for {
-		g.mu.Lock()
-		writing := g.writing
-		g.mu.Unlock()
-		if !writing {
-			break
-		}
-		runtime.Gosched()
-	}
-	if err := g.Commit(Batch{Events: []Event{ev("i9", "c")}}); err != nil {
-		t.Fatal(err)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.byCaller != 2 {
-		t.Fatalf("a Commit to an idle group was handed to a writer goroutine (%d on a committer's)", l.byCaller)
-	}
 }
