@@ -166,3 +166,52 @@ func encodedLen(scratch *jx.Encoder, it *t3rpc.TurnItem) int {
 	it.Encode(scratch)
 	return len(scratch.Bytes())
 }
+
+// encodeBoundedFields writes the fields of T3's bounded answer for th at snapshot sequence seq:
+// the body of GET /bounded and, after its kind, a subscribeThread snapshot with
+// acceptBoundedSnapshot (T3's buildBoundedThreadStreamSnapshot, checked by T3's own test against
+// buildBoundedThreadProjection: the same window and history fields). The caller holds th.mu or
+// Server.mu (every change holds both).
+func (s *Server) encodeBoundedFields(e *jx.Encoder, th *thread, seq int64) {
+	rows := boundedRows // T3's window; a test's Options.HistoryPage makes it smaller
+	if s.opts.HistoryPage > 0 {
+		rows = s.opts.HistoryPage
+	}
+	scratch := encoders.Get().(*jx.Encoder)
+	defer func() {
+		scratch.Reset()
+		encoders.Put(scratch)
+	}()
+	e.FieldStart("snapshotSequence")
+	e.Int64(seq)
+	e.FieldStart("projection")
+	ans := encodeBounded(e, scratch, th, rows, s.opts.ControlPlane)
+	e.FieldStart("historyCursor")
+	if ans.windowStart > 0 { // older items than the window's: the history pages hold them
+		e.Str(historyCursor(th.items[ans.windowStart].Ordinal))
+	} else {
+		e.Null()
+	}
+	e.FieldStart("hasMoreHistory")
+	e.Bool(ans.windowStart > 0)
+	e.FieldStart("latestLocalTurnOrdinal")
+	if ans.hasItems {
+		e.Int64(ans.latestOrdinal)
+	} else {
+		e.Null()
+	}
+	e.FieldStart("payloadBudgetExceeded")
+	e.Bool(ans.budgetExceeded)
+}
+
+// boundedSnapshotItem is the thread stream's snapshot item for a subscribeThread with
+// acceptBoundedSnapshot at the head. Callers hold Server.mu.
+func (s *Server) boundedSnapshotItem(th *thread) jx.Raw {
+	return withEncoder(func(e *jx.Encoder) {
+		e.ObjStart()
+		e.FieldStart("kind")
+		e.Str("snapshot")
+		s.encodeBoundedFields(e, th, s.head)
+		e.ObjEnd()
+	})
+}

@@ -92,7 +92,8 @@
 //     T3 builds it (bounded.go): a window of the newest ten user turns, at most 75 items
 //     (Options.HistoryPage when set) within a 1 MiB budget, in turnItems and visibleTurnItems,
 //     messages only those the window or the latest and active runs need, runs, requests and
-//     checkpoints whole, with a history cursor for the older items;
+//     checkpoints whole, with a history cursor for the older items; a subscribeThread snapshot
+//     with acceptBoundedSnapshot is the same answer;
 //   - memory stays bounded under load: a thread keeps its newest Options.KeepRuns runs (older
 //     finished runs leave its projection) and the newest 100,000 commandIds are remembered;
 //   - POST /api/projects/mutate knows project.create only;

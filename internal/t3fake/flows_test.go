@@ -2,6 +2,7 @@ package t3fake
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -886,8 +887,9 @@ func TestStreamsSettledAfterReconnect(t *testing.T) {
 	}
 }
 
-// TestThreadSubscriptionSwitches: subscribeThread with acceptBoundedSnapshot sends the newest
-// page of timeline rows (as /bounded) and every run; without it the whole projection.
+// TestThreadSubscriptionSwitches: subscribeThread with acceptBoundedSnapshot sends T3's bounded
+// answer (the window of timeline rows, every run, the history fields: as /bounded); without it
+// the whole projection.
 // FailThreadSubscriptions fails new subscriptions; StallThreadStreams holds thread chunks back
 // while the shell stream goes on; Stats counts the open thread streams.
 func TestThreadSubscriptionSwitches(t *testing.T) {
@@ -912,6 +914,11 @@ func TestThreadSubscriptionSwitches(t *testing.T) {
 	runs := func(m map[string]any) int { return len(path(m, "projection", "runs").([]any)) }
 	if items(bounded) != 2 || items(whole) <= 2 || runs(bounded) != 2 || runs(whole) != 2 {
 		t.Fatalf("bounded snapshot: %d items, %d runs; whole: %d items, %d runs", items(bounded), runs(bounded), items(whole), runs(whole))
+	}
+	// The bounded snapshot is T3's bounded answer, as /bounded gives it at the same head.
+	b := asMap(t, []byte(doHTTP(t, nil, "GET", s.URL()+"/api/orchestration/threads/"+tid+"/bounded", bearer(s.Token()), "").body))
+	if delete(bounded, "kind"); !reflect.DeepEqual(bounded, b) || b["hasMoreHistory"] != true {
+		t.Errorf("bounded snapshot %v\nis not /bounded's answer %v", bounded, b)
 	}
 	if n := s.Stats().ThreadStreams; n != 2 {
 		t.Fatalf("ThreadStreams %d, want 2", n)

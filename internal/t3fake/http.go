@@ -339,41 +339,15 @@ func (s *Server) handleBounded(w http.ResponseWriter, r *http.Request) {
 		threadNotFound(w)
 		return
 	}
-	rows := boundedRows // T3's window; a test's Options.HistoryPage makes it smaller
-	if s.opts.HistoryPage > 0 {
-		rows = s.opts.HistoryPage
-	}
 	// t3api.BoundedThreadSnapshot's fields in its order, the projection built as T3 builds it
 	// (encodeBounded), encoded under the thread's lock straight from its records (see
 	// handleThread).
 	e := bodyEncoders.Get().(*jx.Encoder)
 	e.Reset()
-	scratch := encoders.Get().(*jx.Encoder)
 	e.ObjStart()
-	e.FieldStart("snapshotSequence")
-	e.Int64(s.headPub.Load())
-	e.FieldStart("projection")
-	ans := encodeBounded(e, scratch, th, rows, s.opts.ControlPlane)
-	e.FieldStart("historyCursor")
-	if ans.windowStart > 0 { // older items than the window's: the history pages hold them
-		e.Str(historyCursor(th.items[ans.windowStart].Ordinal))
-	} else {
-		e.Null()
-	}
-	e.FieldStart("hasMoreHistory")
-	e.Bool(ans.windowStart > 0)
-	e.FieldStart("latestLocalTurnOrdinal")
-	if ans.hasItems {
-		e.Int64(ans.latestOrdinal)
-	} else {
-		e.Null()
-	}
-	e.FieldStart("payloadBudgetExceeded")
-	e.Bool(ans.budgetExceeded)
+	s.encodeBoundedFields(e, th, s.headPub.Load())
 	e.ObjEnd()
 	th.mu.Unlock()
-	scratch.Reset()
-	encoders.Put(scratch)
 	writeBody(w, http.StatusOK, e)
 }
 

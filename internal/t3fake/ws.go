@@ -355,14 +355,15 @@ func (c *conn) subscribeThread(id t3rpc.RequestId, payload jx.Raw) {
 			}
 		}
 	} else {
-		// acceptBoundedSnapshot: the newest page of timeline rows, as /bounded answers (T3 adds
-		// the history fields of a bounded snapshot; nothing reads them from the stream).
-		p := s.projection(th)
+		// acceptBoundedSnapshot: T3's bounded answer, as /bounded (boundedSnapshotItem).
+		var raw jx.Raw
 		if in.AcceptBoundedSnapshot.Or(false) {
-			p = s.projectionTail(th, s.historyPage)
+			raw = s.boundedSnapshotItem(th)
+		} else {
+			item := t3rpc.ThreadStreamItem{Kind: "snapshot", SnapshotSequence: optI64(s.head), Projection: t3rpc.NewOptThreadProjection(s.projection(th))}
+			raw = encode(&item)
 		}
-		item := t3rpc.ThreadStreamItem{Kind: "snapshot", SnapshotSequence: optI64(s.head), Projection: t3rpc.NewOptThreadProjection(p)}
-		first = append(first, queued{raw: encode(&item), kind: "thread:snapshot", seq: s.head, alone: true})
+		first = append(first, queued{raw: raw, kind: "thread:snapshot", seq: s.head, alone: true})
 	}
 	if in.RequestCompletionMarker.Or(false) {
 		first = append(first, queued{raw: threadSyncRaw, kind: "thread:synchronized"})
