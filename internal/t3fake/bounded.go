@@ -1,6 +1,8 @@
 package t3fake
 
 import (
+	"slices"
+
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
@@ -14,13 +16,20 @@ import (
 // (runs, attempts, nodes, runtime requests, checkpoints) stays whole, so the answer still grows
 // with the thread's runs.
 const (
-	// boundedUserTurns: the window holds at most this many user turns (user_message items) …
+	// boundedUserTurns: a timeline with turn starts (user_message items) is windowed by turns
+	// only: the newest this many user turns, whatever their items or bytes (T3's
+	// selectOlderTimelinePage applies no item or byte budget then: "tool activity must not split
+	// an ordinary conversation turn") …
 	boundedUserTurns = 10
-	// boundedRows: … and at most this many items (Options.HistoryPage overrides it for tests).
+	// … within the hard bounds of the store's window query (THREAD_HISTORY_MAX_WINDOW_ROWS and
+	// _BYTES), which only a single oversized turn reaches.
+	boundedWindowRows  = 1_500
+	boundedWindowBytes = 4 << 20
+	// boundedRows: a timeline without turn starts is windowed by items: at most this many …
 	boundedRows = 75
-	// boundedBudget is the payload budget: the window's items fit in it, less the bytes of the
-	// items kept outside the window (the control items: interrupt requests, pending requests);
-	// a projection larger than it is flagged payloadBudgetExceeded.
+	// boundedBudget: … whose bytes fit in the payload budget less the rest of the answer (the
+	// control plane's bytes and the control items' kept outside the window, plus 1,024). A
+	// projection larger than it is flagged payloadBudgetExceeded.
 	boundedBudget = 1 << 20
 )
 
@@ -35,11 +44,22 @@ type boundedAnswer struct {
 	budgetExceeded bool
 }
 
-// boundedWindow is the index of the oldest item of the recent window of items: newest first, at
-// most rows items and boundedUserTurns user turns whose encoded sizes (size) add up to at most
-// budget. The newest item is always in it (T3 may send none when the budget is spent; the fake
-// errs on the side of answering more).
+// boundedWindow is the index of the oldest item of the recent window of items, newest first, as
+// T3's selectOlderTimelinePage picks it. With a user_message among the items (a turn start; the
+// fake's user messages all start a user's turn), the window is the newest boundedUserTurns turns,
+// bounded only by the store window's hard bounds (boundedWindowRows, boundedWindowBytes) and by
+// rows when rows > 0. Without one, it is at most rows items (boundedRows when rows <= 0) whose
+// sizes (size) add up to at most budget. The newest item is always in it.
 func boundedWindow(items []*t3rpc.TurnItem, rows, budget int, size func(*t3rpc.TurnItem) int) int {
+	turnMode := slices.ContainsFunc(items, func(it *t3rpc.TurnItem) bool { return it.Type == "user_message" })
+	switch {
+	case turnMode && rows > 0:
+		rows, budget = min(rows, boundedWindowRows), boundedWindowBytes
+	case turnMode:
+		rows, budget = boundedWindowRows, boundedWindowBytes
+	case rows <= 0:
+		rows = boundedRows
+	}
 	start, turns, used := len(items), 0, 0
 	for start > 0 && len(items)-start < rows && turns < boundedUserTurns {
 		it := items[start-1]
@@ -97,7 +117,17 @@ func encodeBounded(e, scratch *jx.Encoder, th *thread, rows int, controlPlane bo
 			control += encodedLen(scratch, it)
 		}
 	}
-	ans.windowStart = boundedWindow(items, rows, boundedBudget-control, func(it *t3rpc.TurnItem) int { return encodedLen(scratch, it) })
+	// Without turn starts the window's budget is what the rest of the answer leaves of
+	// boundedBudget, each row charged about as T3 charges a local row (its wrapper and its item, which
+	// turnItems repeats). Measured only then: the control plane of a long thread is megabytes.
+	budget := 0
+	if !slices.ContainsFunc(items, func(it *t3rpc.TurnItem) bool { return it.Type == "user_message" }) {
+		budget = boundedBudget - control - controlPlaneLen(scratch, th, controlPlane) - 1_024
+	}
+	ans.windowStart = boundedWindow(items, rows, budget, func(it *t3rpc.TurnItem) int {
+		n := encodedLen(scratch, it)
+		return 2*n + len(`{"position":,"visibility":"local","sourceThreadId":"","sourceItemId":"","item":}`) + 6 + len(th.id) + len(it.ID)
+	})
 	kept := func(i int) bool { return i >= ans.windowStart || controlItem(items[i], pending) }
 
 	// The messages kept: named by a kept item, or of the latest or an active run.
@@ -160,6 +190,27 @@ func encodeBounded(e, scratch *jx.Encoder, th *thread, rows int, controlPlane bo
 	return ans
 }
 
+// controlPlaneLen is the length of th's bounded projection with no messages and no timeline: what
+// T3 subtracts from the payload budget before it fits the window (controlBytes).
+func controlPlaneLen(scratch *jx.Encoder, th *thread, controlPlane bool) int {
+	scratch.Reset()
+	scratch.ObjStart()
+	encodeProjectionHead(scratch, th, controlPlane)
+	for _, f := range []string{"messages", "turnItems"} {
+		scratch.FieldStart(f)
+		scratch.ArrStart()
+		scratch.ArrEnd()
+	}
+	encodeRecords(scratch, "checkpoints", th.checkpoints)
+	scratch.FieldStart("visibleTurnItems")
+	scratch.ArrStart()
+	scratch.ArrEnd()
+	scratch.FieldStart("updatedAt")
+	scratch.Str(th.updatedAt)
+	scratch.ObjEnd()
+	return len(scratch.Bytes())
+}
+
 // encodedLen is the length of it's encoding.
 func encodedLen(scratch *jx.Encoder, it *t3rpc.TurnItem) int {
 	scratch.Reset()
@@ -173,10 +224,7 @@ func encodedLen(scratch *jx.Encoder, it *t3rpc.TurnItem) int {
 // buildBoundedThreadProjection: the same window and history fields). The caller holds th.mu or
 // Server.mu (every change holds both).
 func (s *Server) encodeBoundedFields(e *jx.Encoder, th *thread, seq int64) {
-	rows := boundedRows // T3's window; a test's Options.HistoryPage makes it smaller
-	if s.opts.HistoryPage > 0 {
-		rows = s.opts.HistoryPage
-	}
+	rows := s.opts.HistoryPage // 0: T3's window (boundedWindow); a test's HistoryPage caps it
 	scratch := encoders.Get().(*jx.Encoder)
 	defer func() {
 		scratch.Reset()

@@ -178,6 +178,34 @@ func TestBoundedWindowByteBudget(t *testing.T) {
 	}
 }
 
+// (b): with turn starts, T3 windows by user turns only: ten turns of 20 items each are a
+// 200-item window, past the 75 items and whatever bytes a timeline without turns is held to; the
+// store window's hard row bound still holds.
+func TestBoundedWindowByTurnsHasNoItemOrByteBudget(t *testing.T) {
+	items := make([]*t3rpc.TurnItem, 300)
+	for i := range items {
+		items[i] = &t3rpc.TurnItem{Type: "command_execution", Ordinal: int64(i)}
+		if i%20 == 0 {
+			items[i].Type = "user_message"
+		}
+	}
+	size := func(*t3rpc.TurnItem) int { return 10_000 } // 2 MB for 200 items: over boundedBudget
+	if got := boundedWindow(items, 0, 0, size); got != 100 {
+		t.Errorf("window from %d, want 100 (the newest ten turns)", got)
+	}
+	for _, it := range items {
+		it.Type = "command_execution"
+	}
+	items[0].Type = "user_message" // one turn of 300 items: only the hard bounds cut it
+	if got := boundedWindow(items, 0, 0, func(*t3rpc.TurnItem) int { return 1 }); got != 0 {
+		t.Errorf("one long turn: window from %d, want 0", got)
+	}
+	items[0].Type = "command_execution" // no turn starts: 75 items within the budget
+	if got := boundedWindow(items, 0, 1<<20, func(*t3rpc.TurnItem) int { return 1 }); got != 300-boundedRows {
+		t.Errorf("no turns: window from %d, want %d", got, 300-boundedRows)
+	}
+}
+
 // (a): an interrupt request and a pending request's item stay in turnItems outside the window.
 func TestBoundedKeepsControlItems(t *testing.T) {
 	s := StartT(t, Options{ManualSteps: true, KeepRuns: -1})
