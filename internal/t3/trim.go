@@ -15,7 +15,7 @@ import (
 
 // Keep says which part of a bounded thread read (GET …/threads/{id}/bounded)
 // a caller needs. T3's bounded body windows the timeline rows (the newest ten
-// user turns, at most 75 rows) and the messages (those the window names, the
+// user turns; without turn starts, at most 75 rows) and the messages (those the window names, the
 // latest and active runs'), but carries every run, attempt, node, checkpoint
 // and runtime request of the thread, so it grows with the thread's runs
 // (1.7 MiB at 5,000 turn items of 1,000 runs, 16 MiB at 50,000: ≈ 1.7 kB a
