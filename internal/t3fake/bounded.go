@@ -49,22 +49,24 @@ type boundedAnswer struct {
 // fake's user messages all start a user's turn), the window is the newest boundedUserTurns turns,
 // bounded only by the store window's hard bounds (boundedWindowRows, boundedWindowBytes) and by
 // rows when rows > 0. Without one, it is at most rows items (boundedRows when rows <= 0) whose
-// sizes (size) add up to at most budget. The newest item is always in it.
-func boundedWindow(items []*t3rpc.TurnItem, rows, budget int, size func(*t3rpc.TurnItem) int) int {
-	turnMode := slices.ContainsFunc(items, func(it *t3rpc.TurnItem) bool { return it.Type == "user_message" })
-	switch {
+// sizes (size) add up to at most budget(), asked for only then. The newest item is always in it.
+func boundedWindow(items []*t3rpc.TurnItem, rows int, budget func() int, size func(*t3rpc.TurnItem) int) int {
+	var limit int
+	switch turnMode := slices.ContainsFunc(items, func(it *t3rpc.TurnItem) bool { return it.Type == "user_message" }); {
 	case turnMode && rows > 0:
-		rows, budget = min(rows, boundedWindowRows), boundedWindowBytes
+		rows, limit = min(rows, boundedWindowRows), boundedWindowBytes
 	case turnMode:
-		rows, budget = boundedWindowRows, boundedWindowBytes
+		rows, limit = boundedWindowRows, boundedWindowBytes
 	case rows <= 0:
-		rows = boundedRows
+		rows, limit = boundedRows, budget()
+	default:
+		limit = budget()
 	}
 	start, turns, used := len(items), 0, 0
 	for start > 0 && len(items)-start < rows && turns < boundedUserTurns {
 		it := items[start-1]
 		used += size(it)
-		if used > budget && start < len(items) {
+		if used > limit && start < len(items) {
 			break
 		}
 		start--
@@ -118,12 +120,10 @@ func encodeBounded(e, scratch *jx.Encoder, th *thread, rows int, controlPlane bo
 		}
 	}
 	// Without turn starts the window's budget is what the rest of the answer leaves of
-	// boundedBudget, each row charged about as T3 charges a local row (its wrapper and its item, which
-	// turnItems repeats). Measured only then: the control plane of a long thread is megabytes.
-	budget := 0
-	if !slices.ContainsFunc(items, func(it *t3rpc.TurnItem) bool { return it.Type == "user_message" }) {
-		budget = boundedBudget - control - controlPlaneLen(scratch, th, controlPlane) - 1_024
-	}
+	// boundedBudget, each row charged about as T3 charges a local row (its wrapper and its item,
+	// which turnItems repeats). Measured only then (boundedWindow asks): the control plane of a
+	// long thread is megabytes.
+	budget := func() int { return boundedBudget - control - controlPlaneLen(scratch, th, controlPlane) - 1_024 }
 	ans.windowStart = boundedWindow(items, rows, budget, func(it *t3rpc.TurnItem) int {
 		n := encodedLen(scratch, it)
 		return 2*n + len(`{"position":,"visibility":"local","sourceThreadId":"","sourceItemId":"","item":}`) + 6 + len(th.id) + len(it.ID)

@@ -167,13 +167,13 @@ func TestBoundedWindowByteBudget(t *testing.T) {
 	}
 	size := func(*t3rpc.TurnItem) int { return 100 }
 	for _, c := range []struct{ budget, want int }{{10_000, 0}, {1_000, 10}, {1_050, 10}, {100, 19}, {50, 19}, {-5, 19}} {
-		if got := boundedWindow(items, boundedRows, c.budget, size); got != c.want {
+		if got := boundedWindow(items, boundedRows, func() int { return c.budget }, size); got != c.want {
 			t.Errorf("budget %d: window from %d, want %d", c.budget, got, c.want)
 		}
 	}
 	items[15].Type = "user_message"
 	items[5].Type = "user_message"
-	if got := boundedWindow(items, 3, 1<<20, size); got != 17 {
+	if got := boundedWindow(items, 3, func() int { return 1 << 20 }, size); got != 17 {
 		t.Errorf("row limit 3: from %d, want 17", got)
 	}
 }
@@ -181,6 +181,7 @@ func TestBoundedWindowByteBudget(t *testing.T) {
 // (b): with turn starts, T3 windows by user turns only: ten turns of 20 items each are a
 // 200-item window, past the 75 items and whatever bytes a timeline without turns is held to; the
 // store window's hard row bound still holds.
+// The budget of a timeline without turns is not even asked for (nil).
 func TestBoundedWindowByTurnsHasNoItemOrByteBudget(t *testing.T) {
 	items := make([]*t3rpc.TurnItem, 300)
 	for i := range items {
@@ -190,18 +191,18 @@ func TestBoundedWindowByTurnsHasNoItemOrByteBudget(t *testing.T) {
 		}
 	}
 	size := func(*t3rpc.TurnItem) int { return 10_000 } // 2 MB for 200 items: over boundedBudget
-	if got := boundedWindow(items, 0, 0, size); got != 100 {
+	if got := boundedWindow(items, 0, nil, size); got != 100 {
 		t.Errorf("window from %d, want 100 (the newest ten turns)", got)
 	}
 	for _, it := range items {
 		it.Type = "command_execution"
 	}
 	items[0].Type = "user_message" // one turn of 300 items: only the hard bounds cut it
-	if got := boundedWindow(items, 0, 0, func(*t3rpc.TurnItem) int { return 1 }); got != 0 {
+	if got := boundedWindow(items, 0, nil, func(*t3rpc.TurnItem) int { return 1 }); got != 0 {
 		t.Errorf("one long turn: window from %d, want 0", got)
 	}
 	items[0].Type = "command_execution" // no turn starts: 75 items within the budget
-	if got := boundedWindow(items, 0, 1<<20, func(*t3rpc.TurnItem) int { return 1 }); got != 300-boundedRows {
+	if got := boundedWindow(items, 0, func() int { return 1 << 20 }, func(*t3rpc.TurnItem) int { return 1 }); got != 300-boundedRows {
 		t.Errorf("no turns: window from %d, want %d", got, 300-boundedRows)
 	}
 }

@@ -580,12 +580,11 @@ func TestFreeRowCachesBounded(t *testing.T) {
 	}
 }
 
-// TestEncodeProjectionIsTheCopysEncoding: the thread reads encode a projection straight from the
-// thread's records (encodeProjection); the bytes are the copy's (projectionTail) encoding, for
-// the whole thread, a window of its turn items and a window larger than the thread, with a
-// pending runtime request, an interrupted run and a reply in the projection.
-func TestEncodeProjectionIsTheCopysEncoding(t *testing.T) {
-	s := StartT(t, Options{ManualSteps: true})
+// threeRuns is a fake with one thread that has had three runs ("attempt 0" to "attempt 2").
+func threeRuns(t *testing.T, opts Options) (*Server, string) {
+	t.Helper()
+	opts.ManualSteps = true
+	s := StartT(t, opts)
 	tid := s.AddThread(s.AddProject("payments", "/srv/payments"), "Fix the flaky test", "idle")
 	for i := range 3 {
 		if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d", i)); err != nil {
@@ -593,25 +592,37 @@ func TestEncodeProjectionIsTheCopysEncoding(t *testing.T) {
 		}
 		s.StepAll()
 	}
+	return s, tid
+}
+
+// lockedThread is tid's thread with the server's and the thread's locks held, as a read holds
+// them, until unlock.
+func lockedThread(s *Server, tid string) (th *thread, unlock func()) {
+	s.mu.Lock()
+	th = s.threadByID[tid]
+	th.mu.Lock()
+	return th, func() { th.mu.Unlock(); s.mu.Unlock() }
+}
+
+// TestEncodeProjectionIsTheCopysEncoding: the whole thread read encodes the projection straight
+// from the thread's records (encodeProjection); the bytes are the copy's (projection) encoding,
+// with a pending runtime request, an interrupted run and a reply in the projection.
+func TestEncodeProjectionIsTheCopysEncoding(t *testing.T) {
+	s, tid := threeRuns(t, Options{})
 	if _, err := s.StartRun(tid, "please ask a question first"); err != nil {
 		t.Fatal(err)
 	}
 	s.StepAll()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	th := s.threadByID[tid]
-	th.mu.Lock()
-	defer th.mu.Unlock()
+	th, unlock := lockedThread(s, tid)
+	defer unlock()
 	if len(th.requests) == 0 || len(th.items) < 8 {
 		t.Fatalf("want a pending request and several items: %d requests, %d items", len(th.requests), len(th.items))
 	}
-	for _, last := range []int{-1, 0, 3, len(th.items), len(th.items) + 10} {
-		p := s.projectionTail(th, last)
-		var e jx.Encoder
-		encodeProjection(&e, th, last, false)
-		if want := encode(&p); !bytes.Equal(e.Bytes(), want) {
-			t.Errorf("last %d items:\n got %s\nwant %s", last, e.Bytes(), want)
-		}
+	p := s.projection(th)
+	var e jx.Encoder
+	encodeProjection(&e, th, false)
+	if want := encode(&p); !bytes.Equal(e.Bytes(), want) {
+		t.Errorf("encoded from the records:\n got %s\nwant %s", e.Bytes(), want)
 	}
 }
 
@@ -674,23 +685,13 @@ func TestControlPlaneShapes(t *testing.T) {
 	_, recNode := keysOf(recorded, "nodes")
 
 	read := func(controlPlane bool) []byte {
-		s := StartT(t, Options{ManualSteps: true, ControlPlane: controlPlane})
-		tid := s.AddThread(s.AddProject("payments", "/srv/payments"), "Fix the flaky test", "idle")
-		for i := range 3 {
-			if _, err := s.StartRun(tid, fmt.Sprintf("attempt %d", i)); err != nil {
-				t.Fatal(err)
-			}
-			s.StepAll()
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		th := s.threadByID[tid]
-		th.mu.Lock()
-		defer th.mu.Unlock()
+		s, tid := threeRuns(t, Options{ControlPlane: controlPlane})
+		th, unlock := lockedThread(s, tid)
+		defer unlock()
 		var e jx.Encoder
 		e.ObjStart()
 		e.FieldStart("projection")
-		encodeProjection(&e, th, -1, controlPlane)
+		encodeProjection(&e, th, controlPlane)
 		e.ObjEnd()
 		return e.Bytes()
 	}

@@ -290,7 +290,7 @@ func (s *Server) handleThread(w http.ResponseWriter, r *http.Request) {
 	e.FieldStart("snapshotSequence")
 	e.Int64(s.headPub.Load())
 	e.FieldStart("projection")
-	encodeProjection(e, th, -1, s.opts.ControlPlane)
+	encodeProjection(e, th, s.opts.ControlPlane)
 	e.ObjEnd()
 	th.mu.Unlock()
 	writeBody(w, http.StatusOK, e)

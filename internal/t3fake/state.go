@@ -359,21 +359,14 @@ func (s *Server) shellSnapshot() t3rpc.ShellSnapshot {
 	return snap
 }
 
-func (s *Server) projection(th *thread) t3rpc.ThreadProjection { return s.projectionTail(th, -1) }
-
-// projectionTail copies th's projection; with lastItems ≥ 0 only that many of the newest turn
-// items (the bounded read's page), so a bounded read of a long thread does not copy all of them.
-func (s *Server) projectionTail(th *thread, lastItems int) t3rpc.ThreadProjection {
-	items := th.items
-	if lastItems >= 0 && len(items) > lastItems {
-		items = items[len(items)-lastItems:]
-	}
+// projection copies th's projection (the whole thread).
+func (s *Server) projection(th *thread) t3rpc.ThreadProjection {
 	p := t3rpc.ThreadProjection{
 		Thread:          th.app,
 		Runs:            make([]t3rpc.Run, len(th.runs)),
 		RuntimeRequests: append([]t3rpc.RuntimeRequest{}, th.requests...),
 		Messages:        append([]t3rpc.Message{}, th.messages...),
-		TurnItems:       itemValues(items),
+		TurnItems:       itemValues(th.items),
 		Checkpoints:     append([]t3rpc.Checkpoint{}, th.checkpoints...),
 		UpdatedAt:       optStr(th.updatedAt),
 	}
@@ -383,22 +376,18 @@ func (s *Server) projectionTail(th *thread, lastItems int) t3rpc.ThreadProjectio
 	return p
 }
 
-// encodeProjection writes th's projection as projectionTail(th, lastItems).Encode would, byte for
-// byte (TestEncodeProjectionIsTheCopysEncoding), straight from the thread's records: a thread
-// read of a long thread copied every run, message and checkpoint record before encoding them,
-// a third of the fake's CPU per read at 5,000 turn items (BenchmarkBoundedGET). The caller holds
-// th.mu until it is done.
-func encodeProjection(e *jx.Encoder, th *thread, lastItems int, controlPlane bool) {
-	items := th.items
-	if lastItems >= 0 && len(items) > lastItems {
-		items = items[len(items)-lastItems:]
-	}
+// encodeProjection writes th's whole projection (GET /threads/{id}) as projection(th).Encode
+// would, byte for byte (TestEncodeProjectionIsTheCopysEncoding), straight from the thread's
+// records: a thread read of a long thread copied every run, message and checkpoint record before
+// encoding them, a third of the fake's CPU per read at 5,000 turn items (BenchmarkBoundedGET).
+// The bounded read is encodeBounded's. The caller holds th.mu until it is done.
+func encodeProjection(e *jx.Encoder, th *thread, controlPlane bool) {
 	e.ObjStart()
 	encodeProjectionHead(e, th, controlPlane)
 	encodeRecords(e, "messages", th.messages)
 	e.FieldStart("turnItems")
 	e.ArrStart()
-	for _, it := range items {
+	for _, it := range th.items {
 		it.Encode(e)
 	}
 	e.ArrEnd()
