@@ -943,3 +943,101 @@ func TestStreamAheadAcksOnReceiptUpToItsBound(t *testing.T) {
 		t.Fatalf("handler saw %v, want 1,2,3", got)
 	}
 }
+
+// StreamAheadOnRead offers a Chunk to onRead on the read loop only while nothing of the stream
+// waits in the queue or in the handler: a Chunk onRead takes is acknowledged at once and never
+// reaches the handler; one it refuses goes to the handler; one that comes while the handler is
+// busy is queued behind it, never offered to onRead out of order. Every Chunk is acknowledged.
+func TestStreamAheadOnReadKeepsOrder(t *testing.T) {
+	acked3 := make(chan struct{})
+	ts := newServer(t, func(p *peer) {
+		var once sync.Once
+		defer once.Do(func() { close(acked3) }) // a script that failed early lets the test go on
+		s, ok := p.request()
+		if !ok {
+			return
+		}
+		id := s.ID.String
+		expectAck := func(what string) bool {
+			r, ok := p.recv()
+			if !ok {
+				return false
+			}
+			if !r.msg.IsAck() || idKey(r.msg.Ack.RequestId) != id {
+				t.Errorf("%s: want the stream's Ack, got %s", what, r.raw)
+				return false
+			}
+			return true
+		}
+		for _, v := range []string{"1", "2", "3"} {
+			p.send(chunk(id, v))
+			if !expectAck("chunk " + v) {
+				return
+			}
+		}
+		once.Do(func() { close(acked3) })
+		p.send(exitOK(id, ""))
+	})
+	c := dial(t, ts, Options{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) })
+	var mu sync.Mutex
+	var offered, handled []string
+	done := make(chan error, 1)
+	go func() {
+		done <- c.StreamAheadOnRead(tctx(t), "test.stream", nil, 2,
+			func(values []jx.Raw) (bool, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				offered = append(offered, string(values[0]))
+				return string(values[0]) != "2", nil // "2" is left to the handler
+			},
+			func(values []jx.Raw) error {
+				mu.Lock()
+				handled = append(handled, string(values[0]))
+				mu.Unlock()
+				<-release // busy until chunk 3 has come and been acknowledged
+				return nil
+			})
+	}()
+	<-acked3
+	releaseOnce.Do(func() { close(release) })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Join(offered, ","); got != "1,2" {
+		t.Errorf("onRead was offered %s, want 1,2 (chunk 3 came while the handler had chunk 2)", got)
+	}
+	if got := strings.Join(handled, ","); got != "2,3" {
+		t.Errorf("the handler saw %s, want 2,3", got)
+	}
+}
+
+// An error from onRead ends the stream with it and interrupts the request, as a handler's does.
+func TestStreamAheadOnReadErrorInterrupts(t *testing.T) {
+	ts := newServer(t, func(p *peer) {
+		s, ok := p.request()
+		if !ok {
+			return
+		}
+		p.send(chunk(s.ID.String, `1`))
+		r, ok := p.recv()
+		if !ok {
+			return
+		}
+		if !r.msg.IsInterrupt() {
+			t.Errorf("want Interrupt after onRead failed, got %s", r.raw)
+		}
+	})
+	c := dial(t, ts, Options{})
+	boom := errors.New("apply failed")
+	err := c.StreamAheadOnRead(tctx(t), "test.stream", nil, 2,
+		func([]jx.Raw) (bool, error) { return false, boom },
+		func([]jx.Raw) error { t.Error("the handler got a chunk onRead failed on"); return nil })
+	if err != boom {
+		t.Fatalf("StreamAheadOnRead = %v, want %v", err, boom)
+	}
+}

@@ -51,6 +51,12 @@ const keepRuns = 3
 // core, and a feed busy with a snapshot holds at most this many more.
 const readAhead = 2
 
+// onReadMax is the most a feed's chunk may weigh (its values' bytes) to be applied on the
+// socket's read loop (applyOnRead): an event's records or a short thread's snapshot, which
+// take tens of microseconds; a bigger one (a long thread's snapshot, a replay) goes to the
+// feed's goroutine, so the read loop, which every frame of the machine waits for, is not held.
+const onReadMax = 16 << 10
+
 // errEnded is a feed's error when T3 ended its stream without a failure.
 var errEnded = errors.New("T3 ended the thread subscription")
 
@@ -109,7 +115,9 @@ func (f *Feed) run(ctx context.Context, dial Dial) {
 		}
 		// Acknowledged as read (a feed holds nothing durable): T3's next chunk — the one
 		// that may settle the waited run — is not held behind this goroutine's turn on a core.
-		err = conn.StreamAhead(ctx, "orchestration.subscribeThread", &in, readAhead, f.applyChunk)
+		// A small chunk is applied on the read loop itself (applyOnRead), so the waiter it
+		// wakes is readied from there, without first waiting for this goroutine's turn.
+		err = conn.StreamAheadOnRead(ctx, "orchestration.subscribeThread", &in, readAhead, f.applyOnRead, f.applyChunk)
 		if ctx.Err() == nil && errors.Is(err, effectrpc.ErrClosed) {
 			lost = conn
 			continue
@@ -153,6 +161,29 @@ func (f *Feed) broadcastLocked() {
 func (f *Feed) applyChunk(values []jx.Raw) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.applyChunkLocked(values)
+}
+
+// applyOnRead applies a chunk on the socket's read loop (effectrpc.StreamAheadOnRead) when it
+// is small (onReadMax) and the feed's lock is free at once; otherwise it leaves the chunk to
+// the feed's goroutine (applyChunk). The read loop never waits here: a t3_thread or a waiter
+// holding the lock, or a big snapshot, costs the chunk a hand-off, not every other frame of
+// the machine a wait.
+func (f *Feed) applyOnRead(values []jx.Raw) (taken bool, err error) {
+	n := 0
+	for _, v := range values {
+		if n += len(v); n > onReadMax {
+			return false, nil
+		}
+	}
+	if !f.mu.TryLock() {
+		return false, nil
+	}
+	defer f.mu.Unlock()
+	return true, f.applyChunkLocked(values)
+}
+
+func (f *Feed) applyChunkLocked(values []jx.Raw) error {
 	for _, v := range values {
 		if err := f.applyLocked(v); err != nil {
 			return fmt.Errorf("thread %s: %w", f.ThreadID, err)

@@ -367,3 +367,67 @@ func runCompleted(run string) func(*t3api.ThreadProjection) bool {
 		return false
 	}
 }
+
+// TestApplyOnReadTakesOnlySmallChunksWithTheLockFree: on the socket's read loop
+// (effectrpc.StreamAheadOnRead) a feed applies a chunk only when it is small and its lock is
+// free at once; otherwise it leaves the chunk, untouched, to its goroutine, so the read loop
+// that every frame of the machine waits for is never held by a t3_thread or a big snapshot.
+func TestApplyOnReadTakesOnlySmallChunksWithTheLockFree(t *testing.T) {
+	// From a recorded stream of T3's: a small snapshot and a small event after it.
+	var items []jx.Raw
+	for _, rec := range recordings(t) {
+		for _, streams := range threadStreams(rec) {
+			for _, its := range streams {
+				if items != nil || len(its[0]) >= onReadMax {
+					continue
+				}
+				for _, it := range its[1:] {
+					if len(it) < onReadMax/4 && strings.Contains(string(it), `"kind":"event"`) && seqOf(t, it) > seqOf(t, its[0]) {
+						items = []jx.Raw{jx.Raw(its[0]), jx.Raw(it)}
+						break
+					}
+				}
+			}
+		}
+	}
+	if items == nil {
+		t.Fatal("no recorded thread stream with a small snapshot and a small event after it")
+	}
+	fd := newFeed("mac", "t")
+	cursor := func() int64 { fd.mu.Lock(); defer fd.mu.Unlock(); return fd.cursor }
+
+	if taken, err := fd.applyOnRead(items[:1]); !taken || err != nil {
+		t.Fatalf("a small snapshot with the lock free: taken %v, %v; want taken", taken, err)
+	}
+	if want := seqOf(t, items[0]); cursor() != want {
+		t.Fatalf("cursor %d after the snapshot, want %d", cursor(), want)
+	}
+	at := cursor()
+
+	fd.mu.Lock()
+	taken, err := fd.applyOnRead(items[1:2])
+	fd.mu.Unlock()
+	if taken || err != nil {
+		t.Fatalf("with the lock held: taken %v, %v; want it left to the feed's goroutine", taken, err)
+	}
+	big := make([]jx.Raw, 0, onReadMax/len(items[1])+2)
+	for len(big) < cap(big) {
+		big = append(big, items[1])
+	}
+	if taken, err := fd.applyOnRead(big); taken || err != nil {
+		t.Fatalf("a chunk over %d bytes: taken %v, %v; want it left to the feed's goroutine", onReadMax, taken, err)
+	}
+	if cursor() != at {
+		t.Fatalf("cursor %d, want %d: a chunk left to the goroutine was applied", cursor(), at)
+	}
+
+	if taken, err := fd.applyOnRead(items[1:2]); !taken || err != nil {
+		t.Fatalf("the event with the lock free: taken %v, %v; want taken", taken, err)
+	}
+	if want := seqOf(t, items[1]); cursor() != want {
+		t.Fatalf("cursor %d after the event, want %d", cursor(), want)
+	}
+	if _, err := fd.applyOnRead([]jx.Raw{jx.Raw(`{"kind":`)}); err == nil {
+		t.Fatal("an item that cannot be decoded: no error (the feed must fail, not go on with a hole)")
+	}
+}
