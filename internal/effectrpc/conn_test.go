@@ -413,27 +413,40 @@ func TestCallCancelSendsInterrupt(t *testing.T) {
 	}
 }
 
-// A handler error interrupts the stream (no Ack) and is returned as is.
+// A failed handler ends the stream with its error and interrupts the request; so does an
+// error from StreamAheadOnRead's onRead, which never hands the chunk to the handler then;
+// neither is acknowledged.
 func TestHandlerErrorInterrupts(t *testing.T) {
-	ts := newServer(t, func(p *peer) {
-		s, ok := p.request()
-		if !ok {
-			return
-		}
-		p.send(chunk(s.ID.String, `1`))
-		r, ok := p.recv()
-		if !ok {
-			return
-		}
-		if !r.msg.IsInterrupt() {
-			t.Errorf("want Interrupt after a failed handler, got %s", r.raw)
-		}
-	})
-	c := dial(t, ts, Options{})
 	boom := errors.New("sink failed")
-	err := c.Stream(tctx(t), "test.stream", nil, func([]jx.Raw) error { return boom })
-	if err != boom {
-		t.Fatalf("Stream = %v", err)
+	for name, stream := range map[string]func(c *Conn) error{
+		"handler": func(c *Conn) error {
+			return c.Stream(tctx(t), "test.stream", nil, func([]jx.Raw) error { return boom })
+		},
+		"onRead": func(c *Conn) error {
+			return c.StreamAheadOnRead(tctx(t), "test.stream", nil, 2,
+				func([]jx.Raw) (bool, error) { return false, boom },
+				func([]jx.Raw) error { t.Error("the handler got a chunk onRead failed on"); return nil })
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ts := newServer(t, func(p *peer) {
+				s, ok := p.request()
+				if !ok {
+					return
+				}
+				p.send(chunk(s.ID.String, `1`))
+				r, ok := p.recv()
+				if !ok {
+					return
+				}
+				if !r.msg.IsInterrupt() {
+					t.Errorf("want Interrupt after a failed %s, got %s", name, r.raw)
+				}
+			})
+			if err := stream(dial(t, ts, Options{})); err != boom {
+				t.Fatalf("stream = %v, want %v", err, boom)
+			}
+		})
 	}
 }
 
@@ -860,6 +873,21 @@ func TestLentChunkValuesOutliveLaterFrames(t *testing.T) {
 	}
 }
 
+// expectStreamAck reads the peer's next message and reports whether it is the Ack of stream id
+// (what names the moment in the failure).
+func expectStreamAck(t *testing.T, p *peer, id, what string) bool {
+	t.Helper()
+	r, ok := p.recv()
+	if !ok {
+		return false
+	}
+	if !r.msg.IsAck() || idKey(r.msg.Ack.RequestId) != id {
+		t.Errorf("%s: want the stream's Ack, got %s", what, r.raw)
+		return false
+	}
+	return true
+}
+
 // StreamAhead acknowledges a Chunk as the read loop queues it, while the handler is still busy
 // with an earlier one, up to ahead Chunks waiting; the Ack of one beyond that waits until the
 // handler has taken one. The handler sees every Chunk in order.
@@ -873,17 +901,7 @@ func TestStreamAheadAcksOnReceiptUpToItsBound(t *testing.T) {
 			return
 		}
 		id := s.ID.String
-		expectAck := func(what string) bool {
-			r, ok := p.recv()
-			if !ok {
-				return false
-			}
-			if !r.msg.IsAck() || idKey(r.msg.Ack.RequestId) != id {
-				t.Errorf("%s: want the stream's Ack, got %s", what, r.raw)
-				return false
-			}
-			return true
-		}
+		expectAck := func(what string) bool { return expectStreamAck(t, p, id, what) }
 		// Chunk 1 is in the handler, which does not return: its Ack comes all the same.
 		p.send(chunk(id, "1"))
 		if !expectAck("chunk 1, handler busy with it") {
@@ -958,17 +976,7 @@ func TestStreamAheadOnReadKeepsOrder(t *testing.T) {
 			return
 		}
 		id := s.ID.String
-		expectAck := func(what string) bool {
-			r, ok := p.recv()
-			if !ok {
-				return false
-			}
-			if !r.msg.IsAck() || idKey(r.msg.Ack.RequestId) != id {
-				t.Errorf("%s: want the stream's Ack, got %s", what, r.raw)
-				return false
-			}
-			return true
-		}
+		expectAck := func(what string) bool { return expectStreamAck(t, p, id, what) }
 		for _, v := range []string{"1", "2", "3"} {
 			p.send(chunk(id, v))
 			if !expectAck("chunk " + v) {
@@ -1013,31 +1021,5 @@ func TestStreamAheadOnReadKeepsOrder(t *testing.T) {
 	}
 	if got := strings.Join(handled, ","); got != "2,3" {
 		t.Errorf("the handler saw %s, want 2,3", got)
-	}
-}
-
-// An error from onRead ends the stream with it and interrupts the request, as a handler's does.
-func TestStreamAheadOnReadErrorInterrupts(t *testing.T) {
-	ts := newServer(t, func(p *peer) {
-		s, ok := p.request()
-		if !ok {
-			return
-		}
-		p.send(chunk(s.ID.String, `1`))
-		r, ok := p.recv()
-		if !ok {
-			return
-		}
-		if !r.msg.IsInterrupt() {
-			t.Errorf("want Interrupt after onRead failed, got %s", r.raw)
-		}
-	})
-	c := dial(t, ts, Options{})
-	boom := errors.New("apply failed")
-	err := c.StreamAheadOnRead(tctx(t), "test.stream", nil, 2,
-		func([]jx.Raw) (bool, error) { return false, boom },
-		func([]jx.Raw) error { t.Error("the handler got a chunk onRead failed on"); return nil })
-	if err != boom {
-		t.Fatalf("StreamAheadOnRead = %v, want %v", err, boom)
 	}
 }
