@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-faster/jx"
@@ -243,13 +244,15 @@ type usageMark struct {
 	cpu, own time.Duration
 	faults   int64 // the harness's minor page faults
 	gc       gcSample
+	chunks   int64 // Chunks the fakes wrote
+	wakeups  int64 // the harness's voluntary context switches
 }
 
 func (h *harness) mark() usageMark {
 	cpu, _ := h.conn.cpu()
 	own, faults, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), cpu, own, faults, readGC()}
+	return usageMark{time.Now(), cpu, own, faults, readGC(), h.chunksSent(), ownWakeups()}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
@@ -257,7 +260,8 @@ func (h *harness) usageSince(m usageMark) Usage {
 	own, faults, _ := procStat(os.Getpid())
 	rss, _, _ := h.conn.memory()
 	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
-		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults}
+		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults,
+		HarnessChunks: h.chunksSent() - m.chunks, HarnessWakeups: ownWakeups() - m.wakeups}
 	gc := readGC()
 	u.HarnessGCCPU, u.HarnessGCCycles, u.HarnessHeapLiveKB = gc.cpu-m.gc.cpu, gc.cycles-m.gc.cycles, gc.liveKB
 	if u.Wall > 0 {
@@ -609,6 +613,25 @@ type gcSample struct {
 	cpu    time.Duration // the runtime's estimate of the CPU spent on GC
 	cycles int64
 	liveKB int64 // heap marked live by the last cycle
+}
+
+// chunksSent is the Chunks every fake machine has written so far.
+func (h *harness) chunksSent() int64 {
+	var n int64
+	for _, m := range h.all {
+		n += m.fk.ChunksSent()
+	}
+	return n
+}
+
+// ownWakeups is this process's voluntary context switches so far (all its threads): each an OS
+// thread that blocked (a parked scheduler thread, a read that found nothing) and was woken.
+func ownWakeups() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Nvcsw
 }
 
 var gcMetrics = []string{"/cpu/classes/gc/total:cpu-seconds", "/gc/cycles/total:gc-cycles", "/gc/heap/live:bytes"}

@@ -73,6 +73,11 @@ func TestTinyRun(t *testing.T) {
 	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 {
 		fail("latency phase: %+v", l)
 	}
+	// The fakes wrote Chunks for the window's runs, and the harness's threads slept and were
+	// woken meanwhile (harness_chunks, harness_wakeups).
+	if u := l.Usage; u.HarnessChunks <= 0 || u.HarnessWakeups <= 0 {
+		fail("latency phase usage: %d Chunks, %d wake-ups", u.HarnessChunks, u.HarnessWakeups)
+	}
 	if len(rep.Compare) != 2+len(cfg.Pollers) {
 		fail("comparison: %+v", rep.Compare)
 	}

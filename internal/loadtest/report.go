@@ -106,12 +106,20 @@ type Usage struct {
 	HarnessGCCPU      time.Duration `json:"harness_gc_cpu_ns"`
 	HarnessGCCycles   int64         `json:"harness_gc_cycles"`
 	HarnessHeapLiveKB int64         `json:"harness_heap_live_kb"`
+	// HarnessChunks is the Chunks the fake machines wrote over the window (shell and thread
+	// streams, every machine): the unit of the fakes' socket work, so HarnessCPU per Chunk
+	// compares harness builds where CPU per run moves with how many items a Chunk carries.
+	// HarnessWakeups is the harness process's voluntary context switches meanwhile
+	// (getrusage ru_nvcsw, every thread): an OS thread that went to sleep for want of work,
+	// each paid again when a goroutine hand-off wakes one.
+	HarnessChunks  int64 `json:"harness_chunks"`
+	HarnessWakeups int64 `json:"harness_wakeups"`
 }
 
 func (u Usage) String() string {
-	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB); load average %s",
+	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups); load average %s",
 		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.HarnessFaults,
-		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.LoadAvg)
+		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.HarnessChunks, u.HarnessWakeups, u.LoadAvg)
 }
 
 // Startup is the connector's start.

@@ -398,6 +398,9 @@ func (s *Server) OnItemSent(fn func(kind string, sequence int64, at time.Time)) 
 	s.onItemSent.Store(&f)
 }
 
+// ChunksSent is Stats().ChunksSent without the rest of Stats (which visits every socket).
+func (s *Server) ChunksSent() int64 { return s.chunks.Load() }
+
 // Head is the newest sequence in the event log.
 func (s *Server) Head() int64 {
 	s.mu.Lock()
