@@ -189,6 +189,11 @@ type Server struct {
 	shellSubs   map[*sub]struct{}
 	threadSubs  map[string]map[*sub]struct{}
 	readyQ      []*run // runs due for their next step, in readyAt order
+	// stepping is set while Step advances a run: a subscription made ready meanwhile is noted
+	// in dirty instead of waking its socket's writer goroutine, and Step writes it itself once
+	// mu is let go (conn.flushHere): one goroutine wake-up less per Chunk.
+	stepping    bool
+	dirty       []*conn
 	nextProject int
 	nextThread  int
 	nextMessage int
@@ -388,7 +393,8 @@ func (s *Server) Stats() Stats {
 }
 
 // OnItemSent installs (or, with nil, removes) the hook called for every stream item sent. It runs
-// on the connection's writer goroutine: keep it fast.
+// right after the write, on the goroutine that wrote the item's frame (the socket's writer, its
+// reader after an Ack, or Step's caller): keep it fast.
 func (s *Server) OnItemSent(fn func(kind string, sequence int64, at time.Time)) {
 	if fn == nil {
 		s.onItemSent.Store(nil)

@@ -2,6 +2,7 @@ package t3fake
 
 import (
 	"context"
+	"io"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,10 +15,13 @@ import (
 )
 
 // Effect RPC over one WebSocket. The reader goroutine (the HTTP handler's) decodes frames and
-// answers calls; one writer goroutine owns every write, so message order on the socket is the order
-// things were queued. Streams follow T3's Ack flow control: a subscription with a Chunk in flight
-// sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes out
-// batched in the next Chunk.
+// answers calls. Whoever writes holds conn.wmu from taking messages off the queues (collect) to
+// the end of their write, so message order on the socket is the order things were queued. The
+// writer goroutine writes whatever it is woken for; two hot paths write on their own goroutine
+// instead of waking it (flushHere): the reader, for the Chunk an Ack lets go, and Step's caller,
+// for what the step queued. Streams follow T3's Ack flow control: a subscription with a Chunk in
+// flight sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes
+// out batched in the next Chunk.
 
 // queued is one encoded stream item waiting for its Chunk.
 type queued struct {
@@ -41,6 +45,7 @@ type sub struct {
 }
 
 // push queues an item for the subscriber. Callers hold Server.mu, which orders all pushes.
+// Within Step the socket is noted for Step to write (Server.dirty) instead of waking its writer.
 func (sb *sub) push(q queued) {
 	c := sb.c
 	c.mu.Lock()
@@ -51,9 +56,17 @@ func (sb *sub) push(q queued) {
 	sb.queue = append(sb.queue, q)
 	ready := !sb.inflight
 	c.mu.Unlock()
-	if ready {
-		c.signal()
+	if !ready {
+		return
 	}
+	if s := c.s; s.stepping {
+		if !c.dirty {
+			c.dirty = true
+			s.dirty = append(s.dirty, c)
+		}
+		return
+	}
+	c.signal()
 }
 
 // firstSlabSeq is the sequence of the oldest queued item whose bytes are a slab's (not a
@@ -76,8 +89,18 @@ type conn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity 1: "something may be ready to write"
+	dirty  bool          // in Server.dirty (guarded by Server.mu)
 
-	frames []byte // the writer's buffer for Chunk frames (collect), reused between writes
+	// wmu is held from collect to the end of the write of what it took, by whichever goroutine
+	// writes (writeLoop, flushHere): frames leave in the order they were collected.
+	wmu    sync.Mutex
+	frames []byte // Chunk frames being assembled and written (collect); reused, under wmu
+
+	// The reader goroutine's own: the frame buffer it reads into, reused (nothing decoded from a
+	// frame keeps its bytes: jx copies strings and raw payloads out), and whether what it just
+	// handled made a Chunk ready (an Ack), which it then writes itself.
+	rbuf       []byte
+	readyAfter bool
 
 	mu    sync.Mutex
 	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
@@ -134,7 +157,9 @@ func (s *Server) serveConn(ws *websocket.Conn, scopes []string) {
 		c.writeLoop()
 	}()
 	c.readLoop()
-	c.cancel()
+	// Reads and writes take no context (a cancellable one costs an AfterFunc per call): closing
+	// the socket is what ends a write still blocked on it.
+	c.drop()
 	<-writerDone
 
 	s.mu.Lock()
@@ -163,13 +188,46 @@ func (s *Server) removeSub(sb *sub) {
 	}
 }
 
+// readLoop reads and handles frames until the socket fails or closes. It reads into one
+// buffer it keeps (websocket.Conn.Read allocates each message anew) and passes no context: the
+// socket's close ends a blocked read (drop, Server.Close).
 func (c *conn) readLoop() {
 	for {
-		_, data, err := c.ws.Read(c.ctx)
+		_, r, err := c.ws.Reader(context.Background())
 		if err != nil {
 			return
 		}
-		c.handleFrame(data)
+		if c.rbuf, err = readFrame(r, c.rbuf[:0]); err != nil {
+			return
+		}
+		c.handleFrame(c.rbuf)
+		if cap(c.rbuf) > maxReadBuffer {
+			c.rbuf = nil // one large request: not kept
+		}
+		if c.readyAfter {
+			c.readyAfter = false
+			c.flushHere()
+		}
+	}
+}
+
+// maxReadBuffer bounds the frame buffer a connection's reader keeps between frames.
+const maxReadBuffer = 64 << 10
+
+// readFrame appends all of r to buf.
+func readFrame(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, max(512, cap(buf)))
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
 }
 
@@ -209,7 +267,9 @@ func (c *conn) handleMessage(raw []byte) {
 		c.handleRequest(m.Request)
 	case t3rpc.AckClientMessage:
 		c.s.acks.Add(1)
-		c.ack(m.Ack.RequestId)
+		if c.ack(m.Ack.RequestId) {
+			c.readyAfter = true
+		}
 	case t3rpc.InterruptClientMessage:
 		c.interrupt(m.Interrupt.RequestId)
 	case t3rpc.PingClientMessage:
@@ -398,18 +458,17 @@ func (s *Server) openStreams() (shell, unsettled, thread int64) {
 	return shell, unsettled, thread
 }
 
-func (c *conn) ack(id t3rpc.RequestId) {
+// ack settles the stream's Chunk in flight and reports whether it has items waiting for the
+// next one: the reader writes that Chunk itself once the frame is handled (readLoop).
+func (c *conn) ack(id t3rpc.RequestId) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	sb := c.subs[requestKey(id)]
-	ready := false
 	if sb != nil && sb.inflight {
 		sb.inflight = false
-		ready = len(sb.queue) > 0
+		return len(sb.queue) > 0
 	}
-	c.mu.Unlock()
-	if ready {
-		c.signal()
-	}
+	return false
 }
 
 // interrupt ends a stream with Exit Failure [Interrupt], as T3 does when the client unsubscribes.
@@ -445,24 +504,44 @@ type chunkOut struct {
 }
 
 // collect takes what may be written now: every control message, and one Chunk for each stream
-// with items and no Chunk in flight (none while StallStreams is on).
-func (c *conn) collect() ([]jx.Raw, []chunkOut) {
+// with items and no Chunk in flight (none while StallStreams is on). With limit > 0 it takes
+// nothing and reports over when that would be more than limit bytes of items. The caller holds
+// wmu.
+func (c *conn) collect(limit int) (out []jx.Raw, chunks []chunkOut, over bool) {
 	c.mu.Lock()
-	out := c.ctrl
-	c.ctrl = nil
-	var chunks []chunkOut
-	if !c.s.stall.Load() {
-		stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
-		for _, sb := range c.order {
-			if sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
-				continue
+	stall := c.s.stall.Load()
+	stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
+	// chunkLen is how many of sb's queued items its next Chunk takes, 0 if none may go now.
+	chunkLen := func(sb *sub) int {
+		if stall || sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
+			return 0
+		}
+		for i, q := range sb.queue {
+			if q.alone {
+				return max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
 			}
-			n := len(sb.queue)
-			for i, q := range sb.queue {
-				if q.alone {
-					n = max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
-					break
-				}
+		}
+		return len(sb.queue)
+	}
+	if limit > 0 {
+		size := 0
+		for _, sb := range c.order {
+			for _, q := range sb.queue[:chunkLen(sb)] {
+				size += len(q.raw)
+			}
+		}
+		if size > limit {
+			c.mu.Unlock()
+			return nil, nil, true
+		}
+	}
+	out = c.ctrl
+	c.ctrl = nil
+	if !stall {
+		for _, sb := range c.order {
+			n := chunkLen(sb)
+			if n == 0 {
+				continue
 			}
 			items := append([]queued(nil), sb.queue[:n]...)
 			sb.queue = append(sb.queue[:0], sb.queue[n:]...)
@@ -485,7 +564,7 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 	} else {
 		c.frames = nil // a lagging subscriber's one big Chunk: not kept
 	}
-	return out, chunks
+	return out, chunks, false
 }
 
 // maxFrameBuffer bounds the Chunk buffer a connection keeps between writes.
@@ -535,18 +614,69 @@ func (c *conn) writeLoop() {
 			return
 		case <-c.wake:
 		}
-		for {
-			out, chunks := c.collect()
-			if len(out) == 0 {
-				break
-			}
-			if err := c.write(out); err != nil {
-				c.drop()
-				return
-			}
-			c.report(chunks)
+		c.wmu.Lock()
+		err := c.flush(0)
+		// A wake-up asked for while this flush ran is stale when its items went out with it:
+		// taken here, with one more (most often empty) collect, instead of a turn of the loop.
+		for err == nil && c.takeWake() {
+			err = c.flush(0)
+		}
+		c.wmu.Unlock()
+		if err != nil {
+			return
 		}
 	}
+}
+
+// takeWake takes a pending wake-up, if there is one.
+func (c *conn) takeWake() bool {
+	select {
+	case <-c.wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// flush writes what collect(limit) gives until nothing is left; it stops early, with the rest
+// left queued, when collect reports over. A failed write drops the socket. The caller holds wmu.
+func (c *conn) flush(limit int) error {
+	for {
+		out, chunks, over := c.collect(limit)
+		if over {
+			c.signal() // the writer goroutine takes the large ones
+			return nil
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		if err := c.write(out); err != nil {
+			c.drop()
+			return err
+		}
+		c.report(chunks)
+	}
+}
+
+// inlineWriteMax bounds the items flushHere writes on its caller's goroutine: a write that
+// size does not block on a loopback socket whose reader keeps reading; a lagging subscriber's
+// larger Chunk is left to the writer goroutine, so Step's caller (the load harness's driver)
+// never waits on a slow reader's socket.
+const inlineWriteMax = 32 << 10
+
+// flushHere writes what is ready on the calling goroutine instead of waking the writer
+// goroutine, unless another goroutine is writing (its write goes on; the writer goroutine is
+// woken to take what it leaves) or the items are more than inlineWriteMax.
+func (c *conn) flushHere() {
+	if !c.wmu.TryLock() {
+		c.signal()
+		return
+	}
+	defer c.wmu.Unlock()
+	if c.ctx.Err() != nil {
+		return
+	}
+	_ = c.flush(inlineWriteMax)
 }
 
 func (c *conn) write(out []jx.Raw) error {
@@ -564,10 +694,12 @@ func (c *conn) write(out []jx.Raw) error {
 			buf = append(buf, m...)
 		}
 		buf = append(buf, ']')
-		return c.ws.Write(c.ctx, websocket.MessageText, buf)
+		return c.ws.Write(context.Background(), websocket.MessageText, buf)
 	}
+	// No context: a cancellable one costs an AfterFunc per write; drop closes the socket, which
+	// ends a blocked write.
 	for _, m := range out {
-		if err := c.ws.Write(c.ctx, websocket.MessageText, m); err != nil {
+		if err := c.ws.Write(context.Background(), websocket.MessageText, m); err != nil {
 			return err
 		}
 	}
