@@ -10,6 +10,8 @@ import (
 // NextBackOff gives the delay before each of its retries in turn. The outbox keeps one per
 // failing stream head (and one per head whose enrichment fails), so the delays grow per event,
 // and a Retry-After from the receiver replaces the delay it would have given.
+// NewBackOff may be called from two goroutines at once (the loop's, and the group commit's when
+// the hand-over starts a delivery).
 type Backoff interface {
 	NewBackOff() backoff.BackOff
 }

@@ -40,7 +40,7 @@ const (
 // claimRetry) or with nothing pending any more (forgotten).
 func (l *loop) claimReady(now time.Time) {
 	cfg := l.o.cfg
-	room := l.limit - l.inflight - len(l.toDeliver)
+	room := l.limit - int(l.inflight.Load()) - len(l.toDeliver)
 	if cfg.Enricher != nil {
 		room += cfg.EnrichConcurrency - l.enriching - len(l.toEnrich)
 	}
@@ -67,7 +67,7 @@ func (l *loop) claimReady(now time.Time) {
 		if len(s.queue) == 0 {
 			s.ready = false
 			if !s.enriching && !s.busy {
-				delete(l.streams, s.name)
+				l.forgetStream(s.name)
 			}
 			continue
 		}
@@ -99,7 +99,7 @@ func (l *loop) claimReady(now time.Time) {
 		if c.Head == 0 {
 			s.ready = false
 			if !s.enriching && !s.busy {
-				delete(l.streams, s.name)
+				l.forgetStream(s.name)
 			}
 			continue
 		}

@@ -292,7 +292,8 @@ func TestEventsCommittedAsideAreFound(t *testing.T) {
 
 // TestHandOverBeyondItsBudgetReadsBodies: with no room in the budget the hand-over carries the
 // headers only: the loop still takes the events in without a scan, and reads each body when it
-// sends it; order and exactly-once hold.
+// sends it; order and exactly-once hold. (An event the hand-over sends at once, startHanded, is
+// never held: its body goes to the worker, as a held one does when it is sent.)
 func TestHandOverBeyondItsBudgetReadsBodies(t *testing.T) {
 	rc := newReceiver(t)
 	h := startHanded(t, t.TempDir(), Config{URL: rc.srv.URL}, func(o *Outbox) { o.handBudget = 0 })
@@ -303,8 +304,9 @@ func TestHandOverBeyondItsBudgetReadsBodies(t *testing.T) {
 	checkStreams(t, rc, streams, 5)
 	_, scanned, read := h.q.reads()
 	slices.Sort(read)
-	if len(scanned) != 0 || !slices.Equal(read, ids(evs)) {
-		t.Fatalf("scanned %v (want none), read %v (want every event once)", scanned, read)
+	started := int(h.ob.handStarts.Load())
+	if len(scanned) != 0 || len(slices.Compact(slices.Clone(read))) != len(read) || len(read)+started != len(evs) {
+		t.Fatalf("scanned %v (want none), read %v and %d sent from the hand-over (want every other event read once)", scanned, read, started)
 	}
 }
 

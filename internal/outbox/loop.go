@@ -134,7 +134,7 @@ type loop struct {
 	// The hand-over (handover.go): handed is intake's buffer; mem holds the handed-over events
 	// (with their bodies) not yet their stream's head, by sequence number; lastScan is when the
 	// store was last scanned (with the hand-over, once every handScanEvery at least).
-	handed   []store.Event
+	handed   []handed
 	mem      map[uint64]store.Event
 	lastScan time.Time
 
@@ -151,11 +151,15 @@ type loop struct {
 	// limit is how many requests may be in flight now (see adapt): from the start value up to
 	// Concurrency while heads wait for a slot and the receiver accepts, halved when it fails.
 	// saturated: the last dispatch left heads waiting with every slot taken. tickets
-	// number the deliveries started; shrunkAt is the ticket issued when limit was last halved
-	// (the failures of requests started before it are of the same overload: one halving).
+	// number the deliveries started (by the loop and by the hand-over's direct starts, hence
+	// atomic); shrunkAt is the ticket issued when limit was last halved (the failures of
+	// requests started before it are of the same overload: one halving). limitNow is limit
+	// for the hand-over's direct starts (startHanded), which run on the group writer.
 	limit     int
+	limitNow  atomic.Int64
+	slotsFull bool // the last dispatch left heads waiting for a request slot
 	saturated bool
-	tickets   uint64
+	tickets   atomic.Uint64
 	shrunkAt  uint64
 
 	// idleSince is when the loop last found nothing to deliver and nothing in flight, while it
@@ -165,21 +169,21 @@ type loop struct {
 	// burstUsed: a request went out on the burst client since it last dropped its connections.
 	burstUsed bool
 
-	// inflight counts the workers (at most limit: the bound on requests in flight); a
-	// worker frees its slot once its outcome is handed to the recorder, so the next stream's
-	// request does not wait for this one's fsync. unsettled counts the outcomes not yet back
-	// from the recorder (their streams are busy until then; at most maxUnrecorded of them are
-	// deliveries).
-	inflight  int
-	unsettled int
-	jobs      sync.WaitGroup
-	// A worker that finished counts its slot free in freedN (the loop takes the count into
-	// inflight at the start of each turn) and wakes the loop on freed only when the loop asked
-	// for it (wantSlot: every slot was taken when it last dispatched). With slots to spare no
-	// head waits for one, so a finished request costs the loop no turn of its own: the
-	// outcome's record, which the loop waits for anyway, brings it round (one goroutine
+	// inflight counts the requests in flight (at most limit: takeSlot takes one, for the loop's
+	// dispatch or a start from the hand-over, freeSlot gives it back); a worker frees its slot
+	// once its outcome is handed to the recorder, so the next stream's request does not wait
+	// for this one's fsync. unsettled counts the outcomes not yet back from the recorder (their
+	// streams are busy until then; at most maxUnrecorded of them are deliveries); unsettledNow
+	// is its value at the loop's last turn, for the starts from the hand-over.
+	inflight     atomic.Int64
+	unsettled    int
+	unsettledNow atomic.Int64
+	jobs         sync.WaitGroup
+	// A worker that finished frees its slot and wakes the loop on freed only when the loop
+	// asked for it (wantSlot: every slot was taken when it last dispatched). With slots to
+	// spare no head waits for one, so a finished request costs the loop no turn of its own:
+	// the outcome's record, which the loop waits for anyway, brings it round (one goroutine
 	// hand-off per delivery fewer at 1,000 events/s, where the limit is never reached).
-	freedN   atomic.Int64
 	wantSlot atomic.Bool
 	freed    chan struct{} // worker → loop: a slot is free and the loop wants one (capacity 1)
 	work     chan job      // loop → an idle worker (unbuffered: taken only by one waiting for it)
@@ -215,6 +219,7 @@ func (o *Outbox) newLoop(ctx context.Context) *loop {
 		enrichFreed: make(chan struct{}, o.cfg.EnrichConcurrency),
 		fromEnrich:  make(chan outcome, o.cfg.EnrichConcurrency),
 	}
+	l.limitNow.Store(int64(l.limit))
 	o.m.inflightLimit.Set(float64(l.limit))
 	return l
 }
@@ -240,6 +245,7 @@ func (o *Outbox) Run(ctx context.Context) {
 	go func() { defer close(l.recDone); o.recorder(l.toRec, l.fromRec, l.recStop) }()
 	defer func() {
 		cancel()
+		l.o.hand.detach(l) // no start from the hand-over from now on
 		l.settle()
 		l.releaseHeld()
 		l.summarise(time.Now(), true)
@@ -249,12 +255,12 @@ func (o *Outbox) Run(ctx context.Context) {
 	}()
 
 	l.rebuild()
+	l.o.hand.attach(l)
 
 	var lastPrune, lastGauges time.Time
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		l.inflight -= int(l.freedN.Swap(0)) // the slots freed since the last turn
 		o.turns.Add(1)
 		now := o.cfg.Clock()
 		if now.Sub(lastPrune) >= o.cfg.PruneEvery || now.Before(lastPrune) {
@@ -274,11 +280,22 @@ func (o *Outbox) Run(ctx context.Context) {
 		}
 		if (l.o.claimer == nil && !handOver) || l.scanDue || l.more {
 			l.scanDue = false
+			if handOver {
+				// No delivery is started from the hand-over until the loop has taken in what
+				// the scan finds (resync), and those started until now are taken in first:
+				// the scan must not take one of them for a new event.
+				l.o.hand.unsync()
+				l.intake()
+			}
 			l.scan()
 			l.lastScan = time.Now()
 		}
 		l.due(now)
 		l.dispatch(now)
+		l.unsettledNow.Store(int64(l.unsettled))
+		if handOver {
+			l.resync()
+		}
 		// From a shared database (replicas) the gauges are a query: once a poll at most.
 		if o.claimer == nil || now.Sub(lastGauges) >= pollEvery || now.Before(lastGauges) {
 			o.updateGauges()
@@ -297,6 +314,9 @@ func (o *Outbox) Run(ctx context.Context) {
 // settle runs at shutdown, after the loop's context is cancelled: the workers return at once
 // now, and their outcomes are still recorded. It waits for every worker and the recorder.
 func (l *loop) settle() {
+	if l.handOver() {
+		l.intake() // the deliveries the hand-over started count as unsettled
+	}
 	for l.unsettled > 0 {
 		l.take(nil, nil, nil) // outcomes and freed slots only
 	}
@@ -347,12 +367,12 @@ func (l *loop) sleepFor(now, lastPrune time.Time) time.Duration {
 // await sleeps until something happens: an outcome (taken), a freed slot, Notify or the timer.
 // It reports false when the loop's context is done.
 func (l *loop) await(timer <-chan time.Time) bool {
-	// Every slot taken: a worker finishing must wake the loop (wantSlot). A slot freed after
-	// the turn began and before wantSlot was set is seen here instead: either the worker's
-	// count comes before this load, or its check of wantSlot comes after the store.
-	full := l.inflight >= l.limit
-	l.wantSlot.Store(full)
-	if full && l.freedN.Load() > 0 {
+	// Every slot taken at the dispatch: a worker finishing must wake the loop (wantSlot). A
+	// slot freed after the dispatch and before wantSlot was set is seen here instead: either
+	// the worker's release comes before this load, or its check of wantSlot comes after the
+	// store.
+	l.wantSlot.Store(l.slotsFull)
+	if l.slotsFull && l.inflight.Load() < int64(l.limit) {
 		return l.ctx.Err() == nil
 	}
 	return l.take(l.ctx.Done(), l.o.wake, timer)
@@ -366,7 +386,12 @@ func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan tim
 	case <-done:
 		return false
 	case <-l.fromRec.ready:
-		// Every outcome recorded so far, before the next turn.
+		// Every outcome recorded so far, before the next turn. The hand-over first: an
+		// outcome may be of a delivery started from it (startHanded), whose stream the loop
+		// takes in from there.
+		if l.handOver() && l.intake() {
+			l.scanDue = true
+		}
 		l.recorded = l.fromRec.take(l.recorded[:0], 0)
 		for _, r := range l.recorded {
 			l.finish(r)
@@ -375,7 +400,7 @@ func (l *loop) take(done <-chan struct{}, wake <-chan struct{}, timer <-chan tim
 	case r := <-l.fromEnrich:
 		l.finish(r)
 	case <-l.freed:
-		// The slot is in freedN: taken at the next turn's start.
+		// A slot is free (inflight): the next turn's dispatch takes it.
 	case <-l.enrichFreed:
 		l.enriching--
 	case <-wake:
@@ -407,6 +432,20 @@ func (l *loop) rebuild() {
 	for _, s := range l.streams {
 		l.makeReady(s)
 	}
+}
+
+// forgetStream deletes a stream with nothing pending from l.streams. While the hand-over can
+// start deliveries (startHanded, on the group writer), which looks streams up in l.streams under
+// the hand-over's lock, the loop deletes them under it (it adds them only while holding it, or
+// while no start is possible: rebuild, scan; its own reads need no lock, it is the only writer).
+func (l *loop) forgetStream(name string) {
+	if !l.handOver() {
+		delete(l.streams, name)
+		return
+	}
+	l.o.hand.mu.Lock()
+	delete(l.streams, name)
+	l.o.hand.mu.Unlock()
 }
 
 func (l *loop) stream(name string) *stream {
@@ -521,13 +560,17 @@ func (l *loop) dispatch(now time.Time) {
 	// Heads put back count: while only enrichment has room, look at no more of them than it has
 	// slots, so that a turn stays O(slots), not O(ready streams).
 	putBack := 0
+	// slotShort: a head may have been left waiting for a request slot (a worker freeing one
+	// must wake the loop: await).
+	slotShort := false
 	src := &l.ready
 	if l.o.claimer != nil {
 		l.claimReady(now)
 		src = &l.claimed
 	}
 	for n := len(*src); n > 0 && len(*src) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
-		deliverRoom := l.inflight+len(l.toDeliver) < l.limit && l.unsettled < maxUnrecorded
+		deliverRoom := int(l.inflight.Load())+len(l.toDeliver) < l.limit && l.unsettled < maxUnrecorded
+		slotShort = slotShort || !deliverRoom
 		enrichRoom := cfg.Enricher != nil && l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
 		if !deliverRoom && !enrichRoom {
 			break
@@ -559,13 +602,17 @@ func (l *loop) dispatch(now time.Time) {
 			putBack++
 		}
 	}
-	for l.inflight < l.limit && l.unsettled < maxUnrecorded && len(l.toDeliver) > 0 && l.ctx.Err() == nil {
+	for len(l.toDeliver) > 0 && l.unsettled < maxUnrecorded && l.ctx.Err() == nil && l.takeSlot() {
 		s := pop(&l.toDeliver)
 		s.ready = false
 		l.startDelivery(s)
 	}
+	// Heads left waiting for a slot: a freed slot must wake the loop (await). Decided by what
+	// this dispatch saw, not by the count now: a slot freed since it looked is seen by await.
+	waiting := len(*src) > 0 || len(l.toDeliver) > 0
+	l.slotsFull = waiting && (slotShort || len(l.toDeliver) > 0)
 	// Every request slot taken and heads still waiting: the limit may grow (adapt).
-	l.saturated = l.inflight >= l.limit && (len(*src) > 0 || len(l.toDeliver) > 0)
+	l.saturated = int(l.inflight.Load()) >= l.limit && waiting
 	for l.enriching < cfg.EnrichConcurrency && len(l.toEnrich) > 0 && l.ctx.Err() == nil {
 		s := pop(&l.toEnrich)
 		s.ready = false
@@ -607,7 +654,7 @@ func pop(q *[]*stream) *stream {
 func (l *loop) lookAt(s *stream, now time.Time) bool {
 	if len(s.queue) == 0 {
 		if !s.enriching {
-			delete(l.streams, s.name)
+			l.forgetStream(s.name)
 		}
 		return false
 	}
@@ -666,13 +713,11 @@ func (l *loop) startDelivery(s *stream) {
 		s.ebo = l.o.cfg.Backoff.NewBackOff()
 	}
 	s.busy = true
-	l.inflight++
 	l.unsettled++
-	l.tickets++
-	j := job{s: s, seq: s.queue[0], bo: s.bo, client: l.o.client, head: *s.head, body: s.body, enriched: s.enriched, ebo: s.ebo, ticket: l.tickets}
+	j := job{s: s, seq: s.queue[0], bo: s.bo, client: l.o.client, head: *s.head, body: s.body, enriched: s.enriched, ebo: s.ebo, ticket: l.tickets.Add(1)}
 	l.dropHeld(s)
-	s.body = nil                   // the job's now; an enriched one comes back stored with the attempt's record
-	if l.inflight > baseRequests { // baseRequests others are running already (this one counted)
+	s.body = nil                          // the job's now; an enriched one comes back stored with the attempt's record
+	if l.inflight.Load() > baseRequests { // baseRequests others are running already (this one counted)
 		j.client = l.o.burst
 		l.burstUsed = l.o.burst != l.o.client
 	}
@@ -687,6 +732,33 @@ func (l *loop) startDelivery(s *stream) {
 		go l.worker(j)
 	}
 	l.maybeAhead(s) // its next events can be completed while this one is sent
+}
+
+// takeSlot takes a slot for a request if one is free (fewer than limit in flight). The loop's
+// dispatch and the hand-over's direct starts (startHanded, on the group writer) both take them.
+func (l *loop) takeSlot() bool {
+	for {
+		n := l.inflight.Load()
+		if n >= l.limitNow.Load() {
+			return false
+		}
+		if l.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// freeSlot gives a slot back, and wakes the loop when it asked for one (wantSlot: every slot was
+// taken at its last dispatch).
+func (l *loop) freeSlot() {
+	l.inflight.Add(-1)
+	if l.wantSlot.CompareAndSwap(true, false) {
+		l.o.slotWakes.Add(1)
+		select {
+		case l.freed <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
 }
 
 // idleLinger is how long the loop must find nothing to deliver and nothing in flight before it
@@ -704,7 +776,7 @@ const idleLinger = 2 * time.Second
 // had nothing to deliver and nothing in flight for idleLinger (sleepFor wakes it then, once); any
 // work in between starts the count again.
 func (l *loop) shedWhenIdle(now time.Time) {
-	if l.inflight != 0 || l.unsettled != 0 || len(l.ready) != 0 || len(l.toDeliver) != 0 {
+	if l.inflight.Load() != 0 || l.unsettled != 0 || len(l.ready) != 0 || len(l.toDeliver) != 0 {
 		l.idleSince = time.Time{}
 		return
 	}
@@ -754,15 +826,8 @@ func (l *loop) worker(j job) {
 		r.job.body = nil // sent: what is still to store is in the op
 		// The slot is counted free before the outcome goes to the recorder, so that the loop
 		// sees it free by the time the outcome comes back recorded.
-		l.freedN.Add(1)
+		l.freeSlot()
 		l.toRec.put(r)
-		if l.wantSlot.CompareAndSwap(true, false) {
-			l.o.slotWakes.Add(1)
-			select {
-			case l.freed <- struct{}{}:
-			default: // a wake-up is pending already
-			}
-		}
 		idle.Reset(workerIdle)
 		var retired <-chan struct{}
 		if r := l.retire.Load(); r != nil {
@@ -770,13 +835,18 @@ func (l *loop) worker(j job) {
 		} else {
 			return // the outbox went idle meanwhile
 		}
+		l.o.idleWorkers.Add(1)
 		select {
 		case j = <-l.work:
+			l.o.idleWorkers.Add(-1)
 		case <-retired:
+			l.o.idleWorkers.Add(-1)
 			return
 		case <-idle.C:
+			l.o.idleWorkers.Add(-1)
 			return
 		case <-l.ctx.Done():
+			l.o.idleWorkers.Add(-1)
 			return
 		}
 	}
@@ -957,7 +1027,7 @@ func (l *loop) finishAhead(s *stream, r outcome) {
 	}
 	switch {
 	case len(s.queue) == 0 && !s.ready && !s.busy:
-		delete(l.streams, s.name)
+		l.forgetStream(s.name)
 	case i == 0 && !s.busy:
 		l.makeReady(s) // the head was waiting for this
 	}
@@ -988,10 +1058,11 @@ func (l *loop) adapt(delivered bool, ticket uint64) {
 		l.limit++
 	case !delivered && ticket > l.shrunkAt && l.limit > min(cfg.Concurrency, startInFlight):
 		l.limit = max(min(cfg.Concurrency, startInFlight), l.limit/2)
-		l.shrunkAt = l.tickets
+		l.shrunkAt = l.tickets.Load()
 	default:
 		return
 	}
+	l.limitNow.Store(int64(l.limit))
 	l.o.m.inflightLimit.Set(float64(l.limit))
 }
 
@@ -1070,7 +1141,7 @@ func (l *loop) advance(s *stream, seq uint64) {
 	}
 	if len(s.queue) == 0 {
 		if !s.ready && !s.enriching {
-			delete(l.streams, s.name)
+			l.forgetStream(s.name)
 		}
 		return
 	}

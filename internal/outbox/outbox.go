@@ -18,8 +18,9 @@
 // the store's stream index at start, extended by the events the group commit hands over, or by a
 // cursor over the events committed since), so a turn touches only the streams it starts or
 // finishes, never the whole backlog; a handed-over event is sent from memory, and only the others
-// are read with their bodies (handover.go); outcomes are recorded in batches, one fsync for many
-// (recorder.go).
+// are read with their bodies (handover.go); an event of a thread with nothing pending is sent by
+// the hand-over itself, by a waiting worker, without a turn of the loop (startHanded, handover.go);
+// outcomes are recorded in batches, one fsync for many (recorder.go).
 //
 // Enrichment: events committed with only their facts (store.Event.Enrich) are completed from T3
 // by the Enricher in a stage of their own (EnrichConcurrency slots, apart from the delivery
@@ -198,6 +199,9 @@ type Outbox struct {
 	// turns counts the loop's turns and slotWakes the loop's wake-ups by a finished request
 	// (tests and benchmarks: the goroutine hand-offs per delivery).
 	turns, slotWakes atomic.Int64
+	// handStarts counts the deliveries Committed started without the loop (startHanded), and
+	// idleWorkers the delivery workers waiting for a job (tests and benchmarks).
+	handStarts, idleWorkers atomic.Int64
 	// claimer is q when replicas share it: heads are claimed before they are worked on (claim.go).
 	claimer store.Claimer
 }
@@ -211,6 +215,7 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 		return nil, errors.New("outbox: T3CODE_MCP_HOOK_URL must be an http:// or https:// URL")
 	}
 	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery, handBudget: handBudget, handMax: handMax, handScanEvery: handScanEvery, idleLinger: idleLinger}
+	o.hand.contiguous = true
 	o.claimer, _ = q.(store.Claimer)
 	if cfg.Claimant == "" {
 		cfg.Claimant = "outbox-" + rand.Text()
