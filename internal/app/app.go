@@ -605,6 +605,19 @@ func (ss sinks) Apply(ctx context.Context, c watch.Change) error {
 	return nil
 }
 
+// ApplyQuick implements watch.QuickSink: every sink in order, while each takes the change at once.
+// One that cannot ends it (false): Apply then gives the change to all of them, and those that took
+// it already take it again as a retried change.
+func (ss sinks) ApplyQuick(c watch.Change) bool {
+	for _, s := range ss {
+		qs, ok := s.(watch.QuickSink)
+		if !ok || !qs.ApplyQuick(c) {
+			return false
+		}
+	}
+	return true
+}
+
 // groupRecords is the store with its Record going through the group committer (Group.Record),
 // so that deliveries are recorded in the detector's transactions instead of beside them.
 type groupRecords struct {

@@ -126,6 +126,10 @@ type call struct {
 	// ahead > 0: a Chunk is acknowledged by the read loop as it is queued, while at most ahead
 	// wait for the handler (StreamAhead); 0: after the handler returns.
 	ahead int
+	// inline, when set, is the handler the read loop itself runs on each Chunk (StreamInline).
+	inline func(Chunk) (rest func() error)
+	// ackFrame is the stream's Ack, encoded once: every Ack of a stream is the same message.
+	ackFrame []byte
 
 	// onRead, when set, may take a Chunk on the read loop itself, before it is queued
 	// (StreamAheadOnRead): only while nothing of the stream is queued or in the handler, so the
@@ -140,7 +144,10 @@ type call struct {
 	// owed: a Chunk of an ahead stream came while ahead others waited; its Ack goes out once
 	// the handler has taken one (only one can be owed: T3 sends nothing more until it has it).
 	owed bool
-	wake chan struct{} // capacity 1: "the queue may have grown"
+	// behind counts an inline stream's Chunks handed to the stream's goroutine and not yet done
+	// there (their rest, or the whole handler of a Chunk that came meanwhile).
+	behind int
+	wake   chan struct{} // capacity 1: "the queue may have grown"
 }
 
 // event is a Chunk (values) or the terminal Exit (end).
@@ -154,6 +161,10 @@ type event struct {
 	err   error  // failure of the Exit
 	// failed: onRead failed on a Chunk (err): the stream ends as when its handler fails.
 	failed bool
+	// rest is what the read loop left of an inline stream's Chunk for the stream's goroutine;
+	// whole marks an inline stream's Chunk whose handler runs there entirely (StreamInline).
+	rest  func() error
+	whole bool
 }
 
 func (cl *call) push(ev event) {
@@ -182,6 +193,33 @@ func (cl *call) pushChunk(ev event) (ackNow bool) {
 	default:
 	}
 	return ackNow
+}
+
+// pushBehind queues an inline stream's Chunk for the stream's goroutine (its rest, or the whole
+// handler), counted behind until done.
+func (cl *call) pushBehind(ev event) {
+	cl.mu.Lock()
+	cl.queue = append(cl.queue, ev)
+	cl.behind++
+	cl.mu.Unlock()
+	select {
+	case cl.wake <- struct{}{}:
+	default:
+	}
+}
+
+// isBehind reports whether the stream's goroutine still has a Chunk of this inline stream to do.
+func (cl *call) isBehind() bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.behind > 0
+}
+
+// caughtUp notes that the stream's goroutine is done with a Chunk it was handed.
+func (cl *call) caughtUp() {
+	cl.mu.Lock()
+	cl.behind--
+	cl.mu.Unlock()
 }
 
 // payOwed reports whether an owed Ack may go out now that the handler took a chunk.
@@ -328,7 +366,7 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cl, err := c.start(method, payload, false, 0, nil)
+	cl, err := c.start(method, payload, nil)
 	if err != nil {
 		return err
 	}
@@ -369,7 +407,7 @@ func (c *Conn) Call(ctx context.Context, method string, payload, result any) err
 // sending an Interrupt when ctx ends, onChunk's error (after an Interrupt) when
 // it fails, and an error wrapping ErrClosed when the socket goes away.
 func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk func(values []jx.Raw) error) error {
-	return c.stream(ctx, method, payload, false, 0, nil, func(ch Chunk) error { return onChunk(ch.Values) })
+	return c.stream(ctx, method, payload, &streamOpts{}, func(ch Chunk) error { return onChunk(ch.Values) })
 }
 
 // StreamAhead is Stream for a stream whose chunks hold nothing T3 must know applied before it
@@ -380,7 +418,7 @@ func (c *Conn) Stream(ctx context.Context, method string, payload any, onChunk f
 // turn, not the handler's work, is most of an Ack's round trip — and what is read ahead is
 // bounded by ahead + 1 Chunks. The values are onChunk's to keep.
 func (c *Conn) StreamAhead(ctx context.Context, method string, payload any, ahead int, onChunk func(values []jx.Raw) error) error {
-	return c.stream(ctx, method, payload, false, max(ahead, 1), nil, func(ch Chunk) error { return onChunk(ch.Values) })
+	return c.stream(ctx, method, payload, &streamOpts{ahead: max(ahead, 1)}, func(ch Chunk) error { return onChunk(ch.Values) })
 }
 
 // StreamAheadOnRead is StreamAhead with onRead, offered each Chunk on the socket's read loop
@@ -393,7 +431,7 @@ func (c *Conn) StreamAhead(ctx context.Context, method string, payload any, ahea
 // the stream's goroutine — a wait for a core on a busy machine — for a stream whose chunks are
 // small, such as a thread's feed after its snapshot. The values are onRead's to keep.
 func (c *Conn) StreamAheadOnRead(ctx context.Context, method string, payload any, ahead int, onRead func(values []jx.Raw) (taken bool, err error), onChunk func(values []jx.Raw) error) error {
-	return c.stream(ctx, method, payload, false, max(ahead, 1), onRead, func(ch Chunk) error { return onChunk(ch.Values) })
+	return c.stream(ctx, method, payload, &streamOpts{ahead: max(ahead, 1), onRead: onRead}, func(ch Chunk) error { return onChunk(ch.Values) })
 }
 
 // Chunk is one Chunk message of a stream.
@@ -411,14 +449,31 @@ type Chunk struct {
 // must copy it; one that decodes the values into its own types (the watcher) needs no copy, and
 // the read loop makes none (decodeChunk).
 func (c *Conn) StreamChunks(ctx context.Context, method string, payload any, onChunk func(Chunk) error) error {
-	return c.stream(ctx, method, payload, true, 0, nil, onChunk)
+	return c.stream(ctx, method, payload, &streamOpts{borrow: true}, onChunk)
 }
 
-func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bool, ahead int, onRead func([]jx.Raw) (bool, error), onChunk func(Chunk) error) error {
+// StreamInline is StreamChunks with the handler run by the socket's read loop as each Chunk is
+// read, not handed to the calling goroutine: a Chunk whose work cannot block is done and
+// acknowledged there at once, with no goroutine woken for it. onChunk must not block (it holds up
+// every other request of the socket meanwhile); it returns nil when the Chunk is done — the read
+// loop then writes its Ack — or the rest of the Chunk's work that may wait (a commit to disk),
+// which runs on the calling goroutine, the Ack following once rest returns nil, so that T3 still
+// sends nothing more until then. A rest's error ends the stream as onChunk's does in Stream.
+//
+// The values are lent as in StreamChunks, until onChunk returns or, when it returns a rest, until
+// rest returns. A Chunk that comes while a rest is still to run (T3 waits for the Ack, so only a
+// server that does not) is handed to the calling goroutine whole, after it, so that the handler
+// still sees the Chunks one at a time and in order.
+func (c *Conn) StreamInline(ctx context.Context, method string, payload any, onChunk func(Chunk) (rest func() error)) error {
+	return c.stream(ctx, method, payload, &streamOpts{borrow: true, inline: onChunk}, nil)
+}
+
+func (c *Conn) stream(ctx context.Context, method string, payload any, so *streamOpts, onChunk func(Chunk) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cl, err := c.start(method, payload, borrow, ahead, onRead)
+	inline := so.inline
+	cl, err := c.start(method, payload, so)
 	if err != nil {
 		return err
 	}
@@ -434,9 +489,23 @@ func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bo
 			c.abandon(cl)
 			return ev.err
 		}
-		err = onChunk(Chunk{Values: ev.values, Read: ev.read})
+		switch {
+		case ev.rest != nil:
+			err = ev.rest()
+		case ev.whole:
+			if rest := inline(Chunk{Values: ev.values, Read: ev.read}); rest != nil {
+				err = rest()
+			}
+		default:
+			err = onChunk(Chunk{Values: ev.values, Read: ev.read})
+		}
 		cl.handled()
 		ev.frame.release()
+		if inline != nil {
+			// Before the Ack: T3 sends the next Chunk once it has it, and the read loop may then
+			// run the handler itself.
+			cl.caughtUp()
+		}
 		if err != nil {
 			c.abandon(cl)
 			return err
@@ -450,12 +519,20 @@ func (c *Conn) stream(ctx context.Context, method string, payload any, borrow bo
 
 // ack sends the Ack of cl's last Chunk.
 func (c *Conn) ack(cl *call) {
-	_ = c.send(t3rpc.NewAckClientMessage(t3rpc.Ack{RequestId: t3rpc.NewStringRequestId(cl.id)}))
+	_ = c.sendFrame(cl.ackFrame)
 }
 
-// start registers a request and writes it. The request is registered first so
-// that a reply racing the write is never dropped.
-func (c *Conn) start(method string, payload any, borrow bool, ahead int, onRead func([]jx.Raw) (bool, error)) (*call, error) {
+// streamOpts are a stream request's settings (call's fields of the same names).
+type streamOpts struct {
+	borrow bool
+	ahead  int
+	onRead func([]jx.Raw) (bool, error)
+	inline func(Chunk) func() error
+}
+
+// start registers a request (a stream when so is set) and writes it. The request is registered
+// first so that a reply racing the write is never dropped.
+func (c *Conn) start(method string, payload any, so *streamOpts) (*call, error) {
 	raw, err := encodePayload(payload)
 	if err != nil {
 		return nil, fmt.Errorf("effectrpc: %s: encode payload: %w", method, err)
@@ -468,7 +545,11 @@ func (c *Conn) start(method string, payload any, borrow bool, ahead int, onRead 
 	}
 	id := strconv.FormatUint(c.nextID, 10)
 	c.nextID++
-	cl := &call{id: id, method: method, borrow: borrow, ahead: ahead, onRead: onRead, wake: make(chan struct{}, 1)}
+	cl := &call{id: id, method: method, wake: make(chan struct{}, 1)}
+	if so != nil {
+		cl.borrow, cl.ahead, cl.onRead, cl.inline = so.borrow, so.ahead, so.onRead, so.inline
+		cl.ackFrame = encodeClient(t3rpc.NewAckClientMessage(t3rpc.Ack{RequestId: t3rpc.NewStringRequestId(id)}))
+	}
 	c.pending[id] = cl
 	c.mu.Unlock()
 
@@ -559,9 +640,14 @@ func (c *Conn) lookup(id string, take bool) *call {
 
 // send writes one client message.
 func (c *Conn) send(m t3rpc.ClientMessage) error {
+	return c.sendFrame(encodeClient(m))
+}
+
+// sendFrame writes one encoded client message; the library copies it (masking it), so frame may be
+// sent again.
+func (c *Conn) sendFrame(frame []byte) error {
 	ctx, cancel := context.WithTimeout(c.life, c.writeTimeout)
 	defer cancel()
-	frame := encodeClient(m)
 	if c.tap != nil {
 		c.tap("send", frame)
 	}
@@ -710,6 +796,10 @@ func (c *Conn) handle(m inbound, read time.Time, fr *frame) {
 			return
 		}
 		ev := event{values: ch.values, frame: fr, read: read}
+		if cl.inline != nil {
+			c.inlineChunk(cl, ev)
+			return
+		}
 		if cl.borrow {
 			fr.hold()
 		} else {
@@ -739,6 +829,10 @@ func (c *Conn) handle(m inbound, read time.Time, fr *frame) {
 		if cl == nil {
 			// Late chunk of an interrupted stream.
 			c.log.Debug("effectrpc: Chunk for an unknown request", "id", id)
+			return
+		}
+		if cl.inline != nil {
+			c.inlineChunk(cl, event{values: m.msg.Chunk.Values, read: read})
 			return
 		}
 		c.pushChunk(cl, event{values: m.msg.Chunk.Values, read: read})
@@ -789,6 +883,30 @@ func (c *Conn) pushChunk(cl *call, ev event) {
 	if cl.pushChunk(ev) {
 		c.ack(cl)
 	}
+}
+
+// inlineChunk runs an inline stream's handler on a Chunk (StreamInline), here on the read loop,
+// and acknowledges it when that was all; otherwise the Chunk goes to the stream's goroutine: its
+// rest, or the whole handler when an earlier Chunk is still to be done there. ev.frame, when set,
+// holds ev.values: held for the goroutine.
+func (c *Conn) inlineChunk(cl *call, ev event) {
+	if !cl.isBehind() {
+		rest := cl.inline(Chunk{Values: ev.values, Read: ev.read})
+		if rest == nil {
+			if c.isPending(cl.id) {
+				// A failed Ack means the socket is gone; the stream's goroutine hears of it.
+				c.ack(cl)
+			}
+			return
+		}
+		ev.rest = rest
+	} else {
+		ev.whole = true
+	}
+	if ev.frame != nil {
+		ev.frame.hold()
+	}
+	cl.pushBehind(ev)
 }
 
 // pingLoop sends a Ping every interval while none is unanswered, and closes

@@ -414,8 +414,8 @@ func TestCallCancelSendsInterrupt(t *testing.T) {
 }
 
 // A failed handler ends the stream with its error and interrupts the request; so does an
-// error from StreamAheadOnRead's onRead, which never hands the chunk to the handler then;
-// neither is acknowledged.
+// error from StreamAheadOnRead's onRead, which never hands the chunk to the handler then, and
+// one from the rest of a StreamInline handler; none is acknowledged.
 func TestHandlerErrorInterrupts(t *testing.T) {
 	boom := errors.New("sink failed")
 	for name, stream := range map[string]func(c *Conn) error{
@@ -426,6 +426,11 @@ func TestHandlerErrorInterrupts(t *testing.T) {
 			return c.StreamAheadOnRead(tctx(t), "test.stream", nil, 2,
 				func([]jx.Raw) (bool, error) { return false, boom },
 				func([]jx.Raw) error { t.Error("the handler got a chunk onRead failed on"); return nil })
+		},
+		"inline rest": func(c *Conn) error {
+			return c.StreamInline(tctx(t), "test.stream", nil, func(Chunk) func() error {
+				return func() error { return boom }
+			})
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

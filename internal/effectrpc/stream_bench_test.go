@@ -2,6 +2,8 @@ package effectrpc
 
 import (
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/go-faster/jx"
@@ -12,8 +14,13 @@ import (
 // thread feed applies an event: ns/op is per Chunk. "after" acknowledges once the handler
 // returned (Stream): a Chunk's round trip and the handler's work add up. "ahead" acknowledges
 // as the read loop queues it (StreamAhead): the next Chunk travels while the handler works.
+// "inline" runs the handler on the read loop and acknowledges there (StreamInline, the shell
+// stream's chunks that need no commit): the Chunk's work and round trip add up as in "after",
+// without the hand-off to the stream's goroutine. The "-idle" modes have a handler that does
+// nothing (a run's step costs the watcher a few µs): ns/op and cpu-ns/op (the process's CPU,
+// server included) are then the Chunk's round trip and hand-offs alone.
 func BenchmarkStreamChunks(b *testing.B) {
-	for _, mode := range []string{"after", "ahead"} {
+	for _, mode := range []string{"after", "ahead", "inline", "after-idle", "inline-idle"} {
 		b.Run(mode, func(b *testing.B) {
 			n := b.N
 			ts := newServer(b, func(p *peer) {
@@ -40,21 +47,45 @@ func BenchmarkStreamChunks(b *testing.B) {
 				sink += handlerWork(len(values[0]))
 				return nil
 			}
+			if strings.HasSuffix(mode, "-idle") {
+				handler = func(values []jx.Raw) error {
+					sink += len(values)
+					return nil
+				}
+			}
+			b.ReportAllocs()
 			b.ResetTimer()
-			if mode == "after" {
+			cpu0 := processCPU()
+			switch strings.TrimSuffix(mode, "-idle") {
+			case "after":
 				err = c.Stream(b.Context(), "test.stream", nil, handler)
-			} else {
+			case "ahead":
 				err = c.StreamAhead(b.Context(), "test.stream", nil, 2, handler)
+			case "inline":
+				err = c.StreamInline(b.Context(), "test.stream", nil, func(ch Chunk) func() error {
+					_ = handler(ch.Values)
+					return nil
+				})
 			}
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 			if sink == 0 {
 				b.Fatal("handler did nothing")
 			}
 		})
 	}
+}
+
+// processCPU is the process's user and system CPU time so far, in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 // handlerWork is a fixed amount of CPU per Chunk (tens of microseconds; a thread feed's apply of

@@ -451,6 +451,23 @@ func (d *Detector) Apply(_ context.Context, c watch.Change) error {
 	return d.applyLocked(c, fence)
 }
 
+// ApplyQuick implements watch.QuickSink: it takes a chunk that changes nothing to commit (a run's
+// steps: nothingToCommit) without the machine waiting for anything. It reports false, having
+// changed nothing, for any other chunk, and when the machine's lock is held (a Track or a
+// look-up committing), in replica mode, and for a snapshot: Apply then takes the change on the
+// watcher's goroutine.
+func (d *Detector) ApplyQuick(c watch.Change) bool {
+	if d.lease != nil || c.Snapshot {
+		return false
+	}
+	mu := d.machineLock(c.Machine)
+	if !mu.TryLock() {
+		return false
+	}
+	defer mu.Unlock()
+	return d.nothingToCommit(c)
+}
+
 // Adopt catches a machine up after this replica gained its lease (replica mode; a no-op
 // otherwise or when the lease is not held): the watcher's rows are judged as a snapshot against
 // the state the previous holder committed — runs and questions it may have missed become

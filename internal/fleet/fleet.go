@@ -90,6 +90,15 @@ func (s fleetSink) Apply(ctx context.Context, c watch.Change) error {
 	return s.f.sink.Apply(ctx, c)
 }
 
+// ApplyQuick implements watch.QuickSink for the fleet's sink when it is one.
+func (s fleetSink) ApplyQuick(c watch.Change) bool {
+	if s.f.sink == nil {
+		return true
+	}
+	qs, ok := s.f.sink.(watch.QuickSink)
+	return ok && qs.ApplyQuick(c)
+}
+
 // Machine is one configured T3 machine.
 type Machine struct {
 	Name   string

@@ -136,6 +136,12 @@ func (p *Push) Apply(_ context.Context, c watch.Change) error {
 	return nil
 }
 
+// ApplyQuick implements watch.QuickSink: Apply never waits (it queues the notifications for Run).
+func (p *Push) ApplyQuick(c watch.Change) bool {
+	_ = p.Apply(context.Background(), c)
+	return true
+}
+
 // Run delivers queued notifications until ctx ends.
 func (p *Push) Run(ctx context.Context) {
 	for {

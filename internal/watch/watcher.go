@@ -21,6 +21,7 @@ import (
 
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -72,6 +73,21 @@ func RowsOf(rows []t3rpc.ThreadShell) []*t3rpc.ThreadShell {
 // unacknowledged, so T3 holds the stream), see Watcher.applyToSink.
 type Sink interface {
 	Apply(ctx context.Context, c Change) error
+}
+
+// QuickSink is a Sink that can take a change at once when that needs nothing that may wait:
+// nothing to make durable, no store to read, no lock another holds for long. The watcher offers it
+// every change first, on the socket's read loop (effectrpc.StreamInline): a chunk it takes is
+// acknowledged right there, without a hand-off to the watcher's goroutine. Most of a busy
+// machine's chunks are a run's steps, which change nothing durable (the detector's
+// nothingToCommit).
+type QuickSink interface {
+	Sink
+	// ApplyQuick applies c if it can without blocking and reports whether it did. Reporting false
+	// it may have applied part of c (a fan-out's first sinks): Apply then follows with the same
+	// change on the watcher's goroutine, and every sink takes a change it has seen as it takes a
+	// retried one (applyToSink). It must not block: it holds up the machine's socket.
+	ApplyQuick(c Change) bool
 }
 
 // Options tune a Watcher. Zero values pick the defaults.
@@ -229,34 +245,60 @@ func (w *Watcher) session(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	synced := false
-	err = conn.StreamChunks(ctx, "orchestration.subscribeShell", &in, func(ch effectrpc.Chunk) error {
-		return gp.chunk(ctx, ch.Values, func() error {
-			s, err := w.applyChunk(ctx, ch)
-			if s {
-				synced = true
+	// The chunks are applied on the socket's read loop, and those that change nothing durable are
+	// acknowledged there (startChunk); the rest of a chunk that must wait — for the sink's
+	// commit, for a place in the snapshot gate — runs on this goroutine, and its Ack follows.
+	var synced atomic.Bool
+	err = conn.StreamInline(ctx, "orchestration.subscribeShell", &in, func(ch effectrpc.Chunk) func() error {
+		if gp.holding() || hasSnapshot(ch.Values) {
+			// The gate may make the chunk wait for a place: all of it here.
+			return func() error {
+				return gp.chunk(ctx, ch.Values, func() error {
+					s, err := w.applyChunk(ctx, ch)
+					if s {
+						synced.Store(true)
+					}
+					return err
+				})
 			}
-			return err
-		})
+		}
+		s, rest := w.startChunk(ctx, ch)
+		if s {
+			synced.Store(true)
+		}
+		return rest
 	})
 	if err == nil {
 		err = errors.New("T3 ended the shell subscription")
 	}
-	return synced, err
+	return synced.Load(), err
 }
 
-// applyChunk decodes and applies one chunk, then hands the change to the sink.
-// It returns true once the stream reported synchronized.
+// applyChunk decodes and applies one chunk, then hands the change to the sink, and returns once
+// the sink has it (durable, for the detector). It returns true once the stream reported
+// synchronized.
 func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, error) {
+	synced, rest := w.startChunk(ctx, ch)
+	if rest != nil {
+		return synced, rest()
+	}
+	return synced, nil
+}
+
+// startChunk decodes and applies one chunk and offers the change to the sink when it is a
+// QuickSink. It returns nil when that was all (the chunk may be acknowledged), or the rest: the
+// sink's Apply, retried until it works (applyToSink), or the decoding's error. It never blocks
+// but for the watcher's own lock (held briefly), so the socket's read loop runs it. It reports
+// true once the stream reported synchronized.
+func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, func() error) {
 	m := w.opts.Metrics
 	m.started(ch.Read, len(ch.Values))
 	items, err := decodeItems(ch.Values)
 	if err != nil {
-		return false, err
+		return false, func() error { return err }
 	}
 	// The change lends the sink the decoded rows (Change.Threads): the items go back to the pool
-	// once the sink is done with them.
-	defer putItems(items)
+	// once the sink is done with them, here or at the end of the rest.
 
 	w.mu.Lock()
 	change := Change{Machine: w.name, Threads: make([]*t3rpc.ThreadShell, 0, len(items))}
@@ -306,10 +348,18 @@ func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, err
 		w.opts.OnItemsApplied(len(items), change.Cursor)
 	}
 	if w.opts.Sink != nil && (len(change.Threads) > 0 || len(change.Removed) > 0 || change.Snapshot) {
-		if err := w.applyToSink(ctx, change); err != nil {
-			return syncedNow, err
+		if qs, ok := w.opts.Sink.(QuickSink); !ok || !qs.ApplyQuick(change) {
+			return syncedNow, func() error {
+				defer putItems(items)
+				if err := w.applyToSink(ctx, change); err != nil {
+					return err
+				}
+				m.durable(ch.Read)
+				return nil
+			}
 		}
 	}
+	putItems(items)
 	m.durable(ch.Read)
 	return syncedNow, nil
 }
