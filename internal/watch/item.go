@@ -17,10 +17,12 @@ import (
 //     included: a write barrier per word while the collector runs) before decoding into it, and
 //     it is zero already;
 //   - the kind is one of a few known strings: it is taken from them instead of allocating one
-//     per item.
+//     per item;
+//   - the thread row's strings are those of the rows decoded before it when equal (decodeShell,
+//     recentStrings; rs may be nil).
 //
 // Every other field is decoded by the generated decoders of its type.
-func decodeItem(it *t3rpc.ShellStreamItem, raw []byte) error {
+func decodeItem(it *t3rpc.ShellStreamItem, raw []byte, rs *recentStrings) error {
 	hasKind := false
 	err := jx.DecodeBytes(raw).ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
@@ -35,7 +37,8 @@ func decodeItem(it *t3rpc.ShellStreamItem, raw []byte) error {
 			if it.Thread.Set {
 				it.Thread.Reset() // a repeated key: the last one counts, as in the generated decoder
 			}
-			return it.Thread.Decode(d)
+			it.Thread.Set = true
+			return decodeShell(d, &it.Thread.Value, rs)
 		case "sequence":
 			return decodeField(&it.Sequence, d)
 		case "snapshot":

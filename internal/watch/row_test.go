@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/go-faster/jx"
 
@@ -236,14 +237,19 @@ func FuzzDecodeItem(f *testing.F) {
 	f.Add([]byte(`{"kind":"brand-new","sequence":3,"extra":[1,{"x":null}]}`))
 	f.Add([]byte(`{"kind":"thread.removed","sequence":3,"threadId":"a","location":"archive"}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		var want, got t3rpc.ShellStreamItem
+		var want t3rpc.ShellStreamItem
 		wantErr := want.Decode(jx.DecodeBytes(raw))
-		gotErr := decodeItem(&got, raw)
-		if (wantErr == nil) != (gotErr == nil) {
-			t.Fatalf("%s: generated decoder says %v, decodeItem %v", raw, wantErr, gotErr)
-		}
-		if wantErr == nil && !reflect.DeepEqual(want, got) {
-			t.Fatalf("%s: decodeItem gives %+v, the generated decoder %+v", raw, got, want)
+		// Twice with one recentStrings: the row's strings new, then every one remembered.
+		var rs recentStrings
+		for _, pass := range []string{"first", "again"} {
+			var got t3rpc.ShellStreamItem
+			gotErr := decodeItem(&got, raw, &rs)
+			if (wantErr == nil) != (gotErr == nil) {
+				t.Fatalf("%s (%s): generated decoder says %v, decodeItem %v", raw, pass, wantErr, gotErr)
+			}
+			if wantErr == nil && !reflect.DeepEqual(want, got) {
+				t.Fatalf("%s (%s): decodeItem gives %+v, the generated decoder %+v", raw, pass, got, want)
+			}
 		}
 	})
 }
@@ -302,8 +308,60 @@ func TestDecodeItemKnowsEveryGeneratedField(t *testing.T) {
 		key := strings.Split(typ.Field(i).Tag.Get("json"), ",")[0]
 		raw := `{"kind":"thread.updated",` + strconv.Quote(key) + `:123456789012345678901234567890}`
 		var it t3rpc.ShellStreamItem
-		if err := decodeItem(&it, []byte(raw)); err == nil {
+		if err := decodeItem(&it, []byte(raw), nil); err == nil {
 			t.Errorf("decodeItem skipped %q (ShellStreamItem.%s): teach it the field (item.go)", key, typ.Field(i).Name)
 		}
+	}
+}
+
+// decodeShell is written key by key as well: every field of the generated ThreadShell must be
+// decoded (a value wrong for any type refused), not skipped.
+func TestDecodeShellKnowsEveryGeneratedField(t *testing.T) {
+	typ := reflect.TypeFor[t3rpc.ThreadShell]()
+	for i := range typ.NumField() {
+		key := strings.Split(typ.Field(i).Tag.Get("json"), ",")[0]
+		raw := `{"id":"t","projectId":"p","title":"x","status":"idle",` + strconv.Quote(key) + `:123456789012345678901234567890}`
+		var row t3rpc.ThreadShell
+		err := decodeShell(jx.DecodeStr(raw), &row, &recentStrings{})
+		if typ.Field(i).Type == reflect.TypeFor[jx.Raw]() {
+			// Any JSON value is one: read, not skipped.
+			if v := reflect.ValueOf(row).Field(i).Interface().(jx.Raw); err != nil || string(v) != "123456789012345678901234567890" {
+				t.Errorf("decodeShell read %q (ThreadShell.%s) as %q, %v", key, typ.Field(i).Name, v, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("decodeShell skipped %q (ThreadShell.%s): teach it the field (shelldecode.go)", key, typ.Field(i).Name)
+		}
+	}
+}
+
+// A row decoded after another of the same thread shares the strings they have in common, and a
+// string that differs is the new row's own: the rows read as decoded, whatever came before.
+func TestDecodeShellSharesTheStringsOfRowsBefore(t *testing.T) {
+	var rs recentStrings
+	decode := func(raw string) t3rpc.ThreadShell {
+		t.Helper()
+		var row t3rpc.ThreadShell
+		if err := decodeShell(jx.DecodeStr(raw), &row, &rs); err != nil {
+			t.Fatal(err)
+		}
+		return row
+	}
+	a := decode(`{"id":"thread-1","projectId":"p","title":"Fix it","status":"running","latestRunId":"run-1","activeRunId":"run-1","updatedAt":"2026-12-01T10:00:01.000Z"}`)
+	b := decode(`{"id":"thread-1","projectId":"p","title":"Fix it","status":"waiting","latestRunId":"run-1","activeRunId":null,"updatedAt":"2026-12-01T10:00:02.000Z"}`)
+	if unsafe.StringData(a.ID) != unsafe.StringData(b.ID) || unsafe.StringData(a.Title) != unsafe.StringData(b.Title) ||
+		unsafe.StringData(a.LatestRunId.Value) != unsafe.StringData(b.LatestRunId.Value) {
+		t.Fatal("the second row of a thread did not share the strings of the first")
+	}
+	if b.Status != "waiting" || b.UpdatedAt.Value != "2026-12-01T10:00:02.000Z" || !b.ActiveRunId.Null || a.Status != "running" {
+		t.Fatalf("rows read %+v and %+v", a, b)
+	}
+	// Past recentWays other values of a field, the first is forgotten, not confused.
+	for i := range recentWays {
+		decode(fmt.Sprintf(`{"id":"thread-%d","projectId":"p","title":"t","status":"idle"}`, i+2))
+	}
+	if c := decode(`{"id":"thread-1","projectId":"p","title":"Fix it","status":"idle"}`); c.ID != "thread-1" || unsafe.StringData(c.ID) == unsafe.StringData(a.ID) {
+		t.Fatalf("after %d other threads: id %q, shared %v", recentWays, c.ID, unsafe.StringData(c.ID) == unsafe.StringData(a.ID))
 	}
 }

@@ -139,6 +139,10 @@ type Watcher struct {
 	status   Status
 	conn     *effectrpc.Conn
 	connWait chan struct{} // closed when a conn becomes available
+
+	// strs serves the decoding of the chunks' rows (recentStrings): only the chunk being applied
+	// uses it (startChunk), not under mu.
+	strs recentStrings
 }
 
 // New makes a watcher; call Run to start it.
@@ -293,7 +297,7 @@ func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, err
 func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, func() error) {
 	m := w.opts.Metrics
 	m.started(ch.Read, len(ch.Values))
-	items, err := decodeItems(ch.Values)
+	items, err := decodeItems(ch.Values, &w.strs)
 	if err != nil {
 		return false, func() error { return err }
 	}
@@ -372,7 +376,7 @@ func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, fun
 // is a kilobyte, and a fresh slice per chunk was a large allocation for every busy chunk (a
 // lagging machine's chunk of 1,024 items is a megabyte). The pool keeps nothing across garbage
 // collections, so an idle connector holds none of it.
-func decodeItems(values []jx.Raw) ([]t3rpc.ShellStreamItem, error) {
+func decodeItems(values []jx.Raw, rs *recentStrings) ([]t3rpc.ShellStreamItem, error) {
 	var items []t3rpc.ShellStreamItem
 	if p, _ := itemPool.Get().(*[]t3rpc.ShellStreamItem); p != nil && cap(*p) >= len(values) {
 		items = (*p)[:len(values)]
@@ -380,7 +384,7 @@ func decodeItems(values []jx.Raw) ([]t3rpc.ShellStreamItem, error) {
 		items = make([]t3rpc.ShellStreamItem, len(values))
 	}
 	for i, v := range values {
-		if err := decodeItem(&items[i], v); err != nil {
+		if err := decodeItem(&items[i], v, rs); err != nil {
 			// A malformed item cannot be applied, and skipping it could lose a
 			// transition: fail the stream so the reconnect replays it (or T3
 			// sends a snapshot), and say what was wrong.
