@@ -111,6 +111,14 @@ type Conn struct {
 	// awaitingPong is set when a Ping goes out and cleared by the Pong.
 	awaitingPong atomic.Bool
 	wg           sync.WaitGroup
+
+	// One frame is written at a time (wmu); writeStart is when the one being written began (0:
+	// none), and writeWatch, one timer per connection, fails the connection when a write has
+	// taken writeTimeout (writeOverdue): a context with a deadline per write made a timer and a
+	// context.AfterFunc in the library for every Ack.
+	wmu        sync.Mutex
+	writeStart atomic.Int64
+	writeWatch *time.Timer
 }
 
 // call is one in-flight request. The read loop appends events to its queue and
@@ -321,6 +329,8 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		pending:      make(map[string]*call),
 		done:         make(chan struct{}),
 	}
+	c.writeWatch = time.AfterFunc(time.Hour, c.writeOverdue)
+	c.writeWatch.Stop()
 	c.wg.Add(2)
 	go c.readLoop(opts.ReadLimit)
 	go c.pingLoop()
@@ -353,6 +363,7 @@ func (c *Conn) Close() error {
 	c.cancel()
 	_ = c.ws.CloseNow()
 	c.wg.Wait()
+	c.writeWatch.Stop()
 	return nil
 }
 
@@ -644,20 +655,42 @@ func (c *Conn) send(m t3rpc.ClientMessage) error {
 }
 
 // sendFrame writes one encoded client message; the library copies it (masking it), so frame may be
-// sent again.
+// sent again. A write that takes writeTimeout closes the connection (writeOverdue), as does a
+// closing connection (the socket is closed under it).
 func (c *Conn) sendFrame(frame []byte) error {
-	ctx, cancel := context.WithTimeout(c.life, c.writeTimeout)
-	defer cancel()
 	if c.tap != nil {
 		c.tap("send", frame)
 	}
-	if err := c.ws.Write(ctx, websocket.MessageText, frame); err != nil {
+	c.wmu.Lock()
+	c.writeStart.Store(time.Now().UnixNano())
+	c.writeWatch.Reset(c.writeTimeout)
+	// A context without Done: the library then arms nothing of its own per write.
+	err := c.ws.Write(context.Background(), websocket.MessageText, frame)
+	c.writeStart.Store(0)
+	c.writeWatch.Stop()
+	c.wmu.Unlock()
+	if err != nil {
 		// The library closes the socket on a failed or timed-out write, so every
 		// waiter must hear about it, not just this sender.
 		c.fail(fmt.Errorf("%w: write failed: %v", ErrClosed, err))
 		return c.Err()
 	}
 	return nil
+}
+
+// writeOverdue runs when writeWatch fires: a write that has taken writeTimeout means the peer
+// stopped reading, and the connection is closed (which ends the write); one that began later than
+// that (the timer fired for a write just done) is watched for the rest of its time.
+func (c *Conn) writeOverdue() {
+	start := c.writeStart.Load()
+	if start == 0 {
+		return
+	}
+	if left := c.writeTimeout - time.Since(time.Unix(0, start)); left > 0 {
+		c.writeWatch.Reset(left)
+		return
+	}
+	c.fail(fmt.Errorf("%w: a write took longer than %v: T3 stopped reading", ErrClosed, c.writeTimeout))
 }
 
 // shutdown marks the connection closed with cause; it reports whether this
