@@ -173,7 +173,7 @@ func (l *loop) startHanded(e store.Event) bool {
 	if _, ok := l.streams[e.Stream]; ok {
 		return false
 	}
-	if l.unsettledNow.Load()+int64(h.started) >= maxUnrecorded || !l.takeSlot() {
+	if l.unsettledNow.Load()+int64(h.started) >= int64(l.o.unrecordedMax) || !l.takeSlot() {
 		return false
 	}
 	s := &stream{name: e.Stream, bo: l.o.cfg.Backoff.NewBackOff()}

@@ -560,8 +560,9 @@ func (l *loop) dispatch(now time.Time) {
 	// Heads put back count: while only enrichment has room, look at no more of them than it has
 	// slots, so that a turn stays O(slots), not O(ready streams).
 	putBack := 0
-	// slotShort: a head may have been left waiting for a request slot (a worker freeing one
-	// must wake the loop: await).
+	// slotShort: a head may have been left waiting for a request slot, the slots and nothing
+	// else being short (a worker freeing one must wake the loop: await; with too many outcomes
+	// unrecorded, the records wake it).
 	slotShort := false
 	src := &l.ready
 	if l.o.claimer != nil {
@@ -569,8 +570,9 @@ func (l *loop) dispatch(now time.Time) {
 		src = &l.claimed
 	}
 	for n := len(*src); n > 0 && len(*src) > 0 && l.ctx.Err() == nil && putBack < cfg.EnrichConcurrency; n-- {
-		deliverRoom := int(l.inflight.Load())+len(l.toDeliver) < l.limit && l.unsettled < maxUnrecorded
-		slotShort = slotShort || !deliverRoom
+		slotsLeft := int(l.inflight.Load())+len(l.toDeliver) < l.limit
+		deliverRoom := slotsLeft && l.unsettled < l.o.unrecordedMax
+		slotShort = slotShort || (!slotsLeft && l.unsettled < l.o.unrecordedMax)
 		enrichRoom := cfg.Enricher != nil && l.enriching+len(l.toEnrich) < cfg.EnrichConcurrency
 		if !deliverRoom && !enrichRoom {
 			break
@@ -602,15 +604,18 @@ func (l *loop) dispatch(now time.Time) {
 			putBack++
 		}
 	}
-	for len(l.toDeliver) > 0 && l.unsettled < maxUnrecorded && l.ctx.Err() == nil && l.takeSlot() {
+	for len(l.toDeliver) > 0 && l.unsettled < l.o.unrecordedMax && l.ctx.Err() == nil && l.takeSlot() {
 		s := pop(&l.toDeliver)
 		s.ready = false
 		l.startDelivery(s)
 	}
 	// Heads left waiting for a slot: a freed slot must wake the loop (await). Decided by what
 	// this dispatch saw, not by the count now: a slot freed since it looked is seen by await.
+	if len(l.toDeliver) > 0 && l.unsettled < l.o.unrecordedMax {
+		slotShort = true // takeSlot found every slot taken
+	}
 	waiting := len(*src) > 0 || len(l.toDeliver) > 0
-	l.slotsFull = waiting && (slotShort || len(l.toDeliver) > 0)
+	l.slotsFull = waiting && slotShort
 	// Every request slot taken and heads still waiting: the limit may grow (adapt).
 	l.saturated = int(l.inflight.Load()) >= l.limit && waiting
 	for l.enriching < cfg.EnrichConcurrency && len(l.toEnrich) > 0 && l.ctx.Err() == nil {

@@ -199,6 +199,8 @@ type Outbox struct {
 	// turns counts the loop's turns and slotWakes the loop's wake-ups by a finished request
 	// (tests and benchmarks: the goroutine hand-offs per delivery).
 	turns, slotWakes atomic.Int64
+	// unrecordedMax is maxUnrecorded (tests change it).
+	unrecordedMax int
 	// handStarts counts the deliveries Committed started without the loop (startHanded), and
 	// idleWorkers the delivery workers waiting for a job (tests and benchmarks).
 	handStarts, idleWorkers atomic.Int64
@@ -216,6 +218,7 @@ func New(q Queue, cfg Config) (*Outbox, error) {
 	}
 	o := &Outbox{q: q, url: cfg.URL, wake: make(chan struct{}, 1), summaryEvery: summaryEvery, handBudget: handBudget, handMax: handMax, handScanEvery: handScanEvery, idleLinger: idleLinger}
 	o.hand.contiguous = true
+	o.unrecordedMax = maxUnrecorded
 	o.claimer, _ = q.(store.Claimer)
 	if cfg.Claimant == "" {
 		cfg.Claimant = "outbox-" + rand.Text()

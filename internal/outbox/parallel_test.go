@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"reflect"
 	"strings"
@@ -523,4 +526,56 @@ func TestInFlightFollowsTheBacklog(t *testing.T) {
 		t.Fatalf("peak requests in flight = %d (cap %d), per thread = %d (want 1)", peak, limit, streamPeak)
 	}
 	checkOrder(t, rc, streams, 2)
+}
+
+// TestRecordBoundLeavesTheLoopAsleep: with as many outcomes unrecorded as the bound allows (the
+// records held) and every request slot free again, the heads left waiting do not keep the loop
+// turning: it sleeps until a record comes back. (A loop that took the waiting heads for heads
+// waiting for a slot would return from every sleep at once: a core's worth of turns, which in the
+// outage phase's drain starved the very records it waited for.)
+func TestRecordBoundLeavesTheLoopAsleep(t *testing.T) {
+	rc := newReceiver(t)
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q := heldRecords{Store: st, release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(q.release) }) }
+	defer release()
+	ob, err := New(q, Config{URL: rc.srv.URL, Concurrency: 8, Backoff: constBackoff(0), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: (&fakeClock{t: t0}).Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob.unrecordedMax = 3
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { ob.Run(ctx); close(done) }()
+	defer func() { release(); cancel(); <-done }()
+
+	const streams = 10
+	if err := st.Commit(store.Batch{Events: backlog(streams, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	ob.Notify()
+	eventually(t, "as many requests as outcomes may wait unrecorded, their workers idle again", func() bool {
+		return len(rc.requests()) == 3 && ob.idleWorkers.Load() == 3
+	})
+	turns := ob.turns.Load()
+	// Wake-ups that find nothing new: a turn or two each for a sleeping loop; a loop that never
+	// sleeps never even takes them.
+	for range 3 {
+		ob.Notify()
+		eventually(t, "the Notify taken", func() bool { return !ob.scanAsked.Load() })
+	}
+	if n := ob.turns.Load() - turns; n > 20 {
+		t.Fatalf("the loop turned %d times for 3 wake-ups while the records were held", n)
+	}
+	if n := len(rc.requests()); n != 3 {
+		t.Fatalf("%d requests while 3 outcomes were unrecorded, want 3", n)
+	}
+	release()
+	eventually(t, "all delivered", func() bool { p, _, dl, err := st.Counts(); return err == nil && p == 0 && dl == streams })
+	checkOrder(t, rc, streams, 1)
 }
