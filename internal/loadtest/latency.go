@@ -49,7 +49,7 @@ func (h *harness) threadTool(ctx context.Context) error {
 	if len(others) > 0 {
 		h.logf("t3_thread: first calls on %d threads of %d items", len(others), h.cfg.BigThreadItems)
 		src0 := h.threadSources(ctx)
-		u := h.mark()
+		u, pc := h.mark(), startPreciseCPU(h.conn.pid)
 		var first []time.Duration
 		for _, other := range others {
 			d, err := call(other)
@@ -64,7 +64,7 @@ func (h *harness) threadTool(ctx context.Context) error {
 			return err
 		}
 		fu := h.usageSince(u)
-		tt.FirstLatency, tt.FirstCPUPerCall = dist(first), fu.CPU/time.Duration(len(others))
+		tt.FirstLatency, tt.FirstCPUPerCall = dist(first), pc.of(fu.CPU)/time.Duration(len(others))
 		tt.FirstSources = sourcesSince(src0, h.threadSources(ctx))
 	}
 	h.logf("t3_thread on a %d-item thread × %d", h.cfg.BigThreadItems, h.cfg.ThreadCalls)
@@ -73,7 +73,7 @@ func (h *harness) threadTool(ctx context.Context) error {
 	if _, err := call(tid); err != nil {
 		return err
 	}
-	ru := h.mark()
+	ru, rpc := h.mark(), startPreciseCPU(h.conn.pid)
 	var lat []time.Duration
 	for range h.cfg.ThreadCalls {
 		d, err := call(tid)
@@ -83,7 +83,7 @@ func (h *harness) threadTool(ctx context.Context) error {
 		lat = append(lat, d)
 	}
 	if h.cfg.ThreadCalls > 0 {
-		tt.RepeatCPUPerCall = h.usageSince(ru).CPU / time.Duration(h.cfg.ThreadCalls)
+		tt.RepeatCPUPerCall = rpc.of(h.usageSince(ru).CPU) / time.Duration(h.cfg.ThreadCalls)
 	}
 	usage := h.usageSince(u)
 	tt.Sources = sourcesSince(src0, h.threadSources(ctx))
