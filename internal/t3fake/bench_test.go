@@ -17,8 +17,8 @@ import (
 )
 
 // ackingSubscriber subscribes to the shell on its own socket and acks every chunk at once, as a
-// fast connector would; it returns when the socket closes.
-func ackingSubscriber(b *testing.B, s *Server) (done <-chan struct{}) {
+// fast connector would, then sends on acked (when not nil); done closes with the socket.
+func ackingSubscriber(b *testing.B, s *Server, acked chan<- struct{}) (done <-chan struct{}) {
 	b.Helper()
 	ctx := context.Background()
 	ws, _, err := websocket.Dial(ctx, s.WebSocketURL()+"?orchestrationProtocol=2", &websocket.DialOptions{
@@ -42,6 +42,9 @@ func ackingSubscriber(b *testing.B, s *Server) (done <-chan struct{}) {
 			var m t3rpc.ServerMessage
 			if m.Decode(jx.DecodeBytes(data)) == nil && m.IsChunk() {
 				_ = ws.Write(ctx, websocket.MessageText, []byte(`{"_tag":"Ack","requestId":"0"}`))
+				if acked != nil {
+					acked <- struct{}{}
+				}
 			}
 		}
 	}()
@@ -60,7 +63,7 @@ func BenchmarkTransitions(b *testing.B) {
 	for i := range threads {
 		threads[i] = s.AddThread(pid, fmt.Sprint("load ", i), "idle")
 	}
-	done := ackingSubscriber(b, s)
+	done := ackingSubscriber(b, s, nil)
 	b.ReportAllocs()
 	b.ResetTimer()
 	steps := 0

@@ -189,15 +189,16 @@ type Server struct {
 	shellSubs   map[*sub]struct{}
 	threadSubs  map[string]map[*sub]struct{}
 	readyQ      []*run // runs due for their next step, in readyAt order
-	// stepping is set while Step advances a run: a subscription made ready meanwhile is noted
-	// in dirty instead of waking its socket's writer goroutine, and Step writes it itself once
-	// mu is let go (conn.flushHere): one goroutine wake-up less per Chunk.
-	stepping    bool
-	dirty       []*conn
-	nextProject int
-	nextThread  int
-	nextMessage int
-	fiberID     int64
+	// callerWrites is set while Step advances a run or StartRun starts one: a subscription made
+	// ready meanwhile is noted in dirty instead of waking its socket's writer goroutine, and
+	// the caller writes it itself once mu is let go (unlockAndWrite): one goroutine wake-up
+	// less per Chunk.
+	callerWrites bool
+	dirty        []*conn
+	nextProject  int
+	nextThread   int
+	nextMessage  int
+	fiberID      int64
 
 	wake chan struct{} // pokes the scheduler; capacity 1
 	stop chan struct{} // closed by Close

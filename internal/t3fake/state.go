@@ -764,7 +764,8 @@ func dropThreadRuns(q []*run, th *thread) []*run {
 // runs without a WebSocket.
 func (s *Server) StartRun(threadID, prompt string) (string, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.callerWrites = true
+	defer s.unlockAndWrite() // the run's first shell row, written here as Step writes its rows
 	th := s.threadByID[threadID]
 	if th == nil {
 		return "", fmt.Errorf("t3fake: no thread %q", threadID)

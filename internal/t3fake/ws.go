@@ -18,8 +18,8 @@ import (
 // answers calls. Whoever writes holds conn.wmu from taking messages off the queues (collect) to
 // the end of their write, so message order on the socket is the order things were queued. The
 // writer goroutine writes whatever it is woken for; two hot paths write on their own goroutine
-// instead of waking it (flushHere): the reader, for the Chunk an Ack lets go, and Step's caller,
-// for what the step queued. Streams follow T3's Ack flow control: a subscription with a Chunk in
+// instead of waking it (flushHere): the reader, for the Chunk an Ack lets go, and the caller of
+// Step or StartRun, for what the step or the run's start queued. Streams follow T3's Ack flow control: a subscription with a Chunk in
 // flight sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes
 // out batched in the next Chunk.
 
@@ -45,7 +45,8 @@ type sub struct {
 }
 
 // push queues an item for the subscriber. Callers hold Server.mu, which orders all pushes.
-// Within Step the socket is noted for Step to write (Server.dirty) instead of waking its writer.
+// Within Step or StartRun the socket is noted for the caller to write (Server.dirty) instead of
+// waking its writer.
 func (sb *sub) push(q queued) {
 	c := sb.c
 	c.mu.Lock()
@@ -59,7 +60,7 @@ func (sb *sub) push(q queued) {
 	if !ready {
 		return
 	}
-	if s := c.s; s.stepping {
+	if s := c.s; s.callerWrites {
 		if !c.dirty {
 			c.dirty = true
 			s.dirty = append(s.dirty, c)

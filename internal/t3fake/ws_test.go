@@ -41,11 +41,11 @@ func onlySocket(t *testing.T, s *Server) *conn {
 	return nil
 }
 
-// A step's shell row leaves on the goroutine that called Step, before Step returns: the socket's
-// writer goroutine is not woken for it. Before each step a Ping round trip shows the server has
-// read the client's last Ack, and taking and releasing wmu waits out the writer goroutine's last
-// write (the Pong; a wake-up asked for meanwhile is taken before it lets wmu go), so nothing else
-// is writing when Step runs.
+// A step's shell row, and the first row of a run StartRun starts, leave on the goroutine that
+// called Step or StartRun, before it returns: the socket's writer goroutine is not woken for
+// them. Before each call a Ping round trip shows the server has read the client's last Ack, and
+// taking and releasing wmu waits out the writer goroutine's last write (the Pong; a wake-up asked
+// for meanwhile is taken before it lets wmu go), so nothing else is writing during the call.
 func TestStepWritesItsChunkOnTheCallersGoroutine(t *testing.T) {
 	s := StartT(t, Options{ManualSteps: true})
 	pid := s.AddProject("api", "/srv/api")
@@ -68,11 +68,11 @@ func TestStepWritesItsChunkOnTheCallersGoroutine(t *testing.T) {
 	c := dial(t, s, s.Token(), nil)
 	shell := c.subscribeReady("orchestration.subscribeShell", `{}`)
 	sc := onlySocket(t, s)
-	if _, err := s.StartRun(tid, "plain run"); err != nil {
-		t.Fatal(err)
-	}
-	me, written := goid(), 0
-	for step := 1; ; step++ {
+	me := goid()
+	// call runs f and checks that the rows it sent were reported by its return, by this
+	// goroutine; it returns f's result and how many rows it sent.
+	call := func(name string, f func() bool) (bool, int) {
+		t.Helper()
 		c.barrier()
 		sc.wmu.Lock()
 		//lint:ignore SA2001 an empty critical section: waits for the writer goroutine's write to end
@@ -81,22 +81,34 @@ func TestStepWritesItsChunkOnTheCallersGoroutine(t *testing.T) {
 		before := len(rows)
 		mu.Unlock()
 		items := len(c.items[shell])
-		if !s.Step() {
-			break
-		}
+		ok := f()
 		mu.Lock()
 		got := append([]sent(nil), rows[before:]...)
 		mu.Unlock()
-		c.barrier() // what the step sent has arrived (and is acknowledged)
+		c.barrier() // what f sent has arrived (and is acknowledged)
 		if n := len(c.items[shell]) - items; len(got) != n {
-			t.Fatalf("step %d: %d rows reported by Step's return, %d arrived", step, len(got), n)
+			t.Fatalf("%s: %d rows reported by its return, %d arrived", name, len(got), n)
 		}
 		for _, r := range got {
 			if r.goid != me {
-				t.Fatalf("step %d: the row at %d was written by goroutine %d, not Step's caller %d", step, r.seq, r.goid, me)
+				t.Fatalf("%s: the row at %d was written by goroutine %d, not the caller %d", name, r.seq, r.goid, me)
 			}
 		}
-		written += len(got)
+		return ok, len(got)
+	}
+	if _, n := call("StartRun", func() bool {
+		_, err := s.StartRun(tid, "plain run")
+		return err == nil
+	}); n != 1 {
+		t.Fatalf("StartRun sent %d rows, want 1", n)
+	}
+	written := 0
+	for step := 1; ; step++ {
+		ok, n := call(fmt.Sprintf("step %d", step), s.Step)
+		if !ok {
+			break
+		}
+		written += n
 	}
 	if st, _ := s.ThreadStatus(tid); st != "completed" || written == 0 {
 		t.Errorf("thread %q after every step, %d rows written; want completed, some", st, written)
