@@ -344,23 +344,27 @@ func (d *driver) run(ctx context.Context) {
 
 // tickAll ticks every machine of live, in as many goroutines as Go runs at once (GOMAXPROCS),
 // each a contiguous share of the machines: the fakes' work per tick is the harness's largest,
-// and one goroutine would leave it one core however many the machine has. The first share is
-// ticked on the calling goroutine (the driver's, awake already), the others each on a goroutine
-// of its own. It returns each machine's error.
+// and one goroutine would leave it one core however many the machine has. It returns each
+// machine's error.
 func tickAll(ctx context.Context, live []*machine, now time.Time) []error {
 	errs := make([]error, len(live))
 	shares := min(runtime.GOMAXPROCS(0), len(live))
-	per := (len(live) + max(shares, 1) - 1) / max(shares, 1)
-	share := func(lo int) {
-		for i := lo; i < min(lo+per, len(live)); i++ {
-			errs[i] = live[i].tick(ctx, now)
+	if shares <= 1 {
+		for i, m := range live {
+			errs[i] = m.tick(ctx, now)
 		}
+		return errs
 	}
 	var wg sync.WaitGroup
-	for lo := per; lo < len(live); lo += per {
-		wg.Go(func() { share(lo) })
+	per := (len(live) + shares - 1) / shares
+	for lo := 0; lo < len(live); lo += per {
+		hi := min(lo+per, len(live))
+		wg.Go(func() {
+			for i := lo; i < hi; i++ {
+				errs[i] = live[i].tick(ctx, now)
+			}
+		})
 	}
-	share(0)
 	wg.Wait()
 	return errs
 }

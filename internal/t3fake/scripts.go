@@ -393,42 +393,17 @@ func (s *Server) scheduler() {
 // whether there was one. With Options.ManualSteps it is the only thing that moves runs, which lets
 // a test observe every intermediate state. A run parked on a question or hanging until interrupted
 // is not queued: Step returns false once nothing but such runs is left.
-//
-// What the step queued for a subscriber is written on the caller's goroutine after the step
-// (unlockAndWrite), not handed to the socket's writer goroutine: the caller is awake already, the
-// writer would have to be woken and scheduled for every Chunk. The frames, their order and the
-// moment OnItemSent reports (right after the write) are the same either way.
 func (s *Server) Step() bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed || len(s.readyQ) == 0 {
-		s.mu.Unlock()
 		return false
 	}
-	s.callerWrites = true
-	defer s.unlockAndWrite()
 	r := s.readyQ[0]
 	s.readyQ[0] = nil
 	s.readyQ = s.readyQ[1:]
 	s.advance(r)
 	return true
-}
-
-// unlockAndWrite ends a change made with callerWrites set: it lets mu go and writes, on the
-// calling goroutine, what the change made ready on each socket it noted (conn.flushHere).
-// Callers hold mu.
-func (s *Server) unlockAndWrite() {
-	s.callerWrites = false
-	var few [4]*conn
-	dirty := append(few[:0], s.dirty...)
-	for _, c := range s.dirty {
-		c.dirty = false
-	}
-	clear(s.dirty)
-	s.dirty = s.dirty[:0]
-	s.mu.Unlock()
-	for _, c := range dirty {
-		c.flushHere()
-	}
 }
 
 // StepAll calls Step until no step is due and returns how many ran: every queued run reaches its

@@ -189,16 +189,10 @@ type Server struct {
 	shellSubs   map[*sub]struct{}
 	threadSubs  map[string]map[*sub]struct{}
 	readyQ      []*run // runs due for their next step, in readyAt order
-	// callerWrites is set while Step advances a run or StartRun starts one: a subscription made
-	// ready meanwhile is noted in dirty instead of waking its socket's writer goroutine, and
-	// the caller writes it itself once mu is let go (unlockAndWrite): one goroutine wake-up
-	// less per Chunk.
-	callerWrites bool
-	dirty        []*conn
-	nextProject  int
-	nextThread   int
-	nextMessage  int
-	fiberID      int64
+	nextProject int
+	nextThread  int
+	nextMessage int
+	fiberID     int64
 
 	wake chan struct{} // pokes the scheduler; capacity 1
 	stop chan struct{} // closed by Close
@@ -394,8 +388,7 @@ func (s *Server) Stats() Stats {
 }
 
 // OnItemSent installs (or, with nil, removes) the hook called for every stream item sent. It runs
-// right after the write, on the goroutine that wrote the item's frame (the socket's writer, its
-// reader after an Ack, or Step's caller): keep it fast.
+// on the connection's writer goroutine, right after the write: keep it fast.
 func (s *Server) OnItemSent(fn func(kind string, sequence int64, at time.Time)) {
 	if fn == nil {
 		s.onItemSent.Store(nil)

@@ -764,8 +764,7 @@ func dropThreadRuns(q []*run, th *thread) []*run {
 // runs without a WebSocket.
 func (s *Server) StartRun(threadID, prompt string) (string, error) {
 	s.mu.Lock()
-	s.callerWrites = true
-	defer s.unlockAndWrite() // the run's first shell row, written here as Step writes its rows
+	defer s.mu.Unlock()
 	th := s.threadByID[threadID]
 	if th == nil {
 		return "", fmt.Errorf("t3fake: no thread %q", threadID)

@@ -15,13 +15,10 @@ import (
 )
 
 // Effect RPC over one WebSocket. The reader goroutine (the HTTP handler's) decodes frames and
-// answers calls. Whoever writes holds conn.wmu from taking messages off the queues (collect) to
-// the end of their write, so message order on the socket is the order things were queued. The
-// writer goroutine writes whatever it is woken for; two hot paths write on their own goroutine
-// instead of waking it (flushHere): the reader, for the Chunk an Ack lets go, and the caller of
-// Step or StartRun, for what the step or the run's start queued. Streams follow T3's Ack flow control: a subscription with a Chunk in
-// flight sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes
-// out batched in the next Chunk.
+// answers calls; one writer goroutine owns every write, so message order on the socket is the order
+// things were queued. Streams follow T3's Ack flow control: a subscription with a Chunk in flight
+// sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes out
+// batched in the next Chunk.
 
 // queued is one encoded stream item waiting for its Chunk.
 type queued struct {
@@ -45,8 +42,6 @@ type sub struct {
 }
 
 // push queues an item for the subscriber. Callers hold Server.mu, which orders all pushes.
-// Within Step or StartRun the socket is noted for the caller to write (Server.dirty) instead of
-// waking its writer.
 func (sb *sub) push(q queued) {
 	c := sb.c
 	c.mu.Lock()
@@ -57,17 +52,9 @@ func (sb *sub) push(q queued) {
 	sb.queue = append(sb.queue, q)
 	ready := !sb.inflight
 	c.mu.Unlock()
-	if !ready {
-		return
+	if ready {
+		c.signal()
 	}
-	if s := c.s; s.callerWrites {
-		if !c.dirty {
-			c.dirty = true
-			s.dirty = append(s.dirty, c)
-		}
-		return
-	}
-	c.signal()
 }
 
 // firstSlabSeq is the sequence of the oldest queued item whose bytes are a slab's (not a
@@ -90,18 +77,12 @@ type conn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity 1: "something may be ready to write"
-	dirty  bool          // in Server.dirty (guarded by Server.mu)
 
-	// wmu is held from collect to the end of the write of what it took, by whichever goroutine
-	// writes (writeLoop, flushHere): frames leave in the order they were collected.
-	wmu    sync.Mutex
-	frames []byte // Chunk frames being assembled and written (collect); reused, under wmu
+	frames []byte // the writer's buffer for Chunk frames (collect), reused between writes
 
-	// The reader goroutine's own: the frame buffer it reads into, reused (nothing decoded from a
-	// frame keeps its bytes: jx copies strings and raw payloads out), and whether what it just
-	// handled made a Chunk ready (an Ack), which it then writes itself.
-	rbuf       []byte
-	readyAfter bool
+	// The reader goroutine's frame buffer, reused (nothing decoded from a frame keeps its bytes:
+	// jx copies strings and raw payloads out).
+	rbuf []byte
 
 	mu    sync.Mutex
 	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
@@ -205,10 +186,6 @@ func (c *conn) readLoop() {
 		if cap(c.rbuf) > maxReadBuffer {
 			c.rbuf = nil // one large request: not kept
 		}
-		if c.readyAfter {
-			c.readyAfter = false
-			c.flushHere()
-		}
 	}
 }
 
@@ -268,9 +245,7 @@ func (c *conn) handleMessage(raw []byte) {
 		c.handleRequest(m.Request)
 	case t3rpc.AckClientMessage:
 		c.s.acks.Add(1)
-		if c.ack(m.Ack.RequestId) {
-			c.readyAfter = true
-		}
+		c.ack(m.Ack.RequestId)
 	case t3rpc.InterruptClientMessage:
 		c.interrupt(m.Interrupt.RequestId)
 	case t3rpc.PingClientMessage:
@@ -459,17 +434,18 @@ func (s *Server) openStreams() (shell, unsettled, thread int64) {
 	return shell, unsettled, thread
 }
 
-// ack settles the stream's Chunk in flight and reports whether it has items waiting for the
-// next one: the reader writes that Chunk itself once the frame is handled (readLoop).
-func (c *conn) ack(id t3rpc.RequestId) bool {
+func (c *conn) ack(id t3rpc.RequestId) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	sb := c.subs[requestKey(id)]
+	ready := false
 	if sb != nil && sb.inflight {
 		sb.inflight = false
-		return len(sb.queue) > 0
+		ready = len(sb.queue) > 0
 	}
-	return false
+	c.mu.Unlock()
+	if ready {
+		c.signal()
+	}
 }
 
 // interrupt ends a stream with Exit Failure [Interrupt], as T3 does when the client unsubscribes.
@@ -505,44 +481,24 @@ type chunkOut struct {
 }
 
 // collect takes what may be written now: every control message, and one Chunk for each stream
-// with items and no Chunk in flight (none while StallStreams is on). With limit > 0 it takes
-// nothing and reports over when that would be more than limit bytes of items. The caller holds
-// wmu.
-func (c *conn) collect(limit int) (out []jx.Raw, chunks []chunkOut, over bool) {
+// with items and no Chunk in flight (none while StallStreams is on).
+func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 	c.mu.Lock()
-	stall := c.s.stall.Load()
-	stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
-	// chunkLen is how many of sb's queued items its next Chunk takes, 0 if none may go now.
-	chunkLen := func(sb *sub) int {
-		if stall || sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
-			return 0
-		}
-		for i, q := range sb.queue {
-			if q.alone {
-				return max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
-			}
-		}
-		return len(sb.queue)
-	}
-	if limit > 0 {
-		size := 0
-		for _, sb := range c.order {
-			for _, q := range sb.queue[:chunkLen(sb)] {
-				size += len(q.raw)
-			}
-		}
-		if size > limit {
-			c.mu.Unlock()
-			return nil, nil, true
-		}
-	}
-	out = c.ctrl
+	out := c.ctrl
 	c.ctrl = nil
-	if !stall {
+	var chunks []chunkOut
+	if !c.s.stall.Load() {
+		stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
 		for _, sb := range c.order {
-			n := chunkLen(sb)
-			if n == 0 {
+			if sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
 				continue
+			}
+			n := len(sb.queue)
+			for i, q := range sb.queue {
+				if q.alone {
+					n = max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
+					break
+				}
 			}
 			items := append([]queued(nil), sb.queue[:n]...)
 			sb.queue = append(sb.queue[:0], sb.queue[n:]...)
@@ -565,7 +521,7 @@ func (c *conn) collect(limit int) (out []jx.Raw, chunks []chunkOut, over bool) {
 	} else {
 		c.frames = nil // a lagging subscriber's one big Chunk: not kept
 	}
-	return out, chunks, false
+	return out, chunks
 }
 
 // maxFrameBuffer bounds the Chunk buffer a connection keeps between writes.
@@ -615,69 +571,18 @@ func (c *conn) writeLoop() {
 			return
 		case <-c.wake:
 		}
-		c.wmu.Lock()
-		err := c.flush(0)
-		// A wake-up asked for while this flush ran is stale when its items went out with it:
-		// taken here, with one more (most often empty) collect, instead of a turn of the loop.
-		for err == nil && c.takeWake() {
-			err = c.flush(0)
-		}
-		c.wmu.Unlock()
-		if err != nil {
-			return
+		for {
+			out, chunks := c.collect()
+			if len(out) == 0 {
+				break
+			}
+			if err := c.write(out); err != nil {
+				c.drop()
+				return
+			}
+			c.report(chunks)
 		}
 	}
-}
-
-// takeWake takes a pending wake-up, if there is one.
-func (c *conn) takeWake() bool {
-	select {
-	case <-c.wake:
-		return true
-	default:
-		return false
-	}
-}
-
-// flush writes what collect(limit) gives until nothing is left; it stops early, with the rest
-// left queued, when collect reports over. A failed write drops the socket. The caller holds wmu.
-func (c *conn) flush(limit int) error {
-	for {
-		out, chunks, over := c.collect(limit)
-		if over {
-			c.signal() // the writer goroutine takes the large ones
-			return nil
-		}
-		if len(out) == 0 {
-			return nil
-		}
-		if err := c.write(out); err != nil {
-			c.drop()
-			return err
-		}
-		c.report(chunks)
-	}
-}
-
-// inlineWriteMax bounds the items flushHere writes on its caller's goroutine: a write that
-// size does not block on a loopback socket whose reader keeps reading; a lagging subscriber's
-// larger Chunk is left to the writer goroutine, so Step's caller (the load harness's driver)
-// never waits on a slow reader's socket.
-const inlineWriteMax = 32 << 10
-
-// flushHere writes what is ready on the calling goroutine instead of waking the writer
-// goroutine, unless another goroutine is writing (its write goes on; the writer goroutine is
-// woken to take what it leaves) or the items are more than inlineWriteMax.
-func (c *conn) flushHere() {
-	if !c.wmu.TryLock() {
-		c.signal()
-		return
-	}
-	defer c.wmu.Unlock()
-	if c.ctx.Err() != nil {
-		return
-	}
-	_ = c.flush(inlineWriteMax)
 }
 
 func (c *conn) write(out []jx.Raw) error {
