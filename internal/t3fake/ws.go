@@ -1,8 +1,8 @@
 package t3fake
 
 import (
+	"bytes"
 	"context"
-	"io"
 	"slices"
 	"strconv"
 	"sync"
@@ -82,7 +82,7 @@ type conn struct {
 
 	// The reader goroutine's frame buffer, reused (nothing decoded from a frame keeps its bytes:
 	// jx copies strings and raw payloads out).
-	rbuf []byte
+	rbuf bytes.Buffer
 
 	mu    sync.Mutex
 	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
@@ -179,35 +179,19 @@ func (c *conn) readLoop() {
 		if err != nil {
 			return
 		}
-		if c.rbuf, err = readFrame(r, c.rbuf[:0]); err != nil {
+		c.rbuf.Reset()
+		if _, err := c.rbuf.ReadFrom(r); err != nil {
 			return
 		}
-		c.handleFrame(c.rbuf)
-		if cap(c.rbuf) > maxReadBuffer {
-			c.rbuf = nil // one large request: not kept
+		c.handleFrame(c.rbuf.Bytes())
+		if c.rbuf.Cap() > maxReadBuffer {
+			c.rbuf = bytes.Buffer{} // one large request: not kept
 		}
 	}
 }
 
 // maxReadBuffer bounds the frame buffer a connection's reader keeps between frames.
 const maxReadBuffer = 64 << 10
-
-// readFrame appends all of r to buf.
-func readFrame(r io.Reader, buf []byte) ([]byte, error) {
-	for {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, max(512, cap(buf)))
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-}
 
 // handleFrame accepts one message or an array of messages per frame, as Effect's JSON
 // serialization does.
