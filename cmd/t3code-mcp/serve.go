@@ -108,6 +108,11 @@ func (c *cli) startupError(s app.Settings, err error) {
 }
 
 func (c *cli) serve(ctx context.Context) error {
+	stopTrace, err := c.traceWindow()
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	k, err := c.start()
 	if err != nil {
 		return err

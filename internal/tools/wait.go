@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"time"
@@ -84,6 +85,9 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		setRun(&out, r)
 		res := Result{Structured: &out, Text: reasonText(r) + ": " + stateText(st)}
 		d.observeWait(WaitAnswered, time.Since(over))
+		// Marks the result in a runtime trace (T3CODE_MCP_TRACE) with its thread, so a trace
+		// joins each wake with the harness's own timestamps; a no-op when no trace runs.
+		trace.Log(ctx, "t3_wait", f.Shell.ID)
 		return res, nil
 	}
 }
