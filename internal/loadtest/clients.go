@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime/trace"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,6 +176,10 @@ func (r *receiver) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	at := time.Now()
+	if trace.IsEnabled() {
+		// The event's arrival in a -trace, joined with the connector's marks (outbox/tracemarks.go).
+		trace.Log(context.Background(), "loadtest.received", string(ctx.Request.Header.Peek("webhook-id")))
+	}
 	body := ctx.PostBody()
 	var d delivery
 	err := errBodyTooLarge

@@ -111,6 +111,7 @@ func (o *Outbox) Committed(evs []store.Event) {
 	if len(evs) == 0 {
 		return
 	}
+	markDurableEvents(evs)
 	h := &o.hand
 	queued := false
 	h.mu.Lock()

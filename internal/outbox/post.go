@@ -141,6 +141,13 @@ type trackedConn struct {
 	once sync.Once
 }
 
+// Write marks the request written (markWritten) when a trace runs.
+func (c *trackedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	markEvent(markWritten, "")
+	return n, err
+}
+
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.set.mu.Lock()

@@ -90,7 +90,9 @@ func (o *Outbox) work(ctx context.Context, j job) outcome {
 	if e.Attempts == 0 {
 		o.m.firstAttempt.Observe(max(0, start.Sub(e.CreatedAt).Seconds()))
 	}
+	markEvent(markAttempt, e.ID)
 	r := o.attempt(ctx, j.client, e)
+	markEvent(markAnswered, e.ID)
 	stages.ObserveSince(o.m.attempt, start)
 	if !r.ok && r.network && ctx.Err() != nil {
 		// Shutting down: not the receiver's fault, not an attempt. The enriched body is kept,
@@ -130,6 +132,7 @@ func (o *Outbox) enrichHead(ctx context.Context, j job) outcome {
 		out.body = e.Body // completed meanwhile
 		return out
 	}
+	markEvent(markEnrich, e.ID)
 	body, retryAt, err := o.enrich(ctx, e, j.ebo)
 	switch {
 	case ctx.Err() != nil:
