@@ -487,7 +487,7 @@ func (s *scanner) in(sp span) []byte { return s.b[sp.start-s.base : sp.end-s.bas
 // scanned while it is still in the processor's cache; a window starts at
 // firstWindow and grows when a retained value needs more.
 const (
-	readBlock   = 64 << 10
+	readBlock   = 256 << 10
 	firstWindow = 256 << 10
 )
 
@@ -875,49 +875,17 @@ func (s *scanner) skipFree() error {
 }
 
 // skip moves past one value. Objects and arrays, where nearly all of the
-// body is, are walked in a loop on local copies of the window and index,
-// with short strings skipped inline.
+// body is, are skipped 64 bytes at a time (skipContainer).
 func (s *scanner) skip() error {
 	s.ws()
 	if s.i >= len(s.b) {
 		return errShape
 	}
-	switch c := s.b[s.i]; c {
+	switch s.b[s.i] {
 	case '"':
 		return s.skipString()
 	case '{', '[':
-		depth := 0
-		for {
-			b, i := s.b, s.i
-			for i < len(b) {
-				switch b[i] {
-				case '"':
-					if j := quoteOrEscape(b, i+1); j < len(b) && b[j] == '"' {
-						i = j + 1
-						continue
-					}
-					s.i = i // long, escaped or cut by the window's end
-					if err := s.skipString(); err != nil {
-						return err
-					}
-					b, i = s.b, s.i
-					continue
-				case '{', '[':
-					depth++
-				case '}', ']':
-					depth--
-					if depth == 0 {
-						s.i = i + 1
-						return nil
-					}
-				}
-				i++
-			}
-			s.i = i
-			if !s.more() {
-				return errShape
-			}
-		}
+		return s.skipContainer()
 	default:
 		start := s.pos()
 		for {

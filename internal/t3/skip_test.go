@@ -1,0 +1,220 @@
+package t3
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// skipContainerTokens is the token loop skipContainer replaced (skip's
+// object and array case until 12-02): strings skipped by quoteOrEscape and
+// skipString, brackets outside them counted. The reference skipContainer is
+// checked against, on a body held whole.
+func skipContainerTokens(b []byte) (end int, ok bool) {
+	s := scanner{b: b}
+	depth := 0
+	i := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			if j := quoteOrEscape(b, i+1); j < len(b) && b[j] == '"' {
+				i = j + 1
+				continue
+			}
+			s.i = i
+			if s.skipString() != nil {
+				return 0, false
+			}
+			i = s.i
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1, true
+			}
+		}
+		i++
+	}
+	return 0, false
+}
+
+// skipStreamed is skipContainer of body arriving in pieces of the sizes in n
+// through a window of window bytes at first that drops what the scan passed
+// (skipFree); end is the body position after the container.
+func skipStreamed(body []byte, window int, n ...int) (end int, ok bool) {
+	s := scanner{b: make([]byte, 0, window), src: &source{r: &chunks{r: bytes.NewReader(body), n: n}}}
+	s.more()
+	if err := s.skipFree(); err != nil {
+		return 0, false
+	}
+	return s.pos(), true
+}
+
+// checkSkip compares skipContainer with the token loop on body (which starts
+// with a bracket): whole, and streamed in pieces through small windows.
+func checkSkip(t *testing.T, body []byte) {
+	t.Helper()
+	eachMaskPath(func(path string) {
+		t.Helper()
+		checkSkipOn(t, path, body)
+	})
+}
+
+// eachMaskPath runs f with the block masks made by vector compares
+// (masks64, where the machine has them) and with the integer ones.
+func eachMaskPath(f func(path string)) {
+	vector := haveMasks64
+	defer func() { haveMasks64 = vector }()
+	if vector {
+		f("vector")
+	}
+	haveMasks64 = false
+	f("integer")
+}
+
+func checkSkipOn(t *testing.T, path string, body []byte) {
+	t.Helper()
+	wantEnd, wantOK := skipContainerTokens(body)
+	s := scanner{b: body}
+	err := s.skipContainer()
+	if (err == nil) != wantOK || wantOK && s.i != wantEnd {
+		t.Fatalf("%s masks, whole: end %d, %v; the token loop: end %d, %v; body %q", path, s.i, err, wantEnd, wantOK, body)
+	}
+	for _, c := range []struct {
+		window int
+		reads  []int
+	}{{1, []int{1}}, {16, []int{7, 1, 3}}, {64, []int{64}}, {100, []int{65, 130}}, {4096, []int{1 << 20}}} {
+		end, ok := skipStreamed(body, c.window, c.reads...)
+		if ok != wantOK || ok && end != wantEnd {
+			t.Fatalf("%s masks, streamed (window %d, reads %v): end %d, %v; the token loop: end %d, %v; body %q", path, c.window, c.reads, end, ok, wantEnd, wantOK, body)
+		}
+	}
+}
+
+// skipContainer ends where the token loop ended, on T3's bodies and on
+// bodies made to cross the 64-byte blocks with what changes the state:
+// escapes (runs of backslashes, one ending a block), quotes, brackets inside
+// strings, backslashes outside strings (not JSON), unclosed containers.
+func TestSkipContainerEndsWhereTheTokenLoopEnded(t *testing.T) {
+	for _, body := range append(fixtureBounded(t), bigBounded(t, 30, true), fakeBounded(t, 20)) {
+		for i, c := range body {
+			if c == '[' || c == '{' {
+				checkSkip(t, body[i:])
+				if i > 4000 {
+					break
+				}
+			}
+		}
+	}
+	atoms := []string{`"`, `\`, `\\`, `\"`, `{`, `}`, `[`, `]`, `"a[b"`, `"x\"y"`, `"\\"`, `:`, `,`, `1`, ` `, "\n", `"long string of text without anything special in it at all"`}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 3000 {
+		var b bytes.Buffer
+		b.WriteString([]string{"[", "{"}[r.IntN(2)])
+		for range r.IntN(80) {
+			b.WriteString(atoms[r.IntN(len(atoms))])
+		}
+		checkSkip(t, b.Bytes())
+	}
+	for pad := range 130 { // a backslash or a quote on every position of a block
+		for _, tail := range []string{`\"]"]`, `\\"]`, `"]`, `\\\"]"]`} {
+			body := fmt.Sprintf(`["%s%s`, bytes.Repeat([]byte("a"), pad), tail)
+			checkSkip(t, []byte(body))
+		}
+	}
+}
+
+// FuzzSkipContainer: on any bytes, skipContainer ends where the token loop
+// ended (or fails where it failed), whole and streamed.
+func FuzzSkipContainer(f *testing.F) {
+	for _, b := range fixtureBounded(f) {
+		f.Add(b)
+	}
+	f.Add([]byte(`{"a":["x\\\"]",{"b":"\\"}],"c":1}`))
+	f.Add([]byte(`[\"]"]`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) == 0 || body[0] != '[' && body[0] != '{' {
+			body = append([]byte{'['}, body...)
+		}
+		checkSkip(t, body)
+	})
+}
+
+// The vector masks (masks64) are the integer ones (byteMask), on blocks
+// dense in the bytes they flag and their neighbours.
+func TestMasks64AreTheIntegerMasks(t *testing.T) {
+	if !haveMasks64 {
+		t.Skip("no vector masks on this machine")
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 20000 {
+		var p [64]byte
+		for k := range p {
+			p[k] = []byte{'"', '\\', '{', '}', '[', ']', 'y', 'Y', 0x7f, 0x5f, 0, 0xff, byte(r.IntN(256))}[r.IntN(13)]
+		}
+		q, b, o, c := masks64(&p)
+		var wq, wb, wo, wc uint64
+		for k, x := range p {
+			bit := uint64(1) << k
+			switch x {
+			case '"':
+				wq |= bit
+			case '\\':
+				wb |= bit
+			case '{', '[':
+				wo |= bit
+			case '}', ']':
+				wc |= bit
+			}
+		}
+		if q != wq || b != wb || o != wo || c != wc {
+			t.Fatalf("masks64(%q) = %x %x %x %x, want %x %x %x %x", p, q, b, o, c, wq, wb, wo, wc)
+		}
+	}
+}
+
+func TestByteMaskIsExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 10000 {
+		var p [8]byte
+		for k := range p {
+			p[k] = []byte{'"', '\\', 0, 0x80, 0xa2, 0x22, 0x21, 0x23, byte(r.IntN(256))}[r.IntN(9)]
+		}
+		x := uint64(p[0]) | uint64(p[1])<<8 | uint64(p[2])<<16 | uint64(p[3])<<24 | uint64(p[4])<<32 | uint64(p[5])<<40 | uint64(p[6])<<48 | uint64(p[7])<<56
+		var want uint64
+		for k, c := range p {
+			if c == '"' {
+				want |= 1 << k
+			}
+		}
+		if got := byteMask(x, '"'); got != want {
+			t.Fatalf("byteMask(%q) = %08b, want %08b", p, got, want)
+		}
+	}
+}
+
+// BenchmarkSkipContainer is the skip of a whole bounded body of 5,000 turn items (its outer
+// object: every byte scanned), by blocks (skipContainer) and by tokens (the loop it replaced).
+func BenchmarkSkipContainer(b *testing.B) {
+	body := fakeBounded(b, 1_000)
+	for _, impl := range []struct {
+		name string
+		skip func([]byte) (int, bool)
+	}{{"blocks", func(body []byte) (int, bool) {
+		s := scanner{b: body}
+		err := s.skipContainer()
+		return s.i, err == nil
+	}}, {"tokens", skipContainerTokens}} {
+		b.Run(impl.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if end, ok := impl.skip(body); !ok || end != len(body) {
+					b.Fatalf("ended at %d of %d", end, len(body))
+				}
+			}
+		})
+	}
+}
