@@ -61,7 +61,7 @@ func (l *envList) Set(kv string) error {
 // options is the command line: how to run the harness, and the profile's figures a flag
 // overrides (over; zero means the profile's value).
 type options struct {
-	short, quiet, inProcess                              bool
+	short, quiet, inProcess, harnessTrace                bool
 	bin, dir, jsonOut                                    string
 	cpuProfile, blockProfile, memProfile, harnessProfile string
 	profilePhase                                         string
@@ -91,6 +91,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 
 	fs.StringVar(&o.traceOut, "trace", "", "write a runtime/trace (go tool trace) of a window of one phase: -trace-after into -trace-phase, for -trace-for (implies -inprocess: connector and harness in one trace)")
 	fs.StringVar(&o.tracePhase, "trace-phase", "latency", "the phase -trace covers a window of")
+	fs.BoolVar(&o.harnessTrace, "harness-trace", false, "with -trace: trace the harness alone (fakes, clients, receiver) and keep the connector the binary, as -harness-cpuprofile does: where the harness's own goroutines wait for a core")
 	fs.DurationVar(&o.traceAfter, "trace-after", 5*time.Second, "how far into -trace-phase the -trace window starts (past the phase's start-up)")
 	fs.DurationVar(&o.traceFor, "trace-for", 2*time.Second, "length of the -trace window (a trace grows by tens of MB a second at 1,000 runs/s)")
 
@@ -147,6 +148,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.phases != "" {
 		c.Phases = strings.Split(o.phases, ",")
+	}
+	if o.harnessTrace && o.traceOut == "" {
+		err := errors.New("t3code-load: -harness-trace needs -trace")
+		fmt.Fprintln(stderr, err)
+		return nil, err
 	}
 	if o.traceOut != "" && !slices.Contains(loadtest.PhaseNames, o.tracePhase) {
 		err := fmt.Errorf("t3code-load: -trace-phase %q: not one of %s", o.tracePhase, strings.Join(loadtest.PhaseNames, ", "))
@@ -215,7 +221,7 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 	if !o.quiet {
 		cfg.Progress = stderr
 	}
-	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != "" || o.traceOut != ""
+	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != "" || (o.traceOut != "" && !o.harnessTrace)
 	cfg.Binary = o.bin
 	return cfg
 }

@@ -48,7 +48,8 @@ func TestFlagsOverrideTheProfile(t *testing.T) {
 // names the listen address are refused before anything runs.
 func TestBadFlagsAreRefused(t *testing.T) {
 	for _, args := range [][]string{{"-replicas", "2"}, {"-poll", "bogus"}, {"-m", "x"}, {"-replica-env", "T3CODE_MCP_CLAIM_TTL"},
-		{"-replica-env", "=1"}, {"-replica-env", "T3CODE_MCP_PORT=9"}, {"-trace", "t.out", "-trace-phase", "bogus"}} {
+		{"-replica-env", "=1"}, {"-replica-env", "T3CODE_MCP_PORT=9"}, {"-trace", "t.out", "-trace-phase", "bogus"},
+		{"-harness-trace"}} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("%v: accepted", args)
 		}
@@ -93,6 +94,18 @@ func TestTraceCoversAWindowOfItsPhase(t *testing.T) {
 	}
 	if !bytes.HasPrefix(b, []byte("go 1.")) {
 		t.Fatalf("not a runtime/trace: %q", b[:min(len(b), 16)])
+	}
+}
+
+// -harness-trace keeps the connector the binary: the trace (taken by the same window as -trace's,
+// TestTraceCoversAWindowOfItsPhase) is of the harness process alone.
+func TestHarnessTraceKeepsTheConnectorTheBinary(t *testing.T) {
+	o, err := parse([]string{"-trace", filepath.Join(t.TempDir(), "trace.out"), "-harness-trace"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := o.config(io.Discard); cfg.InProcess {
+		t.Fatal("-harness-trace ran the connector in process")
 	}
 }
 
