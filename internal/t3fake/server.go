@@ -163,6 +163,7 @@ type Server struct {
 	wsOpen        atomic.Int64
 	ticketsIssued atomic.Int64
 	acks          atomic.Int64
+	ackedToWriter atomic.Int64 // Chunks an Ack let go that the reader left to the writer goroutine (writeAcked)
 	chunks        atomic.Int64
 	items         atomic.Int64
 	requests      atomic.Int64

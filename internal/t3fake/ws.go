@@ -15,8 +15,10 @@ import (
 )
 
 // Effect RPC over one WebSocket. The reader goroutine (the HTTP handler's) decodes frames and
-// answers calls; one writer goroutine owns every write, so message order on the socket is the order
-// things were queued. Streams follow T3's Ack flow control: a subscription with a Chunk in flight
+// answers calls; the writer goroutine writes what it is woken for, except the Chunk an Ack lets
+// go, which the reader writes itself (writeAcked). Whoever writes holds conn.wmu from taking
+// messages off the queues (collect) to the end of their write, so message order on the socket is
+// the order things were queued. Streams follow T3's Ack flow control: a subscription with a Chunk in flight
 // sends nothing until that Chunk's Ack; what arrives meanwhile waits in its queue and goes out
 // batched in the next Chunk.
 
@@ -78,11 +80,16 @@ type conn struct {
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity 1: "something may be ready to write"
 
-	frames []byte // the writer's buffer for Chunk frames (collect), reused between writes
+	// wmu is held from collect to the end of the write of what it took, by whichever goroutine
+	// writes (writeLoop, writeAcked): frames leave in the order they were collected.
+	wmu    sync.Mutex
+	frames []byte // Chunk frames being assembled and written (collect); reused, under wmu
 
-	// The reader goroutine's frame buffer, reused (nothing decoded from a frame keeps its bytes:
-	// jx copies strings and raw payloads out).
-	rbuf bytes.Buffer
+	// The reader goroutine's own: its frame buffer, reused (nothing decoded from a frame keeps
+	// its bytes: jx copies strings and raw payloads out), and whether an Ack in the frame it is
+	// handling let a Chunk go (it writes that Chunk once the frame is handled).
+	rbuf     bytes.Buffer
+	ackReady bool
 
 	mu    sync.Mutex
 	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
@@ -187,8 +194,47 @@ func (c *conn) readLoop() {
 		if c.rbuf.Cap() > maxReadBuffer {
 			c.rbuf = bytes.Buffer{} // one large request: not kept
 		}
+		if c.ackReady {
+			c.ackReady = false
+			if err := c.writeAcked(); err != nil {
+				return
+			}
+		}
 	}
 }
+
+// writeAcked writes, on the reader's goroutine, what the Acks of the frame just read let go:
+// the writer goroutine is not woken for it, a goroutine wake-up less per such Chunk (most of a
+// loaded latency phase's Chunks: the rows a step queued while the Chunk before was out), and
+// the Chunk does not wait for a second goroutine to get a core. It is left to the writer
+// goroutine when that one is writing (it collects again before it sleeps) or when it is more
+// than maxAckedWrite bytes, so that the reader does not sit in a long write while the peer's
+// frames wait.
+func (c *conn) writeAcked() error {
+	if !c.wmu.TryLock() {
+		c.s.ackedToWriter.Add(1)
+		c.signal()
+		return nil
+	}
+	defer c.wmu.Unlock()
+	out, chunks, over := c.collect(maxAckedWrite)
+	if over {
+		c.s.ackedToWriter.Add(1)
+		c.signal()
+		return nil
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if err := c.write(out); err != nil {
+		return err
+	}
+	c.report(chunks)
+	return nil
+}
+
+// maxAckedWrite bounds the items the reader writes itself after an Ack (writeAcked).
+const maxAckedWrite = 32 << 10
 
 // maxReadBuffer bounds the frame buffer a connection's reader keeps between frames.
 const maxReadBuffer = 64 << 10
@@ -229,7 +275,9 @@ func (c *conn) handleMessage(raw []byte) {
 		c.handleRequest(m.Request)
 	case t3rpc.AckClientMessage:
 		c.s.acks.Add(1)
-		c.ack(m.Ack.RequestId)
+		if c.ack(m.Ack.RequestId) {
+			c.ackReady = true
+		}
 	case t3rpc.InterruptClientMessage:
 		c.interrupt(m.Interrupt.RequestId)
 	case t3rpc.PingClientMessage:
@@ -418,18 +466,17 @@ func (s *Server) openStreams() (shell, unsettled, thread int64) {
 	return shell, unsettled, thread
 }
 
-func (c *conn) ack(id t3rpc.RequestId) {
+// ack settles the stream's Chunk in flight and reports whether items wait for the next one: the
+// reader writes that Chunk once the frame is handled (writeAcked).
+func (c *conn) ack(id t3rpc.RequestId) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	sb := c.subs[requestKey(id)]
-	ready := false
 	if sb != nil && sb.inflight {
 		sb.inflight = false
-		ready = len(sb.queue) > 0
+		return len(sb.queue) > 0
 	}
-	c.mu.Unlock()
-	if ready {
-		c.signal()
-	}
+	return false
 }
 
 // interrupt ends a stream with Exit Failure [Interrupt], as T3 does when the client unsubscribes.
@@ -465,24 +512,44 @@ type chunkOut struct {
 }
 
 // collect takes what may be written now: every control message, and one Chunk for each stream
-// with items and no Chunk in flight (none while StallStreams is on).
-func (c *conn) collect() ([]jx.Raw, []chunkOut) {
+// with items and no Chunk in flight (none while StallStreams is on). With limit > 0 it takes
+// nothing and reports over when the Chunks' items would be more than limit bytes. The caller
+// holds wmu.
+func (c *conn) collect(limit int) (out []jx.Raw, chunks []chunkOut, over bool) {
 	c.mu.Lock()
-	out := c.ctrl
-	c.ctrl = nil
-	var chunks []chunkOut
-	if !c.s.stall.Load() {
-		stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
-		for _, sb := range c.order {
-			if sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
-				continue
+	stall := c.s.stall.Load()
+	stallThreads, stallShell := c.s.stallThreads.Load(), c.s.stallShell.Load()
+	// chunkLen is how many of sb's queued items its next Chunk takes, 0 if none may go now.
+	chunkLen := func(sb *sub) int {
+		if stall || sb.inflight || len(sb.queue) == 0 || (stallThreads && !sb.shell) || (stallShell && sb.shell) {
+			return 0
+		}
+		for i, q := range sb.queue {
+			if q.alone {
+				return max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
 			}
-			n := len(sb.queue)
-			for i, q := range sb.queue {
-				if q.alone {
-					n = max(i, 1) // a snapshot ends the Chunk before it, or is the Chunk
-					break
-				}
+		}
+		return len(sb.queue)
+	}
+	if limit > 0 {
+		size := 0
+		for _, sb := range c.order {
+			for _, q := range sb.queue[:chunkLen(sb)] {
+				size += len(q.raw)
+			}
+		}
+		if size > limit {
+			c.mu.Unlock()
+			return nil, nil, true
+		}
+	}
+	out = c.ctrl
+	c.ctrl = nil
+	if !stall {
+		for _, sb := range c.order {
+			n := chunkLen(sb)
+			if n == 0 {
+				continue
 			}
 			items := append([]queued(nil), sb.queue[:n]...)
 			sb.queue = append(sb.queue[:0], sb.queue[n:]...)
@@ -505,7 +572,7 @@ func (c *conn) collect() ([]jx.Raw, []chunkOut) {
 	} else {
 		c.frames = nil // a lagging subscriber's one big Chunk: not kept
 	}
-	return out, chunks
+	return out, chunks, false
 }
 
 // maxFrameBuffer bounds the Chunk buffer a connection keeps between writes.
@@ -556,15 +623,21 @@ func (c *conn) writeLoop() {
 		case <-c.wake:
 		}
 		for {
-			out, chunks := c.collect()
+			c.wmu.Lock()
+			out, chunks, _ := c.collect(0)
 			if len(out) == 0 {
+				c.wmu.Unlock()
 				break
 			}
-			if err := c.write(out); err != nil {
+			err := c.write(out)
+			if err == nil {
+				c.report(chunks)
+			}
+			c.wmu.Unlock()
+			if err != nil {
 				c.drop()
 				return
 			}
-			c.report(chunks)
 		}
 	}
 }
