@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"runtime/metrics"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -401,6 +402,11 @@ func (h *harness) awaitRun(ctx context.Context, session int, r *run) wake {
 	for {
 		raw, err := h.agents.call(ctx, session, "t3_wait", map[string]any{"thread_id": r.thread, "timeout": 3000})
 		w.at = time.Now()
+		if trace.IsEnabled() {
+			// The wake's arrival in a -trace (-harness-trace), joined by thread with the
+			// connector's t3_wait marks (T3CODE_MCP_TRACE).
+			trace.Log(ctx, "loadtest.t3_wait", r.thread)
+		}
 		if err != nil {
 			w.err = err
 			return w
