@@ -138,7 +138,7 @@ func read(path string, sdkWrite bool) *side {
 			}
 		case trace.EventLog:
 			l := e.Log()
-			if l.Category != "t3_wait" {
+			if l.Category != "t3_wait" && l.Category != "loadtest.t3_wait" {
 				continue
 			}
 			g := e.Goroutine()
