@@ -6,8 +6,8 @@
 // MASK stores to out the 64-bit mask of the bytes of Y0:Y1 equal to vec's.
 #define MASK(vec, out) VPCMPEQB vec, Y0, Y2; VPCMPEQB vec, Y1, Y3; VPMOVMSKB Y2, BX; VPMOVMSKB Y3, CX; SHLQ $32, CX; ORQ CX, BX; MOVQ BX, out
 
-// func masks64(p *[64]byte) (quote, bslash, open, close uint64)
-TEXT ·masks64(SB), NOSPLIT, $0-40
+// func masks64(p *[64]byte) (quote, bslash, open, close, comma uint64)
+TEXT ·masks64(SB), NOSPLIT, $0-48
 	MOVQ p+0(FP), AX
 	VMOVDQU (AX), Y0
 	VMOVDQU 32(AX), Y1
@@ -15,6 +15,8 @@ TEXT ·masks64(SB), NOSPLIT, $0-40
 	MASK(Y5, quote+8(FP))
 	BYTES($0x5c5c5c5c5c5c5c5c, Y5)
 	MASK(Y5, bslash+16(FP))
+	BYTES($0x2c2c2c2c2c2c2c2c, Y5)
+	MASK(Y5, comma+40(FP))
 	// '[' | 0x20 is '{', ']' | 0x20 is '}'
 	BYTES($0x2020202020202020, Y5)
 	VPOR Y5, Y0, Y0

@@ -62,10 +62,7 @@ type blockState struct {
 // 5,000 turn items) and no backslash: for those only the parity of their
 // quotes matters (whether a string is open at the block's end).
 func (st *blockState) block(p *[64]byte) (end int, ok bool) {
-	if !haveMasks64 {
-		return st.blockMasks(p)
-	}
-	quote, bslash, open, close := masks64(p)
+	quote, bslash, open, close, _ := masks(p)
 	if bslash|open|close == 0 && !st.escaped {
 		if bits.OnesCount64(quote)&1 != 0 {
 			st.inString = ^st.inString
@@ -75,20 +72,25 @@ func (st *blockState) block(p *[64]byte) (end int, ok bool) {
 	return st.masked(p, quote, bslash, open, close)
 }
 
-// blockMasks is block without vector compares: the masks made eight bytes
-// at a time by integer arithmetic (SWAR), at about the token loop's speed.
-func (st *blockState) blockMasks(p *[64]byte) (end int, ok bool) {
-	var quote, bslash, open, close uint64
+// masks is the bit masks of the quotes, backslashes, opening and closing
+// brackets and commas of the 64 bytes at p (bit k for p[k]): by vector
+// compares where the machine has them (masks64), else eight bytes at a time
+// by integer arithmetic (SWAR), which is about the token loop's speed.
+func masks(p *[64]byte) (quote, bslash, open, close, comma uint64) {
+	if haveMasks64 {
+		return masks64(p)
+	}
 	for w := range 8 {
 		x := binary.LittleEndian.Uint64(p[w*8:])
-		y := x | 0x2020202020202020
+		y := x | 0x2020202020202020 // '[' → '{', ']' → '}': they differ only in bit 0x20
 		sh := uint(w*8) & 63
 		quote |= byteMask(x, '"') << sh
 		bslash |= byteMask(x, '\\') << sh
 		open |= byteMask(y, '{') << sh
 		close |= byteMask(y, '}') << sh
+		comma |= byteMask(x, ',') << sh
 	}
-	return st.masked(p, quote, bslash, open, close)
+	return
 }
 
 // masked is block given the block's masks.

@@ -3,7 +3,9 @@ package t3
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -53,6 +55,23 @@ func skipStreamed(body []byte, window int, n ...int) (end int, ok bool) {
 	return s.pos(), true
 }
 
+// streaming is how a body arrives: a first window and the sizes of the reads.
+type streaming struct {
+	window int
+	reads  []int
+}
+
+// streamings are the ways checkSkip and checkFields stream a body: in pieces
+// of a few bytes through small windows, and across the block size; a long
+// body (a whole recorded one) only in larger pieces (TestTrimBoundedStreamed
+// streams those whole bodies in every way).
+func streamings(body []byte) []streaming {
+	if len(body) > 4096 {
+		return []streaming{{4096, []int{1000, 63, 65}}}
+	}
+	return []streaming{{1, []int{1}}, {16, []int{7, 1, 3}}, {100, []int{65, 130}}}
+}
+
 // checkSkip compares skipContainer with the token loop on body (which starts
 // with a bracket): whole, and streamed in pieces through small windows.
 func checkSkip(t *testing.T, body []byte) {
@@ -83,10 +102,7 @@ func checkSkipOn(t *testing.T, path string, body []byte) {
 	if (err == nil) != wantOK || wantOK && s.i != wantEnd {
 		t.Fatalf("%s masks, whole: end %d, %v; the token loop: end %d, %v; body %q", path, s.i, err, wantEnd, wantOK, body)
 	}
-	for _, c := range []struct {
-		window int
-		reads  []int
-	}{{1, []int{1}}, {16, []int{7, 1, 3}}, {64, []int{64}}, {100, []int{65, 130}}, {4096, []int{1 << 20}}} {
+	for _, c := range streamings(body) {
 		end, ok := skipStreamed(body, c.window, c.reads...)
 		if ok != wantOK || ok && end != wantEnd {
 			t.Fatalf("%s masks, streamed (window %d, reads %v): end %d, %v; the token loop: end %d, %v; body %q", path, c.window, c.reads, end, ok, wantEnd, wantOK, body)
@@ -100,18 +116,20 @@ func checkSkipOn(t *testing.T, path string, body []byte) {
 // strings, backslashes outside strings (not JSON), unclosed containers.
 func TestSkipContainerEndsWhereTheTokenLoopEnded(t *testing.T) {
 	for _, body := range append(fixtureBounded(t), bigBounded(t, 30, true), fakeBounded(t, 20)) {
+		n := 0
 		for i, c := range body {
-			if c == '[' || c == '{' {
-				checkSkip(t, body[i:])
-				if i > 4000 {
-					break
-				}
+			if c != '[' && c != '{' {
+				continue
+			}
+			checkSkip(t, body[i:])
+			if n++; n > 25 {
+				break
 			}
 		}
 	}
 	atoms := []string{`"`, `\`, `\\`, `\"`, `{`, `}`, `[`, `]`, `"a[b"`, `"x\"y"`, `"\\"`, `:`, `,`, `1`, ` `, "\n", `"long string of text without anything special in it at all"`}
 	r := rand.New(rand.NewPCG(1, 2))
-	for range 3000 {
+	for range 1000 {
 		var b bytes.Buffer
 		b.WriteString([]string{"[", "{"}[r.IntN(2)])
 		for range r.IntN(80) {
@@ -153,10 +171,10 @@ func TestMasks64AreTheIntegerMasks(t *testing.T) {
 	for range 20000 {
 		var p [64]byte
 		for k := range p {
-			p[k] = []byte{'"', '\\', '{', '}', '[', ']', 'y', 'Y', 0x7f, 0x5f, 0, 0xff, byte(r.IntN(256))}[r.IntN(13)]
+			p[k] = []byte{'"', '\\', '{', '}', '[', ']', ',', 0x0c, 'y', 'Y', 0x7f, 0x5f, 0, 0xff, byte(r.IntN(256))}[r.IntN(15)]
 		}
-		q, b, o, c := masks64(&p)
-		var wq, wb, wo, wc uint64
+		q, b, o, c, m := masks64(&p)
+		var wq, wb, wo, wc, wm uint64
 		for k, x := range p {
 			bit := uint64(1) << k
 			switch x {
@@ -168,10 +186,12 @@ func TestMasks64AreTheIntegerMasks(t *testing.T) {
 				wo |= bit
 			case '}', ']':
 				wc |= bit
+			case ',':
+				wm |= bit
 			}
 		}
-		if q != wq || b != wb || o != wo || c != wc {
-			t.Fatalf("masks64(%q) = %x %x %x %x, want %x %x %x %x", p, q, b, o, c, wq, wb, wo, wc)
+		if q != wq || b != wb || o != wo || c != wc || m != wm {
+			t.Fatalf("masks64(%q) = %x %x %x %x %x, want %x %x %x %x %x", p, q, b, o, c, m, wq, wb, wo, wc, wm)
 		}
 	}
 }
@@ -217,4 +237,96 @@ func BenchmarkSkipContainer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// fieldsByBytes is fields as it was before the block masks: byte by byte
+// from the object's start (fieldsBytes with no stop), on a body held whole.
+func fieldsByBytes(body []byte, keys []string, at []span) (end int, err error) {
+	clear(at)
+	s := scanner{b: body}
+	if s.ws(); s.i >= len(s.b) || s.b[s.i] != '{' {
+		return 0, errShape
+	}
+	f := fieldState{want: -1, lit: -1}
+	if _, err := s.fieldsBytes(&f, keys, at, math.MaxInt); err != nil {
+		return 0, err
+	}
+	return s.i, nil
+}
+
+// checkFields compares fields with the byte loop on body (which starts with
+// '{'), for the keys of runs and of timeline rows: whole, and streamed in
+// pieces through small windows, on both mask paths.
+func checkFields(t *testing.T, body []byte) {
+	t.Helper()
+	for _, keys := range [][]string{runKeys[:], itemKeys[:]} {
+		want := make([]span, len(keys))
+		wantEnd, wantErr := fieldsByBytes(body, keys, want)
+		eachMaskPath(func(path string) {
+			t.Helper()
+			got := make([]span, len(keys))
+			s := scanner{b: body}
+			err := s.fields(keys, got)
+			if (err == nil) != (wantErr == nil) || err == nil && (s.i != wantEnd || !slices.Equal(got, want)) {
+				t.Fatalf("%s masks, keys %q, whole: end %d, %v, %v; the byte loop: end %d, %v, %v; body %q", path, keys, s.i, got, err, wantEnd, want, wantErr, body)
+			}
+			for _, c := range streamings(body) {
+				s := scanner{b: make([]byte, 0, c.window), src: &source{r: &chunks{r: bytes.NewReader(body), n: c.reads}}}
+				s.more()
+				err := s.fields(keys, got)
+				if (err == nil) != (wantErr == nil) || err == nil && (s.pos() != wantEnd || !slices.Equal(got, want)) {
+					t.Fatalf("%s masks, keys %q, streamed (window %d, reads %v): end %d, %v, %v; the byte loop: end %d, %v, %v; body %q", path, keys, c.window, c.reads, s.pos(), got, err, wantEnd, want, wantErr, body)
+				}
+			}
+		})
+	}
+}
+
+// fields by the block masks finds what the byte loop found, and ends where
+// it ended: on T3's objects (runs, checkpoints, messages, rows), and on
+// objects made of what changes its state (keys and their values of every
+// type, nesting, commas and brackets inside strings, escapes, whitespace,
+// things that are not JSON) crossing the 64-byte blocks.
+func TestFieldsFindWhatTheByteLoopFound(t *testing.T) {
+	for _, body := range append(fixtureBounded(t), fakeBounded(t, 10)) {
+		n := 0
+		for i, c := range body {
+			if c != '{' {
+				continue
+			}
+			checkFields(t, body[i:])
+			if n++; n > 20 {
+				break
+			}
+		}
+	}
+	atoms := []string{`"id"`, `"ordinal"`, `"runId"`, `"requestId"`, `"userMessageId"`, `:`, `,`, `{`, `}`, `[`, `]`, `"x,y}"`, `"a\"b"`, `"i\u0064"`, `12`, `true`, `null`, ` `, "\n", `x`, `"` + string(bytes.Repeat([]byte("p"), 70)) + `"`}
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 1000 {
+		var b bytes.Buffer
+		b.WriteString("{")
+		for range r.IntN(60) {
+			b.WriteString(atoms[r.IntN(len(atoms))])
+		}
+		b.WriteString([]string{"}", "", "]}"}[r.IntN(3)])
+		checkFields(t, b.Bytes())
+	}
+}
+
+// FuzzFields: on any bytes, fields by the block masks finds what the byte
+// loop found (or fails where it failed), whole and streamed.
+func FuzzFields(f *testing.F) {
+	f.Add([]byte(`{"id":"run-1","ordinal":3,"userMessageId":"m","status":"x"}`))
+	f.Add([]byte(`{"runId" : "r", "requestId":null,"x":{"runId":"no"}}`))
+	for _, b := range fixtureBounded(f) {
+		if i := bytes.Index(b, []byte(`"runs":[{`)); i >= 0 {
+			f.Add(b[i+len(`"runs":[`):])
+		}
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) == 0 || body[0] != '{' {
+			body = append([]byte{'{'}, body...)
+		}
+		checkFields(t, body)
+	})
 }

@@ -740,23 +740,157 @@ func (s *scanner) skipEscaped(i int) error {
 // fields moves past the object at s.i, as skip does, and sets at[k] to the
 // body positions of the value of its own key keys[k] when that value is a
 // string (quotes included) or a number or literal; {0, 0} when it has no such
-// value. It is one loop over the object's bytes, not a call per key and
-// value: the arrays a bounded body grows with (runs, messages, checkpoints,
-// requests) are thousands of objects of which two or three keys matter. Like
-// skip, it checks brackets and strings; the kept elements are checked by
-// json.Valid of the output.
+// value. The arrays a bounded body grows with (runs, messages, checkpoints,
+// requests) are thousands of objects of which two or three keys matter: the
+// object is walked by the 64-byte block masks skipContainer uses
+// (fieldsMasked), which look only at brackets, commas and where a key
+// starts, and byte by byte (fieldsBytes) only from a key to its value's end
+// (the key's own bytes decide whether it is one of keys) and through a block
+// with a backslash. Like skip, it checks brackets and strings; the kept
+// elements are checked by json.Valid of the output.
 func (s *scanner) fields(keys []string, at []span) error {
 	clear(at)
 	if s.ws(); s.i >= len(s.b) || s.b[s.i] != '{' {
 		return errShape
 	}
-	depth := 0
-	expectKey := false // at depth 1, the next string is a key
-	want := -1         // the index in keys of the key whose value comes next
-	lit := -1          // the body position of a wanted number or literal being read
+	f := fieldState{want: -1, lit: -1}
+	for {
+		done, stop, err := s.fieldsMasked(&f, keys, at)
+		if done || err != nil {
+			return err
+		}
+		if done, err = s.fieldsBytes(&f, keys, at, stop); done || err != nil {
+			return err
+		}
+	}
+}
+
+// fieldState is where fields is in the object: its depth (the object's own
+// keys are at 1), whether the next string at depth 1 is a key, the index in
+// keys of the key whose value comes next (-1: none) and the body position of
+// a wanted number or literal being read (-1: none).
+type fieldState struct {
+	depth     int
+	expectKey bool
+	want, lit int
+}
+
+// fieldsMasked walks the object from s.i by 64-byte blocks (blockState's
+// masks, plus commas), with f.want and f.lit -1 and s.i outside any string:
+// the keys that are not in keys, and the string values of those that are,
+// are read off the masks when they end in the block they start in. It
+// returns done at the object's end; or, with s.i at a key it leaves to
+// fieldsBytes (a number's, a literal's or an object's key, one that goes on
+// into the next block) or at a block that holds a backslash (or the string
+// that block starts inside), the body position up to which fieldsBytes is to
+// go on.
+func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bool, stop int, err error) {
+	var inString uint64
+	opened := 0 // the body position of the last string's opening quote
+	var pad [64]byte
 	for {
 		b, i := s.b, s.i
 		for i < len(b) {
+			var p *[64]byte
+			if i+64 <= len(b) {
+				p = (*[64]byte)(b[i : i+64])
+			} else if s.i = i; s.more() {
+				b, i = s.b, s.i
+				continue
+			} else { // the body's last bytes: padded with spaces
+				n := copy(pad[:], b[i:])
+				for j := n; j < len(pad); j++ {
+					pad[j] = ' '
+				}
+				p = &pad
+			}
+			quote, bslash, open, close, comma := masks(p)
+			if bslash != 0 {
+				stop := s.base + i + 64
+				if s.i = i; inString != 0 {
+					s.i = opened - s.base // byte by byte from outside any string
+				}
+				return false, stop, nil
+			}
+			str := prefixXor(quote) ^ inString // inside a string, its opening quote included
+			inString = uint64(int64(str) >> 63)
+			for m := (open|close|comma)&^str | quote&str; m != 0; m &= m - 1 {
+				j := bits.TrailingZeros64(m)
+				switch c := p[j]; c {
+				case '"': // a string starts
+					opened = s.base + i + j
+					if f.depth != 1 || !f.expectKey {
+						break
+					}
+					// A key: read here when it ends in this block and is not
+					// one of keys, or is one whose value is a string that
+					// ends in this block; else byte by byte.
+					if end := quote &^ (2<<j - 1); end != 0 {
+						k := bits.TrailingZeros64(end)
+						want := keyIndex(keys, p[j+1:k])
+						if want < 0 {
+							f.expectKey = false
+							break
+						}
+						if k+2 < len(p) && p[k+1] == ':' && p[k+2] == '"' {
+							if end := quote &^ (2<<(k+2) - 1); end != 0 {
+								f.expectKey = false
+								at[want] = span{s.base + i + k + 2, s.base + i + bits.TrailingZeros64(end) + 1}
+								break
+							}
+						}
+					}
+					s.i = i + j
+					return false, s.pos() + 1, nil
+				case '{', '[':
+					f.depth++
+					f.expectKey = f.depth == 1 && c == '{'
+				case ',':
+					f.expectKey = f.depth == 1
+				default: // '}', ']'
+					if f.depth--; f.depth == 0 {
+						s.i = i + j + 1
+						return true, 0, nil
+					}
+				}
+			}
+			if p == &pad {
+				s.i = len(b)
+				return false, 0, errShape
+			}
+			i += 64
+		}
+		s.i = i
+		if !s.more() {
+			return false, 0, errShape
+		}
+	}
+}
+
+// keyIndex is the index of key in keys, -1 when it is not there (without
+// converting key).
+func keyIndex(keys []string, key []byte) int {
+	for k, name := range keys {
+		if string(key) == name {
+			return k
+		}
+	}
+	return -1
+}
+
+// fieldsBytes is fields byte by byte from s.i (the loop fields was before
+// fieldsMasked), until the object's end (done) or, once past the body
+// position stop, until nothing is pending (no wanted value being read).
+func (s *scanner) fieldsBytes(f *fieldState, keys []string, at []span, stop int) (done bool, err error) {
+	depth, expectKey, want, lit := f.depth, f.expectKey, f.want, f.lit
+	defer func() { f.depth, f.expectKey, f.want, f.lit = depth, expectKey, want, lit }()
+	for {
+		b, i := s.b, s.i
+		for i < len(b) {
+			if want < 0 && lit < 0 && s.base+i >= stop {
+				s.i = i
+				return false, nil
+			}
 			switch c := b[i]; c {
 			case '"':
 				start, plain := i, true
@@ -767,7 +901,7 @@ func (s *scanner) fields(keys []string, at []span) error {
 					s.i = i
 					at0 := s.pos()
 					if err := s.skipString(); err != nil {
-						return err
+						return false, err
 					}
 					b, i = s.b, s.i
 					start = at0 - s.base
@@ -784,16 +918,11 @@ func (s *scanner) fields(keys []string, at []span) error {
 					if !plain && bytes.IndexByte(key, '\\') >= 0 {
 						var u string
 						if json.Unmarshal(b[start:i], &u) != nil {
-							return errShape
+							return false, errShape
 						}
 						key = []byte(u)
 					}
-					for k, name := range keys {
-						if string(key) == name {
-							want = k
-							break
-						}
-					}
+					want = keyIndex(keys, key)
 				} else if want >= 0 {
 					at[want] = span{s.base + start, s.base + i}
 					want = -1
@@ -815,7 +944,7 @@ func (s *scanner) fields(keys []string, at []span) error {
 					depth--
 					if depth == 0 {
 						s.i = i + 1
-						return nil
+						return true, nil
 					}
 				}
 			case ':':
@@ -828,7 +957,7 @@ func (s *scanner) fields(keys []string, at []span) error {
 		}
 		s.i = i
 		if !s.more() {
-			return errShape
+			return false, errShape
 		}
 	}
 }
