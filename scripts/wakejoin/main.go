@@ -17,7 +17,11 @@
 // SSE write, and the share of each wait during which every P of the process was running (Go could
 // not have run the goroutine sooner without another P).
 //
-//	cd scripts/wakejoin && go run . connector.trace harness.trace wakes.txt
+//	cd scripts/wakejoin && go run . connector.trace harness.trace [wakes.txt]
+//
+// Without wakes.txt each wake's clock starts when the connector's poller readied its read loop
+// (the harness's t3code-load marks each returned wait as loadtest.t3_wait in its -harness-trace,
+// so both traces alone give every stage but the first).
 //
 // docs/benchmarks.md "Wake: the poller hand-off, by a trace of each process" shows its output.
 package main
@@ -266,7 +270,17 @@ func pct(v []float64, p float64) float64 {
 func main() {
 	conn := read(os.Args[1], true)
 	harn := read(os.Args[2], false)
-	wakes := readWakes(os.Args[3])
+	var wakes []wake
+	if len(os.Args) > 3 {
+		wakes = readWakes(os.Args[3])
+	} else {
+		// No per-wake times: one wake per harness mark, its clock starting at the connector's
+		// read loop readied by the poller (the kernel -> poller stage is not known).
+		fmt.Println("no wakes file: each wake starts when the connector's poller readied its read loop; the first stage is 0")
+		for _, r := range harn.recs {
+			wakes = append(wakes, wake{thread: r.thread, at: r.log + harn.offset - harn.wallToMon})
+		}
+	}
 	fmt.Printf("GOMAXPROCS by trace: connector %d, harness %d\n", conn.maxP, harn.maxP)
 	fmt.Printf("connector trace: %d t3_wait logs, %.2f s; harness trace: %d logs, %.2f s\n",
 		len(conn.recs), float64(conn.last-conn.first)/1e9, len(harn.recs), float64(harn.last-harn.first)/1e9)
@@ -328,6 +342,9 @@ func main() {
 	for _, w := range wakes {
 		sent := w.sent + harn.wallToMon
 		at := w.at + harn.wallToMon
+		if w.sent == 0 {
+			sent = at - 10_000_000_000 // the latest connector result of the thread before at
+		}
 		var c, h *rec
 		for _, r := range cBy[w.thread] {
 			if m := cm(r.log); m > sent && m < at {
@@ -352,6 +369,9 @@ func main() {
 		if !ok1 || !ok2 {
 			miss["chain not back to the poller"]++
 			continue
+		}
+		if w.sent == 0 {
+			sent = cm(cc[0].runnable)
 		}
 		bad := false
 		// from: the moment the bytes were in the kernel (in the side's trace time); a chain
