@@ -85,6 +85,9 @@ type journal struct {
 	// tx is the running write transaction's changes, applied to over once it committed.
 	tx      map[string]detChange
 	written int // changes journaled in the running transaction
+	// moved and dropped are the running transaction's checkpointed keys and deleted dead
+	// journal records (CommitTiming).
+	moved, dropped int
 
 	// pass is the overlay's keys, sorted, that the running checkpoint pass goes through; at is
 	// the next one.
@@ -113,7 +116,7 @@ func newJournal(bucket, records []byte) *journal {
 // begin starts a write transaction's changes (the writer's, under Bolt.writeMu).
 func (j *journal) begin() {
 	clear(j.tx)
-	j.written = 0
+	j.written, j.moved, j.dropped = 0, 0, 0
 	j.saved = journalProgress{j.dead, j.front, j.threshold}
 }
 
@@ -188,6 +191,7 @@ func (j *journal) checkpoint(tx *bolt.Tx) error {
 			return err
 		}
 		j.front++
+		j.dropped++
 	}
 	if j.at >= len(j.pass) {
 		if len(j.over)+len(j.tx) <= j.threshold { // at most that many keys
@@ -221,6 +225,7 @@ func (j *journal) checkpoint(tx *bolt.Tx) error {
 			return err
 		}
 		j.tx[k] = detChange{gone: true}
+		j.moved++
 		budget--
 	}
 	if j.at >= len(j.pass) {

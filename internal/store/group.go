@@ -33,6 +33,11 @@ type Group struct {
 	// durable; appended is the writer's buffer for them (one writer at a time uses it).
 	durable  func([]Event)
 	appended []Event
+
+	// observe, when set (ObserveCommits), gets each transaction's timing; timing is the
+	// writer's note of the running one.
+	observe func(CommitTiming)
+	timing  txTiming
 }
 
 type groupReq struct {
@@ -158,7 +163,7 @@ func recordShare(events int) int {
 }
 
 func (g *Group) enqueue(rs ...*groupReq) {
-	if g.m != nil {
+	if g.m != nil || g.observe != nil {
 		now := time.Now()
 		for _, r := range rs {
 			r.at = now
@@ -212,11 +217,12 @@ func (g *Group) write() {
 		var errs []error
 		start := time.Now()
 		g.m.started(reqs, start)
-		if hasOps || g.durable != nil {
+		if hasOps || g.durable != nil || g.timed() {
 			errs, err = g.commitReporting(bs, ops)
 		} else {
 			err = g.s.CommitBatches(bs)
 		}
+		handed := time.Now()
 		g.m.committed(start)
 		if err != nil && len(reqs) > 1 {
 			// One batch (or the disk) failed the group: write each alone, so
@@ -242,7 +248,37 @@ func (g *Group) write() {
 			}
 			r.done <- err
 		}
+		if err == nil && g.timed() {
+			ct := g.timeline(reqs, bs, len(ops), start, handed)
+			g.m.parts(ct)
+			if g.observe != nil {
+				g.observe(ct)
+			}
+		}
 	}
+}
+
+// timed says whether the group times its transactions' parts (metrics or an observer).
+func (g *Group) timed() bool {
+	_, bolt := g.s.(*Bolt)
+	return bolt && (g.m != nil || g.observe != nil)
+}
+
+// timeline is the CommitTiming of the transaction of reqs the writer took at start, committed and
+// handed over at handed, its callers released now.
+func (g *Group) timeline(reqs []*groupReq, bs []Batch, ops int, start, handed time.Time) CommitTiming {
+	released := time.Now()
+	t := &g.timing
+	ct := CommitTiming{Batches: len(bs), Ops: ops, Writes: t.written.Sub(start), Commit: t.synced.Sub(t.written),
+		Spill: t.spill, Write: t.write, Durable: handed.Sub(t.synced), Release: released.Sub(handed),
+		Pages: t.pages, Nodes: t.nodes, Checkpointed: t.moved, Dropped: t.dropped}
+	for _, b := range bs {
+		ct.Events += len(b.Events)
+	}
+	for _, r := range reqs {
+		ct.Waited = max(ct.Waited, start.Sub(r.at))
+	}
+	return ct
 }
 
 // commitReporting writes bs and ops in one transaction of the OpsCommitter and, once it is
@@ -253,7 +289,13 @@ func (g *Group) commitReporting(bs []Batch, ops []Op) ([]error, error) {
 		g.appended = g.appended[:0]
 		appended = func(e Event) { g.appended = append(g.appended, e) }
 	}
-	errs, err := g.s.(OpsCommitter).CommitBatchesAndOps(bs, ops, appended)
+	var errs []error
+	var err error
+	if b, ok := g.s.(*Bolt); ok && g.timed() {
+		errs, err = b.commitTimed(bs, ops, appended, &g.timing)
+	} else {
+		errs, err = g.s.(OpsCommitter).CommitBatchesAndOps(bs, ops, appended)
+	}
 	if err == nil && len(g.appended) > 0 {
 		g.durable(g.appended)
 	}

@@ -63,6 +63,15 @@ var (
 	kVersion     = []byte("version")
 )
 
+// appendBuckets are the buckets whose keys are written in increasing order (a sequence number,
+// or a time then one) and deleted from the front: bbolt splits a page that outgrew its size at
+// FillPercent of it (0.5 by default, for random keys), which leaves every page of such a bucket
+// half full forever after, so its tail page splits again every half page of appends (a page
+// more in that transaction) and the tree has twice the leaves and branch pages it needs. Filled
+// to the full page (update sets it on every write transaction: bbolt does not store it), a tail
+// page splits half as often. The record layout does not change.
+var appendBuckets = [][]byte{bDetJournal, bIDJournal, bPending, bBodies, bDead, bDelivered, bDeliveredAt}
+
 var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bIDJournal, bHeads, bDeliveredAt, bIdempotency}
 
 // Errors callers may test with errors.Is.
@@ -211,11 +220,19 @@ func (s *Bolt) init() error {
 // checkpoint) and, once it committed, applies the change of the event counts fn noted in d and
 // the detector changes it journaled.
 func (s *Bolt) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
+	return s.updateTimed(fn, nil)
+}
+
+// updateTimed is update noting the transaction's timing in t (nil: none).
+func (s *Bolt) updateTimed(fn func(tx *bolt.Tx, d *countDelta) error, t *txTiming) error {
 	var d countDelta
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		d = countDelta{} // bbolt runs fn once, but a reset keeps a failed attempt's notes out
+		for _, name := range appendBuckets {
+			tx.Bucket(name).FillPercent = 1
+		}
 		s.det.begin()
 		s.ids.begin()
 		if err := fn(tx, &d); err != nil {
@@ -224,7 +241,14 @@ func (s *Bolt) update(fn func(tx *bolt.Tx, d *countDelta) error) error {
 		if err := s.det.checkpoint(tx); err != nil {
 			return err
 		}
-		return s.ids.checkpoint(tx)
+		if err := s.ids.checkpoint(tx); err != nil {
+			return err
+		}
+		if t != nil {
+			t.moved, t.dropped = s.det.moved+s.ids.moved, s.det.dropped+s.ids.dropped
+			t.measure(tx)
+		}
+		return nil
 	}); err != nil {
 		s.det.abort() // the changes were not written
 		s.ids.abort()
@@ -373,12 +397,17 @@ func (s *Bolt) CommitBatches(bs []Batch) error {
 // nil, is called inside the transaction with every event it appends, as stored (Seq set), in
 // sequence order; the transaction may still fail after it.
 func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) (errs []error, err error) {
+	return s.commitTimed(bs, ops, appended, nil)
+}
+
+// commitTimed is CommitBatchesAndOps noting the transaction's timing in t (nil: none).
+func (s *Bolt) commitTimed(bs []Batch, ops []Op, appended func(Event), t *txTiming) (errs []error, err error) {
 	for _, b := range bs {
 		if err := validate(b); err != nil {
 			return nil, err
 		}
 	}
-	err = s.update(func(tx *bolt.Tx, d *countDelta) error {
+	err = s.updateTimed(func(tx *bolt.Tx, d *countDelta) error {
 		for _, b := range bs {
 			if err := s.writeBatchReporting(tx, b, d, appended); err != nil {
 				return err
@@ -387,7 +416,7 @@ func (s *Bolt) CommitBatchesAndOps(bs []Batch, ops []Op, appended func(Event)) (
 		var fatal error
 		errs, fatal = s.applyOps(tx, ops, d)
 		return fatal
-	})
+	}, t)
 	if err != nil {
 		return nil, err
 	}

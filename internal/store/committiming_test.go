@@ -1,0 +1,175 @@
+package store
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	bolt "go.etcd.io/bbolt"
+)
+
+// ObserveCommits gets each transaction of the group taken apart: its batches, ops and events, the
+// pages bbolt wrote and the dirty nodes of each bucket it changed.
+func TestObserveCommitsTakesEachTransactionApart(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g := NewGroup(s)
+	var seen []CommitTiming
+	if !g.ObserveCommits(func(ct CommitTiming) { seen = append(seen, ct) }) {
+		t.Fatal("ObserveCommits refused the bbolt store")
+	}
+	ev := Event{ID: "evt-1", Stream: "m/t", Body: []byte(`{"type":"thread.completed"}`), CreatedAt: time.Now()}
+	if err := g.Commit(Batch{Detector: map[string][]byte{"m\x00t": []byte(`{"run":"r1"}`)}, Events: []Event{ev}}); err != nil {
+		t.Fatal(err)
+	}
+	if errs, err := g.Record([]Op{{ID: "evt-1", Kind: OpDelivered, At: time.Now()}}); err != nil || errs[0] != nil {
+		t.Fatal(errs, err)
+	}
+	// Commit and Record return after the writer released them; it notes the timing after
+	// that: wait for the writer to end (it ends once nothing is pending).
+	waitWriterIdle(t, g)
+	if len(seen) != 2 {
+		t.Fatalf("%d transactions observed, want 2", len(seen))
+	}
+	c, r := seen[0], seen[1]
+	if c.Batches != 1 || c.Ops != 0 || c.Events != 1 || r.Batches != 0 || r.Ops != 1 || r.Events != 0 {
+		t.Errorf("requests: commit %d/%d/%d, record %d/%d/%d", c.Batches, c.Ops, c.Events, r.Batches, r.Ops, r.Events)
+	}
+	for _, b := range []string{"detector_journal", "ev_ids_journal", "ev_pending", "ev_bodies", "ev_streams"} {
+		if c.Nodes[b] < 1 {
+			t.Errorf("the commit's dirty nodes %v: none in %s", c.Nodes, b)
+		}
+	}
+	for _, b := range []string{"ev_pending", "ev_delivered", "ev_delivered_at", "ev_streams"} {
+		if r.Nodes[b] < 1 {
+			t.Errorf("the record's dirty nodes %v: none in %s", r.Nodes, b)
+		}
+	}
+	if _, ok := r.Nodes["detector_journal"]; ok {
+		t.Errorf("the record's dirty nodes %v: it wrote no detector state", r.Nodes)
+	}
+	// At least the root's page and the meta page (a small bucket lives inline in the root's).
+	for _, ct := range seen {
+		if ct.Pages < 2 || ct.Commit <= 0 || ct.Write <= 0 {
+			t.Errorf("%+v: the commit's pages and parts must be measured", ct)
+		}
+	}
+}
+
+// Another store (PostgreSQL's) has no bbolt transaction to take apart.
+func TestObserveCommitsOnlyOnBolt(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if NewGroup(struct{ Store }{s}).ObserveCommits(func(CommitTiming) {}) {
+		t.Error("ObserveCommits accepted a store that is not the bbolt one")
+	}
+}
+
+// With metrics, every transaction is observed in each part of t3code_mcp_store_commit_part_seconds.
+func TestGroupMetricsCommitParts(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	reg := prometheus.NewRegistry()
+	m, err := NewGroupMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := NewGroup(s).WithMetrics(m)
+	const commits = 3
+	for i := range commits {
+		if err := g.Commit(Batch{Detector: map[string][]byte{fmt.Sprintf("m\x00t%d", i): []byte(`{}`)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitWriterIdle(t, g)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := map[string]uint64{}
+	for _, f := range fams {
+		if f.GetName() != "t3code_mcp_store_commit_part_seconds" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			parts[label(mt, "part")] = mt.GetHistogram().GetSampleCount()
+		}
+	}
+	for _, p := range []string{"writes", "sync", "handover", "release"} {
+		if parts[p] != commits {
+			t.Errorf("part %s observed %d times, want %d (%v)", p, parts[p], commits, parts)
+		}
+	}
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// waitWriterIdle waits until g's writer has ended (nothing pending, no transaction running).
+func waitWriterIdle(t *testing.T, g *Group) {
+	t.Helper()
+	for {
+		g.mu.Lock()
+		idle := !g.writing && len(g.pending) == 0
+		g.mu.Unlock()
+		if idle {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// The buckets written in key order fill their pages: appended one small transaction at a time,
+// their leaves end up nearly full instead of half full (bbolt's default split), so the tail page
+// splits half as often.
+func TestAppendBucketsFillTheirPages(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	body := []byte(`{"type":"thread.completed","summary":"` + string(make([]byte, 0)) + `Done: fixed the flaky payment test, 3 files changed"}`)
+	for i := range 400 {
+		evs := make([]Event, 4)
+		for j := range evs {
+			id := fmt.Sprintf("evt-%04d-%d", i, j)
+			evs[j] = Event{ID: id, Stream: "m/" + id, Body: body, CreatedAt: time.Now()}
+		}
+		if err := s.Commit(Batch{Events: evs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bPending, bBodies} {
+			st := tx.Bucket(name).Stats()
+			if st.LeafPageN < 4 {
+				t.Fatalf("%s: %d leaf pages: too few to judge", name, st.LeafPageN)
+			}
+			// The tail page is as full as the appends left it; every other one was split full.
+			if fill := float64(st.LeafInuse) / float64(st.LeafAlloc); fill < 0.8 {
+				t.Errorf("%s: leaves %.0f %% full over %d pages, want ≥ 80 %%", name, 100*fill, st.LeafPageN)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
