@@ -42,6 +42,12 @@ func TestStageMetrics(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		body = string(b)
+		// The group transaction's parts (bbolt store), labelled.
+		for _, part := range []string{"writes", "sync", "handover", "release"} {
+			if !regexp.MustCompile(`(?m)^t3code_mcp_store_commit_part_seconds_count\{part="` + part + `"\} [1-9]`).MatchString(body) {
+				return false
+			}
+		}
 		for _, name := range stages {
 			m := regexp.MustCompile(`(?m)^` + name + `_count (\d+)$`).FindStringSubmatch(body)
 			if m == nil {
