@@ -318,6 +318,7 @@ func TestFieldsFindWhatTheByteLoopFound(t *testing.T) {
 func FuzzFields(f *testing.F) {
 	f.Add([]byte(`{"id":"run-1","ordinal":3,"userMessageId":"m","status":"x"}`))
 	f.Add([]byte(`{"runId" : "r", "requestId":null,"x":{"runId":"no"}}`))
+	f.Add([]byte(`{"ordinal"::5,"id":1 ,"userMessageId":tru:e}`))
 	for _, b := range fixtureBounded(f) {
 		if i := bytes.Index(b, []byte(`"runs":[{`)); i >= 0 {
 			f.Add(b[i+len(`"runs":[`):])

@@ -814,7 +814,8 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 			}
 			str := prefixXor(quote) ^ inString // inside a string, its opening quote included
 			inString = uint64(int64(str) >> 63)
-			for m := (open|close|comma)&^str | quote&str; m != 0; m &= m - 1 {
+			events := (open|close|comma)&^str | quote&str
+			for m := events; m != 0; m &= m - 1 {
 				j := bits.TrailingZeros64(m)
 				switch c := p[j]; c {
 				case '"': // a string starts
@@ -832,10 +833,16 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 							f.expectKey = false
 							break
 						}
-						if k+2 < len(p) && p[k+1] == ':' && p[k+2] == '"' {
-							if end := quote &^ (2<<(k+2) - 1); end != 0 {
+						if v := k + 2; v < len(p) && p[k+1] == ':' {
+							if p[v] == '"' {
+								if end := quote &^ (2<<v - 1); end != 0 {
+									f.expectKey = false
+									at[want] = span{s.base + i + v, s.base + i + bits.TrailingZeros64(end) + 1}
+									break
+								}
+							} else if e := literalEnd(p, v, events&^(2<<v-1)); e > v {
 								f.expectKey = false
-								at[want] = span{s.base + i + k + 2, s.base + i + bits.TrailingZeros64(end) + 1}
+								at[want] = span{s.base + i + v, s.base + i + e}
 								break
 							}
 						}
@@ -865,6 +872,34 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 			return false, 0, errShape
 		}
 	}
+}
+
+// literalEnd is the end of the number or literal (a run's ordinal) that
+// starts at p[v], as the byte loop reads one: up to the next comma or
+// closing bracket (the first of after, the block's later events), with no
+// whitespace, quote or opening bracket before it; v when it is not that
+// (the byte loop reads it then).
+func literalEnd(p *[64]byte, v int, after uint64) int {
+	switch p[v] {
+	case '{', '[', '}', ']', ',', ':', ' ', '\t', '\n', '\r':
+		return v
+	}
+	if after == 0 {
+		return v
+	}
+	e := bits.TrailingZeros64(after)
+	switch p[e] {
+	case ',', '}', ']':
+	default:
+		return v
+	}
+	for _, c := range p[v:e] {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			return v
+		}
+	}
+	return e
 }
 
 // keyIndex is the index of key in keys, -1 when it is not there (without
