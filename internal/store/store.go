@@ -64,13 +64,16 @@ var (
 )
 
 // appendBuckets are the buckets whose keys are written in increasing order (a sequence number,
-// or a time then one) and deleted from the front: bbolt splits a page that outgrew its size at
-// FillPercent of it (0.5 by default, for random keys), which leaves every page of such a bucket
-// half full forever after, so its tail page splits again every half page of appends (a page
-// more in that transaction) and the tree has twice the leaves and branch pages it needs. Filled
-// to the full page (update sets it on every write transaction: bbolt does not store it), a tail
-// page splits half as often. The record layout does not change.
-var appendBuckets = [][]byte{bDetJournal, bIDJournal, bPending, bBodies, bDead, bDelivered, bDeliveredAt}
+// or a time then one), whose records are never rewritten in place, and which are deleted from
+// the front: the journals and the delivered events' records. bbolt splits a page that outgrew its
+// size at FillPercent of it (0.5 by default, for random keys), which leaves every page of such a
+// bucket half full forever after, so its tail page splits again every half page of appends (a
+// page more in that transaction) and the tree has twice the leaves and branch pages it needs.
+// Filled to the full page (update sets it on every write transaction: bbolt does not store it), a
+// tail page splits half as often. Not the pending events' headers and bodies: a retry or an
+// enrichment rewrites them in place, a little larger, and a full page would split at every such
+// rewrite. The record layout does not change.
+var appendBuckets = [][]byte{bDetJournal, bIDJournal, bDelivered, bDeliveredAt}
 
 var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bIDJournal, bHeads, bDeliveredAt, bIdempotency}
 
