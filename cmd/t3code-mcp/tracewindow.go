@@ -46,7 +46,7 @@ func traceSettings(getenv func(string) string) (path string, after, length time.
 // startTraceWindow creates the trace file at once (a wrong path fails the start, not the
 // window) and arranges the window; stop ends a window still open and closes the file.
 func startTraceWindow(path string, after, length time.Duration) (*traceWindow, error) {
-	f, err := os.Create(path)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) // it names threads, as the state file does
 	if err != nil {
 		return nil, fmt.Errorf("T3CODE_MCP_TRACE: %w", err)
 	}
