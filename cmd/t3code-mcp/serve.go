@@ -108,6 +108,7 @@ func (c *cli) startupError(s app.Settings, err error) {
 }
 
 func (c *cli) serve(ctx context.Context) error {
+	c.setServeProcs()
 	stopTrace, err := c.traceWindow()
 	if err != nil {
 		return err
