@@ -28,8 +28,13 @@ fmtcheck: ## fail on files gofmt would change
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))"; \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-vet: ## go vet
+# The trace-join tools are modules of their own (golang.org/x/exp/trace is newer than the x/exp
+# the main module pins): vetted here so that they build with the tree they measure.
+TOOLMODS := scripts/tracejoin scripts/wakejoin
+
+vet: ## go vet (the main module and the trace-join tools' modules)
 	$(GO) vet $(PKGS)
+	@for m in $(TOOLMODS); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 staticcheck: ## staticcheck (pinned in go.mod)
 	$(GO) tool staticcheck $(PKGS)
