@@ -734,6 +734,7 @@ func (l *loop) startDelivery(s *stream) {
 	case l.work <- j: // an idle worker took it
 	default:
 		l.jobs.Add(1)
+		l.o.workers.Add(1)
 		go l.worker(j)
 	}
 	l.maybeAhead(s) // its next events can be completed while this one is sent
@@ -824,6 +825,7 @@ const workerIdle = 30 * time.Second
 // client every time (4.4 % of the process's CPU in the throughput phase's profile).
 func (l *loop) worker(j job) {
 	defer l.jobs.Done()
+	defer l.o.workers.Add(-1)
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {

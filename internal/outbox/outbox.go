@@ -201,9 +201,10 @@ type Outbox struct {
 	turns, slotWakes atomic.Int64
 	// unrecordedMax is maxUnrecorded (tests change it).
 	unrecordedMax int
-	// handStarts counts the deliveries Committed started without the loop (startHanded), and
-	// idleWorkers the delivery workers waiting for a job (tests and benchmarks).
-	handStarts, idleWorkers atomic.Int64
+	// handStarts counts the deliveries Committed started without the loop (startHanded),
+	// workers the delivery workers alive and idleWorkers those of them waiting for a job (tests
+	// and benchmarks).
+	handStarts, workers, idleWorkers atomic.Int64
 	// claimer is q when replicas share it: heads are claimed before they are worked on (claim.go).
 	claimer store.Claimer
 }
