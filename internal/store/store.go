@@ -70,10 +70,16 @@ var (
 // bucket half full forever after, so its tail page splits again every half page of appends (a
 // page more in that transaction) and the tree has twice the leaves and branch pages it needs.
 // Filled to the full page (update sets it on every write transaction: bbolt does not store it), a
-// tail page splits half as often. Not the pending events' headers and bodies: a retry or an
-// enrichment rewrites them in place, a little larger, and a full page would split at every such
-// rewrite. The record layout does not change.
-var appendBuckets = [][]byte{bDetJournal, bIDJournal, bDelivered, bDeliveredAt}
+// tail page splits half as often. Not the pending events' headers: a retry or a delivery
+// rewrites or moves every one of them, and a full page would split at every such rewrite.
+//
+// The events' bodies (ev_bodies) are: appended under the same sequence numbers and, but for the
+// few events completed from T3 before their first delivery (Event.Enrich: a failure, a question,
+// an interrupted run; OpBody or an op's Body), never rewritten. Filled to half, their pages were
+// the most of those an event's append wrote (the largest records of the transaction). Full, a
+// body's rewrite, larger, splits its page once (a page more in that one transaction) where every
+// append paid twice the pages. The record layout does not change.
+var appendBuckets = [][]byte{bDetJournal, bIDJournal, bDelivered, bDeliveredAt, bBodies}
 
 var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bIDJournal, bHeads, bDeliveredAt, bIdempotency}
 
