@@ -89,7 +89,7 @@ func start(t *testing.T, fk *t3fake.Server, sink watch.Sink) *rig {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // generous: only a broken test waits it out
 	for time.Now().Before(deadline) {
 		if cond() {
 			return
@@ -177,8 +177,14 @@ func TestDisconnectsMissNoTransitionAndDoubleNone(t *testing.T) {
 	rr = start(t, fk, det)
 	eventually(t, "synced", func() bool { return rr.watcher.Status().Synced })
 
+	// Drops every 15 ms, but while commands are being dispatched at most one between two
+	// commands answered: a dispatch resends a command whose reply was lost a bounded number of
+	// times (t3.Dispatch), and on a loaded machine a round trip can take longer than 15 ms, so
+	// drops by the clock alone could cut off every try (CI: "no reply ... after 4 attempts").
 	stop := make(chan struct{})
 	dropped := make(chan int)
+	answered := make(chan struct{}, 1) // a command was answered since the last drop
+	dispatching := make(chan struct{}) // closed when every command is answered
 	go func() {
 		n := 0
 		tk := time.NewTicker(15 * time.Millisecond)
@@ -192,8 +198,21 @@ func TestDisconnectsMissNoTransitionAndDoubleNone(t *testing.T) {
 				fk.DropConnections()
 				n++
 			}
+			select {
+			case <-answered:
+			case <-dispatching:
+			case <-stop:
+				dropped <- n
+				return
+			}
 		}
 	}()
+	commandAnswered := func() {
+		select {
+		case answered <- struct{}{}:
+		default:
+		}
+	}
 	prompts := []string{"finish", "fail this", "finish again", "fail too", "done"}
 	want := map[string]string{}
 	for i := 0; i < 20; i++ {
@@ -207,15 +226,18 @@ func TestDisconnectsMissNoTransitionAndDoubleNone(t *testing.T) {
 		if _, err := t3.Dispatch(ctx, rr.watcher.Conn, t3.ThreadCreate(tid, pid, p, t3fakeModel())); err != nil {
 			t.Fatal(err)
 		}
+		commandAnswered()
 		if _, err := t3.Dispatch(ctx, rr.watcher.Conn, t3.MessageDispatch(tid, t3.NewID("msg"), p, p)); err != nil {
 			t.Fatal(err)
 		}
+		commandAnswered()
 		cancel()
 		want[tid] = "thread.completed"
 		if p == "fail this" || p == "fail too" {
 			want[tid] = "thread.failed"
 		}
 	}
+	close(dispatching)
 	eventually(t, "every run settled on the fake", func() bool {
 		for tid := range want {
 			if s, _ := fk.ThreadStatus(tid); s != "completed" && s != "failed" {
@@ -453,9 +475,8 @@ func TestRemovedThreadIsGone(t *testing.T) {
 	if g, _ := r.watcher.GoneThread(tid); g.ProjectID != pid {
 		t.Fatalf("gone %+v: want the row's project %s", g, pid)
 	}
-	if !rec.removed(tid) {
-		t.Fatal("the sink was not told the thread left the list (Change.Removed)")
-	}
+	// The watcher's own state changes before its sink is called: wait for the sink.
+	eventually(t, "the sink told the thread left the list (Change.Removed)", func() bool { return rec.removed(tid) })
 }
 
 // changes is a Sink that keeps every Change.
@@ -529,9 +550,10 @@ func TestChunkPassesFoldedRows(t *testing.T) {
 	fk.StallStreams(true)
 	fk.StepAll()
 	fk.StallStreams(false)
-	eventually(t, "completed", func() bool {
-		s, ok := r.watcher.Thread(tid)
-		return ok && s.Status == "completed"
+	// The watcher's own state changes before its sink is called: wait for the sink, not the state.
+	eventually(t, "the sink saw completed", func() bool {
+		_, last := rec.passedAndLast(tid)
+		return contains(last, "completed")
 	})
 	passed, last := rec.passedAndLast(tid)
 	if len(passed) == 0 || !contains(passed, "running") {
