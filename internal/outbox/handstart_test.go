@@ -57,7 +57,7 @@ func TestHandOverStartsDeliveryWithoutTheLoop(t *testing.T) {
 // thread's next event is committed (so that it is handed over while the one before is in
 // flight) and fails every fourth event's first attempt (the retry of a started delivery is the
 // loop's): every event is delivered exactly once, each thread's in order and never two at once,
-// and some were started from the hand-over.
+// whether it was started from the hand-over or by the loop (the test logs how many were).
 func TestHandOverStartsKeepThreadOrder(t *testing.T) {
 	rc := newReceiver(t)
 	var g inflightGauge
@@ -128,9 +128,13 @@ func TestHandOverStartsKeepThreadOrder(t *testing.T) {
 	if _, _, streamPeak := g.get(); streamPeak != 1 {
 		t.Fatalf("%d requests of one thread in flight at once, want 1", streamPeak)
 	}
-	if h.ob.handStarts.Load() == 0 {
-		t.Fatal("no delivery started from the hand-over")
-	}
+	// How many events started from the hand-over is the schedule's to say: it takes a delivery
+	// worker waiting at the moment of the commit, with the loop in step (no scan, every 2 ms
+	// here, since the last turn); on a starved machine (CI-like run) none did. That the path
+	// starts deliveries is TestHandOverStartsDeliveryWithoutTheLoop's to prove, and what this
+	// test proves (each event once, each thread in order, never two at once) holds whichever way
+	// each event went.
+	t.Logf("%d of %d deliveries started from the hand-over", h.ob.handStarts.Load(), len(streams)*perThread)
 	if n := h.held(); n != 0 {
 		t.Fatalf("%d bytes of handed-over bodies still counted after every delivery", n)
 	}

@@ -246,7 +246,7 @@ func (h *harness) event(t *testing.T, id string) store.Event {
 // eventually polls cond; the bound is generous because it only matters when the test is broken.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	eventuallyWithin(t, 20*time.Second, what, cond)
+	eventuallyWithin(t, time.Minute, what, cond) // generous: only a broken test waits it out
 }
 
 func eventuallyWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
