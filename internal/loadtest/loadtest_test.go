@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,23 +21,48 @@ import (
 // fasthttp's worker pool (the webhook receiver's) has a cleaner goroutine that notices the
 // server's stop only after its sleep of up to MaxIdleWorkerDuration (10 s) has ended.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	goleak.VerifyTestMain(removingBinary{m}, goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
 		// The in-process connector's webhook client (internal/outbox/post.go): ends by itself within
 		// seconds of its last idle connection closing.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"))
 }
 
-// buildConnector builds the real binary once for the package's tests.
+// removingBinary runs the tests, then removes the binary buildConnector built.
+type removingBinary struct{ m *testing.M }
+
+func (r removingBinary) Run() int {
+	code := r.m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	return code
+}
+
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+	out      []byte
+}
+
+// buildConnector builds the real binary once for the package's tests (each build links anew, and
+// on a fresh, loaded machine one build took more than 3 minutes). The bound is a safety net only.
 func buildConnector(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "t3code-mcp")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/t3code-mcp/t3code-mcp/cmd/t3code-mcp").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./cmd/t3code-mcp: %v\n%s", err, out)
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "loadtest-bin-")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "t3code-mcp")
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		built.out, built.err = exec.CommandContext(ctx, "go", "build", "-o", built.bin, "github.com/t3code-mcp/t3code-mcp/cmd/t3code-mcp").CombinedOutput()
+	})
+	if built.err != nil {
+		t.Fatalf("go build ./cmd/t3code-mcp: %v\n%s", built.err, built.out)
 	}
-	return bin
+	return built.bin
 }
 
 // TestTinyRun runs every phase of the harness against the real binary at a tiny scale: 2
