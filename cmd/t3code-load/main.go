@@ -39,7 +39,27 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/loadtest"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == clientsCommand {
+		os.Exit(serveClients())
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// clientsCommand is the hidden subcommand of -split's second process: the webhook receiver and
+// the MCP clients, driven by the first over stdin and stdout (loadtest.ServeClients).
+const clientsCommand = "harness-clients"
+
+func serveClients() int {
+	// An interrupt reaches the whole process group: the first process stops this one, once it
+	// has stopped the connector (deliveries until then are counted).
+	signal.Ignore(os.Interrupt, syscall.SIGTERM)
+	if err := loadtest.ServeClients(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "t3code-load", clientsCommand+":", err)
+		return 1
+	}
+	return 0
+}
 
 // envList is a repeated -replica-env KEY=VALUE flag.
 type envList []string
@@ -61,7 +81,7 @@ func (l *envList) Set(kv string) error {
 // options is the command line: how to run the harness, and the profile's figures a flag
 // overrides (over; zero means the profile's value).
 type options struct {
-	short, quiet, inProcess, harnessTrace                bool
+	short, quiet, inProcess, harnessTrace, split         bool
 	bin, dir, jsonOut                                    string
 	cpuProfile, blockProfile, memProfile, harnessProfile string
 	profilePhase                                         string
@@ -83,6 +103,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonOut, "json", "", "also write the report as JSON to this file")
 	fs.BoolVar(&o.quiet, "q", false, "no progress lines")
 	fs.BoolVar(&o.inProcess, "inprocess", false, "run the connector inside this process (for profiles; its CPU and RSS then include the harness)")
+	fs.BoolVar(&o.split, "split", false, "run the webhook receiver and the MCP clients (t3_wait, t3_thread, t3_watch) in a second process, as other services would be, not in the one serving the fake machines; event and wake latencies are then taken at their arrival there (wall clock, one machine); off with -trace, whose marks must be in the traced process")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (implies -inprocess)")
 	fs.StringVar(&o.blockProfile, "blockprofile", "", "write a block profile of the whole run (implies -inprocess)")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile once the connector is synced and idle, and FILE.backlog when the outage phase's receiver comes back (implies -inprocess)")
@@ -223,6 +244,13 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 	}
 	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != "" || (o.traceOut != "" && !o.harnessTrace)
 	cfg.Binary = o.bin
+	if o.split && o.traceOut == "" {
+		if exe, err := os.Executable(); err == nil {
+			cfg.Split = []string{exe, clientsCommand}
+		} else {
+			fmt.Fprintln(stderr, "-split: no path to this executable, one process:", err)
+		}
+	}
 	return cfg
 }
 

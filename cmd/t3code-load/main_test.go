@@ -128,3 +128,23 @@ func TestTraceWindowNotBegunWhenThePhaseEndsFirst(t *testing.T) {
 		t.Fatalf("trace file: %v, %v; want empty", st, err)
 	}
 }
+
+// -split runs this executable's hidden subcommand as the second process; with -trace it is off
+// (the trace's marks must be in the traced process).
+func TestSplitRunsTheClientsSubcommand(t *testing.T) {
+	o, err := parse([]string{"-split"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	if got := o.config(io.Discard).Split; !reflect.DeepEqual(got, []string{exe, clientsCommand}) {
+		t.Fatalf("-split: %v", got)
+	}
+	o, err = parse([]string{"-split", "-trace", filepath.Join(t.TempDir(), "trace.out"), "-harness-trace"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.config(io.Discard).Split; got != nil {
+		t.Fatalf("-split with -trace: %v", got)
+	}
+}

@@ -119,6 +119,10 @@ type receiver struct {
 	dups     int
 	bad      int
 	served   chan struct{} // closed when Serve returns
+
+	// fwd, in the split harness's child (remote.go), takes each delivery, refusal and new
+	// connection to the parent instead of this receiver's own bookkeeping.
+	fwd *lineWriter
 }
 
 // receiverHint is the number of events the receiver's maps are made for: a phase at full scale
@@ -138,12 +142,15 @@ func (r *receiver) reset(hint int) {
 // its own 4 MiB limit before the handler).
 const maxHookBody = 1 << 20
 
-func newReceiver() (*receiver, error) {
+func newReceiver() (*receiver, error) { return newForwardingReceiver(nil) }
+
+// newForwardingReceiver is newReceiver with fwd (nil: none) set before it serves.
+func newForwardingReceiver(fwd *lineWriter) (*receiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", served: make(chan struct{})}
+	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", served: make(chan struct{}), fwd: fwd}
 	r.reset(receiverHint)
 	r.srv = &fasthttp.Server{
 		Handler:               r.serve,
@@ -157,6 +164,9 @@ func newReceiver() (*receiver, error) {
 		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
 			if st == fasthttp.StateNew {
 				r.conns.Add(1)
+				if r.fwd != nil {
+					r.fwd.send("C")
+				}
 			}
 		},
 	}
@@ -172,6 +182,9 @@ func newReceiver() (*receiver, error) {
 func (r *receiver) serve(ctx *fasthttp.RequestCtx) {
 	if r.down.Load() {
 		r.refused.Add(1)
+		if r.fwd != nil {
+			r.fwd.send("X")
+		}
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		return
 	}
@@ -187,7 +200,11 @@ func (r *receiver) serve(ctx *fasthttp.RequestCtx) {
 		d, err = decodeDelivery(body)
 	}
 	d.at = at
-	r.record(d, err, ctx.Request.Header.Peek("webhook-id"))
+	if r.fwd != nil {
+		r.fwd.delivery(d, err != nil || d.id == "" || d.id != string(ctx.Request.Header.Peek("webhook-id")))
+	} else {
+		r.record(d, err, ctx.Request.Header.Peek("webhook-id"))
+	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
@@ -276,6 +293,9 @@ func (r *receiver) arrivals(thread string) []string {
 }
 
 func (r *receiver) close() {
+	if r.srv == nil { // the split harness's mirror: the child serves
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = r.srv.ShutdownWithContext(ctx) // closes the listener, then the idle connections

@@ -145,6 +145,11 @@ type Config struct {
 	// T3CODE_MCP_LEASE_TTL=1500ms, T3CODE_MCP_CLAIM_TTL=10s, …
 	ReplicaEnv []string
 
+	// Split, when set, is the command line of the split harness's second process (t3code-load's
+	// hidden subcommand harness-clients, which runs ServeClients): the webhook receiver and the
+	// MCP clients run there, as other services would, and not in the process serving the fake
+	// machines (remote.go). Empty: all in this process.
+	Split []string
 	// InProcess runs the connector inside this process instead of the binary, for profiling
 	// (its CPU and memory figures then include the harness). Binary is not needed.
 	InProcess bool

@@ -41,9 +41,8 @@ func sourcesSince(before, after map[string]float64) map[string]int64 {
 func (h *harness) threadTool(ctx context.Context) error {
 	tid, others := h.big.threads[0], h.big.threads[1:]
 	call := func(thread string) (time.Duration, error) {
-		t0 := time.Now()
-		_, err := h.agents.call(ctx, 0, "t3_thread", map[string]any{"thread_id": thread})
-		return time.Since(t0), err
+		_, t0, t1, err := h.agents.timedCall(ctx, 0, "t3_thread", map[string]any{"thread_id": thread})
+		return t1.Sub(t0), err
 	}
 	tt := &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5)}
 	if len(others) > 0 {

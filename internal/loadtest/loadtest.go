@@ -35,7 +35,10 @@ type harness struct {
 	rec    *receiver
 	conn   *connector
 	extra  []*connector // replicas 2…N (Config.Replicas), on the same database
-	agents *agents
+	agents agentPool
+	// clients is the split harness's child (Config.Split): the receiver and the agents run
+	// there; nil in one process.
+	clients *clients
 
 	drv         *driver // moves every machine's runs
 	driveCancel context.CancelFunc
@@ -95,6 +98,9 @@ func describe(c Config) string {
 	if c.InProcess {
 		where = "in-process (profiling)"
 	}
+	if len(c.Split) > 0 {
+		where += ", receiver and MCP clients in a second process"
+	}
 	if c.DatabaseURL != "" {
 		where += fmt.Sprintf(", PostgreSQL store, %d replica(s)", max(c.Replicas, 1))
 	} else {
@@ -138,10 +144,19 @@ func (h *harness) run(ctx context.Context) error {
 	h.drv = newDriver(h.all)
 	go h.drv.run(dctx)
 	sessions := max(1, (h.cfg.Waits+h.cfg.WaitsPerSession-1)/h.cfg.WaitsPerSession)
-	var err error
-	h.agents, err = newAgents(ctx, h.conn.base, sessions, h.cfg.Waits+h.cfg.PushRuns+2*sessions+16)
-	if err != nil {
-		return err
+	conns := h.cfg.Waits + h.cfg.PushRuns + 2*sessions + 16
+	if h.clients != nil {
+		ag, err := h.clients.agents(ctx, h.conn.base, sessions, conns)
+		if err != nil {
+			return fmt.Errorf("harness clients: %w", err)
+		}
+		h.agents = ag
+	} else {
+		ag, err := newAgents(ctx, h.conn.base, sessions, conns)
+		if err != nil {
+			return err
+		}
+		h.agents = ag
 	}
 	phases := []struct {
 		name string
@@ -247,13 +262,14 @@ type usageMark struct {
 	gc       gcSample
 	chunks   int64 // Chunks the fakes wrote
 	wakeups  int64 // the harness's voluntary context switches
+	clients  time.Duration
 }
 
 func (h *harness) mark() usageMark {
 	cpu, _ := h.conn.cpu()
 	own, faults, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), cpu, own, faults, readGC(), h.chunksSent(), ownWakeups()}
+	return usageMark{time.Now(), cpu, own, faults, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU()}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
@@ -263,6 +279,10 @@ func (h *harness) usageSince(m usageMark) Usage {
 	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
 		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults,
 		HarnessChunks: h.chunksSent() - m.chunks, HarnessWakeups: ownWakeups() - m.wakeups}
+	if h.clients != nil {
+		u.ClientsCPU = h.clientsCPU() - m.clients
+		u.HarnessCPU += u.ClientsCPU
+	}
 	gc := readGC()
 	u.HarnessGCCPU, u.HarnessGCCycles, u.HarnessHeapLiveKB = gc.cpu-m.gc.cpu, gc.cycles-m.gc.cycles, gc.liveKB
 	if u.Wall > 0 {
@@ -270,6 +290,15 @@ func (h *harness) usageSince(m usageMark) Usage {
 		u.HarnessCores = u.HarnessCPU.Seconds() / u.Wall.Seconds()
 	}
 	return u
+}
+
+// clientsCPU is the split child's CPU so far (0 in one process).
+func (h *harness) clientsCPU() time.Duration {
+	if h.clients == nil {
+		return 0
+	}
+	cpu, _, _ := procStat(h.clients.pid())
+	return cpu
 }
 
 // sendTimes finds, for each run, when the frame with its settling shell row was sent.
@@ -400,8 +429,8 @@ type wake struct {
 func (h *harness) awaitRun(ctx context.Context, session int, r *run) wake {
 	w := wake{r: r}
 	for {
-		raw, err := h.agents.call(ctx, session, "t3_wait", map[string]any{"thread_id": r.thread, "timeout": 3000})
-		w.at = time.Now()
+		raw, _, at, err := h.agents.timedCall(ctx, session, "t3_wait", map[string]any{"thread_id": r.thread, "timeout": 3000})
+		w.at = at // where the client runs: in the split child, its arrival there
 		if trace.IsEnabled() {
 			// The wake's arrival in a -trace (-harness-trace), joined by thread with the
 			// connector's t3_wait marks (T3CODE_MCP_TRACE).
@@ -602,6 +631,11 @@ func (h *harness) cleanup() error {
 			errs = append(errs, *e)
 		}
 		m.close()
+	}
+	if h.clients != nil {
+		if err := h.clients.stop(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if h.rec != nil {
 		h.rec.close()

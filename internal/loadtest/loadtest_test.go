@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,13 @@ import (
 // fasthttp's worker pool (the webhook receiver's) has a cleaner goroutine that notices the
 // server's stop only after its sleep of up to MaxIdleWorkerDuration (10 s) has ended.
 func TestMain(m *testing.M) {
+	if slices.Contains(os.Args[1:], clientsArg) { // TestTinyRun's split harness: its second process
+		if err := ServeClients(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(removingBinary{m}, goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
 		// The in-process connector's webhook client (internal/outbox/post.go): ends by itself within
 		// seconds of its last idle connection closing.
@@ -66,15 +74,30 @@ func buildConnector(t *testing.T) string {
 }
 
 // TestTinyRun runs every phase of the harness against the real binary at a tiny scale: 2
-// machines × 10 threads, 4 waits, a few seconds. It checks that each phase produced its figures,
-// that every transition is accounted for and that the events queued during the receiver's outage
-// all arrived, each thread's in order; it asserts nothing about how fast anything was.
+// machines × 10 threads, 4 waits, a few seconds; once in one process and once split (the
+// receiver and the MCP clients in a second process, this test binary re-run as ServeClients:
+// see TestMain). It checks that each phase produced its figures, that every transition is
+// accounted for, none lost, and that the events queued during the receiver's outage all
+// arrived, each thread's in order; it asserts nothing about how fast anything was.
 func TestTinyRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the connector binary")
 	}
+	bin := buildConnector(t)
+	t.Run("one process", func(t *testing.T) { tinyRun(t, bin, nil) })
+	t.Run("split", func(t *testing.T) { tinyRun(t, bin, splitArgs()) })
+}
+
+// splitArgs runs this test binary as the split harness's second process (TestMain).
+func splitArgs() []string { return []string{os.Args[0], "-test.run=^$", clientsArg} }
+
+// clientsArg, in this test binary's arguments, makes it the split harness's second process.
+const clientsArg = "harness-clients"
+
+func tinyRun(t *testing.T, bin string, split []string) {
 	cfg := Tiny()
-	cfg.Binary = buildConnector(t)
+	cfg.Binary = bin
+	cfg.Split = split
 	cfg.WorkDir = t.TempDir()
 	cfg.Timeout = 2 * time.Minute
 	var progress strings.Builder
@@ -96,7 +119,7 @@ func TestTinyRun(t *testing.T) {
 		fail("t3_thread: %+v", rep.ThreadTool)
 	}
 	l := rep.Latency
-	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 {
+	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 || l.MissingEvent != 0 {
 		fail("latency phase: %+v", l)
 	}
 	// The fakes wrote Chunks for the window's runs, and the harness's threads slept and were
@@ -128,9 +151,12 @@ func TestTinyRun(t *testing.T) {
 		fail("accounting: %+v", rep.Accounting)
 	}
 	for _, a := range rep.Accounting {
-		if a.Settled == 0 || a.Delivered+a.Pending+a.Lost != a.Settled {
+		if a.Settled == 0 || a.Delivered+a.Pending+a.Lost != a.Settled || a.Lost != 0 {
 			fail("accounting %s: %+v", a.Phase, a)
 		}
+	}
+	if (len(split) > 0) != (l.Usage.ClientsCPU > 0) {
+		fail("the second process's CPU: %s (split %v)", l.Usage.ClientsCPU, split)
 	}
 	if rep.PeakRSSKB <= 0 || rep.TotalCPU <= 0 {
 		fail("connector usage: peak RSS %d kB, CPU %s", rep.PeakRSSKB, rep.TotalCPU)

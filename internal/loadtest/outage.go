@@ -41,7 +41,7 @@ func (h *harness) outage(ctx context.Context) error {
 
 	h.logf("outage phase: receiver down for %s, %.0f runs/s on %d threads", cfg.Outage, cfg.OutageRate, threads)
 	first := h.settledCount()
-	h.rec.down.Store(true)
+	h.setDown(true)
 	refused0 := h.rec.refused.Load()
 	u := h.mark()
 	if err := h.setPipeline(ctx, cfg.OutageRate, 0, cfg.OutageThreads); err != nil {
@@ -83,7 +83,7 @@ func (h *harness) outage(ctx context.Context) error {
 	h.logf("outage phase: backlog %d; receiver back", rep.Backlog)
 	u = h.mark()
 	back := time.Now()
-	h.rec.down.Store(false)
+	h.setDown(false)
 	if err := h.awaitDrain(ctx, rep, runs, back); err != nil {
 		return err
 	}
@@ -183,4 +183,16 @@ func (h *harness) checkOrder(runs []*run) (checked, broken int) {
 		}
 	}
 	return checked, broken
+}
+
+// setDown turns the webhook receiver down (503 to every delivery) or up again, in the split
+// child if there is one.
+func (h *harness) setDown(down bool) {
+	if h.clients != nil {
+		if err := h.clients.setDown(down); err != nil {
+			h.warn("receiver down=%v: %v", down, err)
+		}
+		return
+	}
+	h.rec.down.Store(down)
 }

@@ -36,18 +36,7 @@ func TestReceiverCountsAndOrders(t *testing.T) {
 	defer client.CloseIdleConnections()
 	post := func(webhookID, body string) int {
 		t.Helper()
-		req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, r.url, bytes.NewReader([]byte(body)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("webhook-id", webhookID)
-		res, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		return res.StatusCode
+		return postHook(t, client, r.url, webhookID, body)
 	}
 	before := time.Now()
 	for _, d := range []struct{ id, thread, run string }{
@@ -102,6 +91,23 @@ func TestReceiverCountsAndOrders(t *testing.T) {
 			t.Errorf("%s recorded, but its delivery was bad or refused", run)
 		}
 	}
+}
+
+// postHook delivers one webhook to url and returns the status.
+func postHook(t *testing.T, client *http.Client, url, webhookID, body string) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader([]byte(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("webhook-id", webhookID)
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
 }
 
 // FuzzDecodeDelivery: any body decodes without a panic, and a body that decodes with an id

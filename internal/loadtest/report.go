@@ -114,11 +114,19 @@ type Usage struct {
 	// each paid again when a goroutine hand-off wakes one.
 	HarnessChunks  int64 `json:"harness_chunks"`
 	HarnessWakeups int64 `json:"harness_wakeups"`
+	// ClientsCPU is, in the split harness (t3code-load -split), the CPU of its second process
+	// (the webhook receiver and the MCP clients), included in HarnessCPU and HarnessCores; 0 in
+	// one process. The other harness_ figures (faults, GC, wake-ups) are the first process's.
+	ClientsCPU time.Duration `json:"harness_clients_cpu_ns"`
 }
 
 func (u Usage) String() string {
-	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups); load average %s",
-		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, u.HarnessFaults,
+	split := ""
+	if u.ClientsCPU > 0 && u.Wall > 0 {
+		split = fmt.Sprintf(", %.2f of them its receiver's and clients' process", u.ClientsCPU.Seconds()/u.Wall.Seconds())
+	}
+	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups); load average %s",
+		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, split, u.HarnessFaults,
 		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.HarnessChunks, u.HarnessWakeups, u.LoadAvg)
 }
 

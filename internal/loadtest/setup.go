@@ -36,7 +36,12 @@ func (h *harness) setup(ctx context.Context) error {
 		return err
 	}
 	var err error
-	if h.rec, err = newReceiver(); err != nil {
+	if len(cfg.Split) > 0 {
+		if h.clients, err = startClients(cfg.Split); err != nil {
+			return err
+		}
+		h.rec = h.clients.rec
+	} else if h.rec, err = newReceiver(); err != nil {
 		return err
 	}
 	token := "t3load-" + fmt.Sprint(rand.Uint64())
