@@ -550,29 +550,47 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	var evs []store.Event
 	var lookup []string
 	rows := make([]*t3rpc.ThreadShell, 0, len(c.Passed)+len(c.Threads))
-	// Each thread once, however many of its rows the chunk passed (a lagging machine's chunk
-	// holds several per run): every id is a decoded record.
-	ids := make([]string, 0, len(c.Threads))
-	listed := make(map[string]struct{}, len(c.Threads))
 	for _, rs := range [][]*t3rpc.ThreadShell{c.Passed, c.Threads} {
-		for _, r := range rs {
-			rows = append(rows, r)
-			if _, dup := listed[r.ID]; !dup {
-				listed[r.ID] = struct{}{}
-				ids = append(ids, r.ID)
-			}
-		}
+		rows = append(rows, rs...)
 	}
 	if len(rows) == 0 {
 		return nil
 	}
+	// The threads of the chunk whose rows commit nothing (a run's steps) take their rows into
+	// their cached states without their tracked records, as nothingToCommit does for a whole
+	// chunk; only the others are read.
+	var quiet map[string]cached
+	if fence == nil && d.lease == nil && !c.Snapshot {
+		quiet = d.quietThreads(c.Machine, rows)
+		for id, q := range quiet {
+			next[key(c.Machine, id)] = q
+		}
+	}
+	// Each thread once, however many of its rows the chunk passed (a lagging machine's chunk
+	// holds several per run): every id is a decoded record.
+	ids := make([]string, 0, len(rows)-len(quiet))
+	listed := make(map[string]struct{}, len(rows))
+	for _, r := range rows {
+		if _, dup := listed[r.ID]; !dup {
+			listed[r.ID] = struct{}{}
+			if _, ok := quiet[r.ID]; !ok {
+				ids = append(ids, r.ID)
+			}
+		}
+	}
 	// One read for the whole chunk: a snapshot of thousands of rows must not
 	// cost thousands of read transactions on the Ack path.
-	trackedBy, err := d.tracked.GetThreads(ids)
-	if err != nil {
-		return err
+	var trackedBy map[string]store.Thread
+	if len(ids) > 0 {
+		var err error
+		if trackedBy, err = d.tracked.GetThreads(ids); err != nil {
+			return err
+		}
 	}
 	for _, row := range rows {
+		if _, ok := quiet[row.ID]; ok {
+			continue
+		}
 		t, found := trackedBy[row.ID]
 		if !found || !t.Watch || t.Machine != c.Machine {
 			continue
@@ -726,6 +744,49 @@ func (d *Detector) nothingToCommit(c watch.Change) bool {
 
 // nothingToCommitRows bounds the chunks nothingToCommit tries (see there).
 const nothingToCommitRows = 8
+
+// quietThreads returns, by thread id, the new cached states of the threads of a chunk's rows
+// (a machine's, not a snapshot, no lease) whose every row, judged in order from the thread's
+// cached state, changes nothing that must be committed: what nothingToCommit proves for a whole
+// chunk, thread by thread, for applyLocked, which then reads the tracked records of the other
+// threads alone. A busy machine's chunk holds a few settled runs among many runs' steps; each
+// record read is a B-tree search and a decode on the Ack path. A thread with no cached state,
+// or one row that would commit or report something, is left out whole (applyLocked judges all
+// of its rows again from the start). Called with the machine's lock held: no other goroutine
+// changes this machine's cached states meanwhile, so each is read under d.mu once and judged
+// outside it.
+func (d *Detector) quietThreads(machine string, rows []*t3rpc.ThreadShell) map[string]cached {
+	var states map[string]cached
+	var loud map[string]struct{}
+	for _, row := range rows {
+		if _, no := loud[row.ID]; no {
+			continue
+		}
+		st, ok := states[row.ID]
+		if !ok {
+			d.mu.Lock()
+			st, ok = d.cache[key(machine, row.ID)]
+			d.mu.Unlock()
+		}
+		if ok {
+			cur, out := d.observe(st.s, row, store.Thread{}, machine, false)
+			if len(out) == 0 && !d.mustCommit(st.s, cur) {
+				if states == nil {
+					states = make(map[string]cached, len(rows))
+				}
+				st.s = cur
+				states[row.ID] = st
+				continue
+			}
+		}
+		if loud == nil {
+			loud = map[string]struct{}{}
+		}
+		loud[row.ID] = struct{}{}
+		delete(states, row.ID)
+	}
+	return states
+}
 
 // observe compares one row of a thread with what was seen last. It decides
 // from the row's run pointers (threadstate.Judge), never from the status

@@ -247,3 +247,58 @@ func BenchmarkGroupCommit100Machines(b *testing.B) { benchMachines(b, true) }
 
 // BenchmarkCommitAlone100Machines: the same without grouping, one fsync per chunk.
 func BenchmarkCommitAlone100Machines(b *testing.B) { benchMachines(b, false) }
+
+// BenchmarkDetectorMixedChunk16: chunks of 16 rows of 16 threads, each thread's run going
+// start → six steps → end, the threads out of step with each other: about two of a chunk's rows
+// end a run (an event each), the others are steps of running runs, as a busy machine's chunks in
+// the latency phase are. One op is one chunk. The detector's commits are dropped (the tracked rows
+// are read from the store): cpu-µs/op is the detector's own work and its reads, not the group
+// commit's (BenchmarkDetectorRun has those).
+func BenchmarkDetectorMixedChunk16(b *testing.B) {
+	db := newDetectorBench(b)
+	d := events.New(events.Options{Store: dropCommits{db.st}, Tracked: db.st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	var base []t3rpc.ThreadShell
+	for _, id := range db.threads {
+		base = append(base, benchShell(id, "idle", ""))
+	}
+	ctx := context.Background()
+	if err := d.Apply(ctx, watch.Change{Machine: "load", Snapshot: true, Threads: watch.RowsOf(base)}); err != nil {
+		b.Fatal(err)
+	}
+	events := 0
+	b.ReportAllocs()
+	cpu0 := processCPU(b)
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		var c watch.Change
+		c.Machine = "load"
+		for j := 0; j < 16; j++ {
+			k := n*16 + j
+			t := k % benchThreads
+			id := db.threads[t]
+			step := k/benchThreads + t%8
+			run := fmt.Sprintf("run:%s:%d", id, step/8)
+			var r t3rpc.ThreadShell
+			if step%8 == 7 {
+				r = benchShell(id, "completed", run)
+				events++
+			} else {
+				r = benchShell(id, "running", run)
+				r.ActiveRunId = t3rpc.NewOptNilString(run)
+			}
+			r.UpdatedAt = t3rpc.NewOptString(fmt.Sprintf("2026-12-01T10:%02d:%02d.%03dZ", k/60000%60, k/1000%60, k%1000))
+			c.Threads = append(c.Threads, &r)
+		}
+		if err := d.Apply(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(float64(events)/float64(b.N), "events/op")
+}
+
+// dropCommits reads detector states from the store and commits nothing.
+type dropCommits struct{ store.Store }
+
+func (dropCommits) Commit(store.Batch) error { return nil }

@@ -1,9 +1,14 @@
 package events
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -48,5 +53,71 @@ func TestApplyQuickTakesOnlyChangesWithNothingToCommit(t *testing.T) {
 	e.want("completed r1")
 	if got := e.stored("t1"); got.Latest != "r1" || !got.Settled {
 		t.Fatalf("after the run's end the store holds %+v", got)
+	}
+}
+
+// idsTracked records the ids of every GetThreads call.
+type idsTracked struct {
+	Tracked
+	mu    sync.Mutex
+	calls [][]string
+}
+
+func (c *idsTracked) GetThreads(ids []string) (map[string]store.Thread, error) {
+	c.mu.Lock()
+	c.calls = append(c.calls, slices.Sorted(slices.Values(ids)))
+	c.mu.Unlock()
+	return c.Tracked.GetThreads(ids)
+}
+
+// A chunk that settles some threads' runs among other threads' steps reads the tracked records
+// of the settling threads alone: the others' rows commit nothing and go into their cached states
+// (quietThreads), as a chunk of steps alone does. A thread with a step and then its run's end in
+// the same chunk is read and reported; the threads that only stepped report their runs' ends
+// later from what the chunk left in their cached states.
+func TestChunkReadsOnlyTheThreadsThatCommit(t *testing.T) {
+	e := newEnv(t, "")
+	ct := &idsTracked{Tracked: e.st}
+	e.d = New(Options{Store: e.g, Tracked: ct, Read: ReaderFunc(e.read), Logger: quiet()})
+	for _, id := range []string{"t1", "t2", "t3", "t4"} {
+		e.watchThread(id, "", &t3rpc.ThreadShell{ID: id, Status: "idle"})
+	}
+	e.apply(rowAt("2026-12-01T10:00:00Z", "t1", "running", "r1", "r1", ""),
+		rowAt("2026-12-01T10:00:00Z", "t2", "running", "r2", "r2", ""),
+		rowAt("2026-12-01T10:00:00Z", "t3", "running", "r3", "r3", ""),
+		rowAt("2026-12-01T10:00:00Z", "t4", "running", "r4", "r4", ""))
+	ct.mu.Lock()
+	ct.calls = nil
+	ct.mu.Unlock()
+	// More rows than nothingToCommit tries, so that the chunk goes through applyLocked.
+	var c watch.Change
+	c.Machine = "m"
+	for i := 1; i <= 4; i++ {
+		at := fmt.Sprintf("2026-12-01T10:00:%02dZ", i)
+		for _, id := range []string{"t1", "t2", "t4"} {
+			r := rowAt(at, id, "running", "r"+id[1:], "r"+id[1:], "")
+			c.Passed = append(c.Passed, &r)
+		}
+	}
+	end2 := rowAt("2026-12-01T10:00:05Z", "t2", "completed", "", "r2", "")
+	end3 := rowAt("2026-12-01T10:00:05Z", "t3", "completed", "", "r3", "")
+	step1 := rowAt("2026-12-01T10:00:05Z", "t1", "running", "r1", "r1", "")
+	c.Threads = watch.RowsOf([]t3rpc.ThreadShell{end2, end3, step1})
+	if err := e.d.Apply(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	e.want("completed r2", "completed r3")
+	ct.mu.Lock()
+	calls := ct.calls
+	ct.mu.Unlock()
+	if len(calls) != 1 || !slices.Equal(calls[0], []string{"t2", "t3"}) {
+		t.Fatalf("GetThreads calls %v, want one for [t2 t3]", calls)
+	}
+	// The quiet threads' states moved on with the chunk: their runs' ends are reported.
+	e.apply(rowAt("2026-12-01T10:00:06Z", "t1", "completed", "", "r1", ""),
+		rowAt("2026-12-01T10:00:06Z", "t4", "completed", "", "r4", ""))
+	e.want("completed r2", "completed r3", "completed r1", "completed r4")
+	if got := e.stored("t4"); got.Latest != "r4" || !got.Settled || got.UpdatedAt != "2026-12-01T10:00:06Z" {
+		t.Fatalf("t4's stored state %+v", got)
 	}
 }
