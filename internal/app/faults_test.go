@@ -182,9 +182,12 @@ func (hl *hookLog) summary() string {
 	return fmt.Sprintf("%d requests (%d failed on purpose, %d bad signatures)\n%s", hl.n, hl.failedReqs, hl.badSig, strings.Join(lines, "\n"))
 }
 
-// eventually polls cond until it holds or the safety net expires.
+// eventually polls cond until it holds or the safety net expires. The net is a minute at least,
+// whatever limit a caller names: it only matters when the test is broken, and CI's fresh, slower
+// machine runs every package's race-detector tests at once.
 func eventually(t *testing.T, limit time.Duration, what string, cond func() bool, dump func() string) {
 	t.Helper()
+	limit = max(limit, time.Minute)
 	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {

@@ -198,7 +198,7 @@ func (r *rig) dial(context.Context) (*effectrpc.Conn, error) { return r.conn, ni
 
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(time.Minute) // generous: only a broken test waits it out
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
