@@ -41,8 +41,14 @@ staticcheck: ## staticcheck (pinned in go.mod)
 
 # scripts/pg run starts a throwaway PostgreSQL for the run when T3CODE_MCP_TEST_DATABASE_URL is
 # unset and PostgreSQL is installed (the PostgreSQL tests skip when neither is there, except under CI=true).
+# Some tests build the connector binary (without -race): `go build` first fills the build cache,
+# so that on a fresh machine the packages' tests do not each compile it within their own time
+# limit. TESTTIMEOUT bounds each package's test binary (go test's default is 10 min; a fresh,
+# slower machine running every package at once comes near it); it is a safety net, not a measure.
+TESTTIMEOUT ?= 30m
 test: ## all tests with the race detector (PostgreSQL tests included: scripts/pg)
-	./scripts/pg run $(GO) test -race -count=1 $(PKGS)
+	$(GO) build $(PKGS)
+	./scripts/pg run $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(PKGS)
 
 check: fmtcheck vet staticcheck gencheck test fuzz-short ## everything CI runs
 
