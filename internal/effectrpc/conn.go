@@ -150,7 +150,8 @@ type call struct {
 	// read loop is in onRead.
 	handling bool
 	// owed: a Chunk of an ahead stream came while ahead others waited; its Ack goes out once
-	// the handler has taken one (only one can be owed: T3 sends nothing more until it has it).
+	// the handler has taken one, as it takes it (only one can be owed: T3 sends nothing more
+	// until it has it).
 	owed bool
 	// behind counts an inline stream's Chunks handed to the stream's goroutine and not yet done
 	// there (their rest, or the whole handler of a Chunk that came meanwhile).
@@ -499,6 +500,12 @@ func (c *Conn) stream(ctx context.Context, method string, payload any, so *strea
 		if ev.failed {
 			c.abandon(cl)
 			return ev.err
+		}
+		// The handler takes this Chunk now: an ahead stream's owed Ack goes out before the
+		// handler runs, not after it returns, so that T3 is held back by the queue's bound alone
+		// and a handler that waits for a later Chunk is not waiting for its own Ack.
+		if cl.ahead > 0 && cl.payOwed() && c.isPending(cl.id) {
+			c.ack(cl)
 		}
 		switch {
 		case ev.rest != nil:

@@ -967,6 +967,79 @@ func TestStreamAheadAcksOnReceiptUpToItsBound(t *testing.T) {
 	}
 }
 
+// The owed Ack of an ahead stream goes out when the handler takes a Chunk, not when it is done
+// with it: with the handler busy on chunk 1 and chunks 2 and 3 waiting (3's Ack owed), chunk 1's
+// handler returning and chunk 2's starting pays chunk 3's Ack while chunk 2's handler still runs.
+// It was paid only after a handler returned, so a handler that waited for T3's next Chunk (here:
+// chunk 2's, which is released only once the server saw that Ack) waited for ever; under load
+// TestStreamAheadAcksOnReceiptUpToItsBound met it when chunk 2 came before the handler had taken
+// chunk 1.
+func TestStreamAheadPaysTheOwedAckWhenTheHandlerTakesAChunk(t *testing.T) {
+	sent3, acked3 := make(chan struct{}), make(chan struct{})
+	ts := newServer(t, func(p *peer) {
+		var once3, onceAck sync.Once
+		defer once3.Do(func() { close(sent3) }) // a script that failed early lets the test go on
+		defer onceAck.Do(func() { close(acked3) })
+		s, ok := p.request()
+		if !ok {
+			return
+		}
+		id := s.ID.String
+		for _, c := range []string{"1", "2"} {
+			p.send(chunk(id, c))
+			if !expectStreamAck(t, p, id, "chunk "+c) {
+				return
+			}
+		}
+		p.send(chunk(id, "3")) // the handler has chunk 1, chunk 2 waits: 3's Ack is owed
+		once3.Do(func() { close(sent3) })
+		// The probe's Exit follows chunk 3 on the socket: when the client has it, chunk 3 is
+		// queued (the test releases chunk 1 only then).
+		r, ok := p.recv()
+		if !ok {
+			return
+		}
+		if !r.msg.IsRequest() || r.msg.Request.Method != "test.probe" {
+			t.Errorf("with two chunks waiting: want the test.probe Request, got %s", r.raw)
+			return
+		}
+		p.send(exitOK(idKey(r.msg.Request.ID), "{}"))
+		if !expectStreamAck(t, p, id, "chunk 3, once the handler took chunk 2") {
+			return
+		}
+		onceAck.Do(func() { close(acked3) })
+		p.send(exitOK(id, ""))
+	})
+	c := dial(t, ts, Options{})
+	release := map[string]chan struct{}{"1": make(chan struct{}), "2": make(chan struct{}), "3": make(chan struct{})}
+	var got []string
+	done := make(chan error, 1)
+	go func() {
+		done <- c.StreamAhead(tctx(t), "test.stream", nil, 1, func(values []jx.Raw) error {
+			v := string(values[0])
+			got = append(got, v)
+			if ch, ok := release[strings.Trim(v, `"`)]; ok {
+				<-ch
+			}
+			return nil
+		})
+	}()
+	<-sent3
+	if err := c.Call(tctx(t), "test.probe", nil, nil); err != nil {
+		t.Fatalf("test.probe: %v", err)
+	}
+	close(release["1"])
+	<-acked3 // chunk 2's handler is still waiting for release["2"] here
+	close(release["2"])
+	close(release["3"])
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "1,2,3" {
+		t.Fatalf("handler saw %v, want 1,2,3", got)
+	}
+}
+
 // StreamAheadOnRead offers a Chunk to onRead on the read loop only while nothing of the stream
 // waits in the queue or in the handler: a Chunk onRead takes is acknowledged at once and never
 // reaches the handler; one it refuses goes to the handler; one that comes while the handler is
