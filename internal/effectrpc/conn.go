@@ -528,7 +528,9 @@ func (c *Conn) stream(ctx context.Context, method string, payload any, so *strea
 			c.abandon(cl)
 			return err
 		}
-		if (cl.ahead == 0 || cl.payOwed()) && c.isPending(cl.id) {
+		// An ahead stream's Acks went out as its Chunks were queued or taken (above); the
+		// others' once the handler is done.
+		if cl.ahead == 0 && c.isPending(cl.id) {
 			// A failed Ack means the socket is gone; next() then reports it.
 			c.ack(cl)
 		}
