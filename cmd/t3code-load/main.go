@@ -244,7 +244,9 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 	}
 	cfg.InProcess = o.inProcess || (o.cpuProfile != "" && o.harnessProfile == "") || o.blockProfile != "" || o.memProfile != "" || (o.traceOut != "" && !o.harnessTrace)
 	cfg.Binary = o.bin
-	if o.split && o.traceOut == "" {
+	if o.split && o.traceOut != "" {
+		fmt.Fprintln(stderr, "-split: off with -trace (the trace's marks must be in the traced process): one process")
+	} else if o.split {
 		if exe, err := os.Executable(); err == nil {
 			cfg.Split = []string{exe, clientsCommand}
 		} else {

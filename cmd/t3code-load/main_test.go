@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,7 +145,11 @@ func TestSplitRunsTheClientsSubcommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := o.config(io.Discard).Split; got != nil {
+	var msg strings.Builder
+	if got := o.config(&msg).Split; got != nil {
 		t.Fatalf("-split with -trace: %v", got)
+	}
+	if !strings.Contains(msg.String(), "-split: off with -trace") {
+		t.Fatalf("-split with -trace: nothing said on stderr (%q)", msg.String())
 	}
 }

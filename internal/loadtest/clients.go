@@ -201,7 +201,7 @@ func (r *receiver) serve(ctx *fasthttp.RequestCtx) {
 	}
 	d.at = at
 	if r.fwd != nil {
-		r.fwd.delivery(d, err != nil || d.id == "" || d.id != string(ctx.Request.Header.Peek("webhook-id")))
+		r.fwd.delivery(d, badDelivery(d, err, ctx.Request.Header.Peek("webhook-id")))
 	} else {
 		r.record(d, err, ctx.Request.Header.Peek("webhook-id"))
 	}
@@ -244,11 +244,17 @@ func decodeDelivery(body []byte) (delivery, error) {
 // record counts a delivery: bad (undecodable, no id, or an id the webhook-id header does not
 // repeat), a duplicate of an event already received, or a new event, whose run's first event
 // is kept with its arrival time and its place in the thread's order.
+// badDelivery reports whether a delivery counts as bad: its body did not decode (err), had no
+// id, or its webhook-id header did not repeat the id.
+func badDelivery(d delivery, err error, webhookID []byte) bool {
+	return err != nil || d.id == "" || d.id != string(webhookID)
+}
+
 func (r *receiver) record(d delivery, err error, webhookID []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
-	case err != nil || d.id == "" || d.id != string(webhookID):
+	case badDelivery(d, err, webhookID):
 		r.bad++
 	case r.seen[d.id]:
 		r.dups++

@@ -92,6 +92,7 @@ func ServeClients(in io.Reader, out io.Writer) error {
 		calls.Wait()
 		if ag != nil {
 			ag.close()
+			ag = nil // closed once (Q, then the end of input); a call after Q finds no sessions
 		}
 	}
 	defer closeAgents()
@@ -210,9 +211,9 @@ func (w *lineWriter) delivery(d delivery, bad bool) {
 }
 
 // clean keeps a field on its line: no tab or newline (ids never have one; a bad delivery might).
-func clean(s string) string {
-	return strings.NewReplacer("\t", " ", "\n", " ").Replace(s)
-}
+func clean(s string) string { return lineSafe.Replace(s) }
+
+var lineSafe = strings.NewReplacer("\t", " ", "\n", " ")
 
 func (w *lineWriter) close() {
 	close(w.q)
