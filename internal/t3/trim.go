@@ -787,6 +787,13 @@ type fieldState struct {
 func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bool, stop int, err error) {
 	var inString uint64
 	opened := 0 // the body position of the last string's opening quote
+	// A string at depth 1 that goes on into the next block, read there off
+	// its closing quote (the block's first quote): a key (pendKey, f.expectKey
+	// still set), or the string value of keys[pendVal]. Without this, each went
+	// byte by byte (fieldsBytes) and the masks were taken again from where
+	// that ended: a run's id and its checkpoint's are ≈ 40 bytes, and one in
+	// two crossed a block.
+	pendKey, pendVal := false, -1
 	var pad [64]byte
 	for {
 		b, i := s.b, s.i
@@ -809,8 +816,30 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 				stop := s.base + i + 64
 				if s.i = i; inString != 0 {
 					s.i = opened - s.base // byte by byte from outside any string
+					if pendVal >= 0 {
+						f.want = pendVal // the string at opened is its value
+					}
 				}
 				return false, stop, nil
+			}
+			if pendKey || pendVal >= 0 {
+				if quote == 0 { // the string goes on through this block
+					i += 64
+					if p == &pad {
+						s.i = len(b)
+						return false, 0, errShape
+					}
+					continue
+				}
+				end := s.base + i + bits.TrailingZeros64(quote) // its closing quote
+				if pendVal >= 0 {
+					at[pendVal], pendVal = span{opened, end + 1}, -1
+				} else if pendKey = false; keyIndex(keys, s.b[opened+1-s.base:end-s.base]) < 0 {
+					f.expectKey = false
+				} else { // one of keys: byte by byte from the key
+					s.i = opened - s.base
+					return false, opened + 1, nil
+				}
 			}
 			str := prefixXor(quote) ^ inString // inside a string, its opening quote included
 			inString = uint64(int64(str) >> 63)
@@ -823,28 +852,33 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 					if f.depth != 1 || !f.expectKey {
 						break
 					}
-					// A key: read here when it ends in this block and is not
-					// one of keys, or is one whose value is a string that
-					// ends in this block; else byte by byte.
-					if end := quote &^ (2<<j - 1); end != 0 {
-						k := bits.TrailingZeros64(end)
-						want := keyIndex(keys, p[j+1:k])
-						if want < 0 {
+					// A key: read off the masks when it is not one of keys, or
+					// is one whose value is a string (both possibly ending in
+					// a later block: pendKey, pendVal); else byte by byte.
+					end := quote &^ (2<<j - 1)
+					if end == 0 { // the key ends in a later block
+						pendKey = true
+						break
+					}
+					k := bits.TrailingZeros64(end)
+					want := keyIndex(keys, p[j+1:k])
+					if want < 0 {
+						f.expectKey = false
+						break
+					}
+					if v := k + 2; v < len(p) && p[k+1] == ':' {
+						if p[v] == '"' {
 							f.expectKey = false
-							break
-						}
-						if v := k + 2; v < len(p) && p[k+1] == ':' {
-							if p[v] == '"' {
-								if end := quote &^ (2<<v - 1); end != 0 {
-									f.expectKey = false
-									at[want] = span{s.base + i + v, s.base + i + bits.TrailingZeros64(end) + 1}
-									break
-								}
-							} else if e := literalEnd(p, v, events&^(2<<v-1)); e > v {
-								f.expectKey = false
-								at[want] = span{s.base + i + v, s.base + i + e}
-								break
+							if end := quote &^ (2<<v - 1); end != 0 {
+								at[want] = span{s.base + i + v, s.base + i + bits.TrailingZeros64(end) + 1}
+							} else { // the value ends in a later block
+								pendVal = want
 							}
+							break
+						} else if e := literalEnd(p, v, events&^(2<<v-1)); e > v {
+							f.expectKey = false
+							at[want] = span{s.base + i + v, s.base + i + e}
+							break
 						}
 					}
 					s.i = i + j
