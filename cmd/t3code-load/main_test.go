@@ -16,7 +16,7 @@ import (
 // The flags override the profile's figures they name, and only those.
 func TestFlagsOverrideTheProfile(t *testing.T) {
 	o, err := parse([]string{"-short", "-q", "-m", "3", "-e", "7.5", "-drain", "9s", "-script", "fail", "-phases", "latency,outage",
-		"-poll", "2s:5", "-thread-items", "-1", "-thread-first", "3", "-replicas", "1", "-no-hook", "-compression", "gzip",
+		"-poll", "2s:5", "-thread-items", "-1", "-thread-first", "3", "-replicas", "1", "-no-hook", "-lockstep", "-compression", "gzip",
 		"-thread-control-plane=false", "-replica-env", "T3CODE_MCP_LEASE_TTL=1500ms", "-replica-env", "T3CODE_MCP_CLAIM_TTL=10s"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -28,6 +28,7 @@ func TestFlagsOverrideTheProfile(t *testing.T) {
 	want.Pollers, _ = loadtest.ParsePollers("2s:5")
 	want.BigThreadItems, want.ThreadFirst, want.Replicas, want.NoHook, want.Compression = -1, 3, 1, true, "gzip"
 	want.ThreadControlPlane = false // on in the profile
+	want.LockStep = true
 	want.ReplicaEnv = []string{"T3CODE_MCP_LEASE_TTL=1500ms", "T3CODE_MCP_CLAIM_TTL=10s"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("config\n got %+v\nwant %+v", got, want)

@@ -92,6 +92,11 @@ type Config struct {
 	SeedRuns int
 	// NoHook runs without T3CODE_MCP_HOOK_URL: no events, so the wait path is measured alone.
 	NoHook bool
+	// LockStep starts every machine's rate-driven runs in the same driver tick (all machines'
+	// pipelines in phase: at Rate R on M machines, M runs at once every M/R seconds), the
+	// harness's way before 12-02 15:40 UTC; by default each machine is offset by its share of the
+	// period, so that runs arrive spread at the total rate (pipelinePhase).
+	LockStep bool
 
 	// The outage phase: the webhook receiver answers 503 for Outage while runs settle at
 	// OutageRate on OutageThreads threads of each machine (a few threads each, so every thread

@@ -130,6 +130,12 @@ type pipeline struct {
 	behind  int   // runs not started: the driver itself fell behind (the fake's CPU)
 }
 
+// due is how many runs the pipeline owes at now: its rate's runs since its start, less those
+// started (or counted as not started).
+func (p *pipeline) due(now time.Time) int {
+	return int(now.Sub(p.start).Seconds()*p.rate) - p.started
+}
+
 // newMachine starts a fake machine; compression is Config.Compression, which the harness's own
 // reads of it follow.
 func newMachine(idx int, name string, opts t3fake.Options, compression string) (*machine, error) {
@@ -457,7 +463,7 @@ func (m *machine) tick(ctx context.Context, now time.Time) error {
 	// The pipeline: start what the rate asks for, unless the connector lags.
 	p := &m.pipe
 	if p.rate > 0 {
-		due := int(now.Sub(p.start).Seconds()*p.rate) - p.started
+		due := p.due(now)
 		// A driver that fell behind (its fake could not keep up) does not burst to catch up:
 		// more than ten ticks' worth is counted, not started.
 		if burst := max(1, int(p.rate*10*tick.Seconds())); due > burst {

@@ -8,7 +8,11 @@
 // (T3CODE_MCP_TRACE) beside a trace of the harness process; traces of two processes join
 // because Go's trace clock is CLOCK_MONOTONIC. Without receiver marks the answer's wake-up is
 // counted from the request written. A module of its own: golang.org/x/exp/trace is not one of
-// the connector's dependencies.
+// the connector's dependencies. With TRACEJOIN_EVENTS set it also prints one line per joined event
+// (T3's time, durable, attempt, received, answered in ms since the traces' first event, the
+// delivery worker's goroutine, enriched or not), so that a burst — events that were made durable
+// by the same transaction — can be followed event by event. Traces with no event in common say
+// so (and that the windows must overlap) instead of failing.
 //
 //	cd scripts/tracejoin && go run . connector.trace [harness.trace]
 package main
@@ -259,8 +263,23 @@ func main() {
 			row[14] = 1
 		}
 		rows = append(rows, row)
+		if os.Getenv("TRACEJOIN_EVENTS") != "" {
+			recv := -1.0
+			if x.received.t >= 0 {
+				recv = ms(x.received.t - first)
+			}
+			fmt.Printf("event T3=%.2f durable=%.2f attempt=%.2f received=%.2f answered=%.2f worker=%d enriched=%v\n",
+				ms(x.durable.t-first)-float64(x.lag)/1000, ms(x.durable.t-first), ms(x.attempt.t-first), recv, ms(x.answered.t-first), x.attempt.g, x.enrich != nil)
+		}
+	}
+	if os.Getenv("TRACEJOIN_EVENTS") != "" {
+		fmt.Printf("first %d\n", first)
 	}
 	fmt.Printf("window %.2f s, events joined %d of %d seen\n", ms(last-first)/1000, joined, len(evs))
+	if joined == 0 {
+		fmt.Println("no event joined: do the traces' windows overlap (the connector's T3CODE_MCP_TRACE_AFTER counts from its start, the harness's -trace-after from the phase's)?")
+		return
+	}
 	for _, sel := range []float64{-1, 0, 1} {
 		fmt.Printf("\n[%s]\n%-64s %6s %7s %7s %7s %7s %7s\n", map[float64]string{-1: "all", 0: "not enriched", 1: "enriched"}[sel], "stage", "n", "p50", "p90", "p99", "max", "mean")
 		for i, n := range names {
