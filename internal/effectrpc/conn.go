@@ -93,12 +93,6 @@ type Conn struct {
 	writeTimeout time.Duration
 	tap          func(dir string, data []byte)
 
-	// life ends when the connection closes; socket reads and writes run under it
-	// and never under a caller's context, because the library closes the whole
-	// socket when the context of an in-progress read or write ends.
-	life   context.Context
-	cancel context.CancelFunc
-
 	mu      sync.Mutex
 	nextID  uint64
 	pending map[string]*call
@@ -312,7 +306,6 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	}
 	ws.SetReadLimit(opts.ReadLimit)
 
-	life, cancel := context.WithCancel(context.Background())
 	log := opts.Logger
 	if opts.Label != "" {
 		log = log.With("peer", opts.Label)
@@ -325,8 +318,6 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		pongTimeout:  opts.PongTimeout,
 		writeTimeout: opts.WriteTimeout,
 		tap:          opts.Tap,
-		life:         life,
-		cancel:       cancel,
 		pending:      make(map[string]*call),
 		done:         make(chan struct{}),
 	}
@@ -361,7 +352,6 @@ func (c *Conn) Close() error {
 		// rather than when it notices a dead socket.
 		_ = c.ws.Close(websocket.StatusNormalClosure, "")
 	}
-	c.cancel()
 	_ = c.ws.CloseNow()
 	c.wg.Wait()
 	c.writeWatch.Stop()
@@ -722,13 +712,13 @@ func (c *Conn) shutdown(cause error) bool {
 // fail closes the connection because of a fault (lost socket, no Pong, Defect).
 func (c *Conn) fail(cause error) {
 	if c.shutdown(cause) {
-		c.cancel()
 		_ = c.ws.CloseNow()
 	}
 }
 
 func (c *Conn) readLoop(limit int64) {
 	defer c.wg.Done()
+	var fd frameDecoder
 	for {
 		fr, err := c.readFrame()
 		if err != nil {
@@ -740,7 +730,7 @@ func (c *Conn) readLoop(limit int64) {
 		if c.tap != nil {
 			c.tap("recv", data)
 		}
-		msgs, err := decodeFrame(data)
+		msgs, err := fd.decode(data)
 		if err != nil {
 			c.log.Warn("effectrpc: undecodable frame from T3", "err", err, "bytes", len(data))
 		}
@@ -750,6 +740,7 @@ func (c *Conn) readLoop(limit int64) {
 		for _, m := range msgs {
 			c.handle(m, read, fr)
 		}
+		fd.done()
 		fr.release()
 	}
 }
@@ -759,7 +750,12 @@ func (c *Conn) readLoop(limit int64) {
 // allocating and copying several times its size: under load T3 sends chunks of hundreds of
 // kilobytes, and that was the largest cost of the read loop.
 func (c *Conn) readFrame() (*frame, error) {
-	_, r, err := c.ws.Reader(c.life)
+	// A context without Done, as for writes: with one, the library arms a context.AfterFunc for
+	// every read it makes (the frame's header, then its payload), allocating each time and
+	// taking the context's lock twice; that was 2 % of the connector's CPU in the latency phase
+	// (docs/benchmarks.md). What it watched for is done here: everything that ends the
+	// connection (fail, Close) closes the socket, which ends a read in progress.
+	_, r, err := c.ws.Reader(context.Background())
 	if err != nil {
 		return nil, err
 	}

@@ -27,41 +27,68 @@ type inbound struct {
 	requestID string
 }
 
-// decodeFrame splits one WebSocket text frame into server messages. Effect's
-// JSON serialization decodes `Array.isArray(x) ? x : [x]`, so a frame is either
-// one message object or an array of them. Elements are decoded one by one so a
-// single bad element does not lose its neighbours; on a malformed array the
-// messages read before the fault are returned with the error.
-func decodeFrame(data []byte) ([]inbound, error) {
-	d := jx.DecodeBytes(data)
+// frameDecoder decodes one connection's frames (its read loop's, one goroutine), reusing its
+// decoders and the slices of messages and Chunks from frame to frame: a new decoder per message
+// and a new slice per frame were most of the bytes the read loop allocated per frame
+// (BenchmarkDecodeChunkFrame, docs/benchmarks.md).
+type frameDecoder struct {
+	outer, inner jx.Decoder
+	msgs         []inbound
+	chunks       []borrowedChunk
+}
+
+// decode splits one WebSocket text frame into server messages. Effect's JSON serialization
+// decodes `Array.isArray(x) ? x : [x]`, so a frame is either one message object or an array of
+// them. Elements are decoded one by one so a single bad element does not lose its neighbours; on a
+// malformed array the messages read before the fault are returned with the error. What it returns
+// is valid until the next decode or done.
+func (fd *frameDecoder) decode(data []byte) ([]inbound, error) {
+	fd.done()
+	d := &fd.outer
+	d.ResetBytes(data)
 	switch d.Next() {
 	case jx.Object:
-		return []inbound{decodeMessage(data)}, nil
+		fd.msgs = append(fd.msgs, fd.message(data))
+		return fd.msgs, nil
 	case jx.Array:
-		var out []inbound
 		err := d.Arr(func(d *jx.Decoder) error {
 			raw, err := d.Raw()
 			if err != nil {
 				return err
 			}
-			out = append(out, decodeMessage(raw))
+			fd.msgs = append(fd.msgs, fd.message(raw))
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("effectrpc: malformed frame: %w", err)
+			return fd.msgs, fmt.Errorf("effectrpc: malformed frame: %w", err)
 		}
-		return out, nil
+		return fd.msgs, nil
 	default:
 		return nil, errors.New("effectrpc: frame is neither a message object nor an array of messages")
 	}
 }
 
-func decodeMessage(raw []byte) inbound {
-	if ch, ok := decodeChunk(raw); ok {
+// done drops what the last decode returned, so that nothing of it stays reachable from the
+// reused slices.
+func (fd *frameDecoder) done() {
+	clear(fd.msgs)
+	fd.msgs = fd.msgs[:0]
+	clear(fd.chunks)
+	fd.chunks = fd.chunks[:0]
+}
+
+func (fd *frameDecoder) message(raw []byte) inbound {
+	fd.chunks = append(fd.chunks, borrowedChunk{})
+	ch := &fd.chunks[len(fd.chunks)-1]
+	if decodeChunk(&fd.inner, raw, ch) {
 		return inbound{chunk: ch}
 	}
+	*ch = borrowedChunk{}
+	fd.chunks = fd.chunks[:len(fd.chunks)-1]
 	var m t3rpc.ServerMessage
-	if err := m.Decode(jx.DecodeBytes(raw)); err != nil {
+	d := &fd.inner
+	d.ResetBytes(raw)
+	if err := m.Decode(d); err != nil {
 		in := inbound{err: err}
 		in.tag, in.requestID = peekMessage(raw)
 		return in
@@ -88,15 +115,14 @@ var errNotFast = errors.New("not a plain Chunk")
 // _tag ("Chunk"), requestId (a string or an int64) and values (an array), each once. Anything
 // else (another message, a duplicate or unknown key, a malformed value) reports false and is
 // left to the generated decoder, which decodes it or says what is wrong with it.
-func decodeChunk(raw []byte) (*borrowedChunk, bool) {
-	d := jx.DecodeBytes(raw)
+//
+// It decodes into ch with d (both reused by the caller) and reports whether it took the message.
+func decodeChunk(d *jx.Decoder, raw []byte, ch *borrowedChunk) bool {
+	d.ResetBytes(raw)
 	if d.Next() != jx.Object {
-		return nil, false
+		return false
 	}
-	var (
-		ch   borrowedChunk
-		seen uint8
-	)
+	var seen uint8
 	const tagSeen, idSeen, valuesSeen = 1, 2, 4
 	once := func(bit uint8) error {
 		if seen&bit != 0 {
@@ -160,14 +186,11 @@ func decodeChunk(raw []byte) (*borrowedChunk, bool) {
 		return nil
 	})
 	if err != nil || seen != tagSeen|idSeen|valuesSeen {
-		return nil, false
+		return false
 	}
 	// Nothing may follow the message (the generated decoder of a frame's element is given the
 	// element alone, so this only guards a caller that passes more).
-	if d.Next() != jx.Invalid {
-		return nil, false
-	}
-	return &ch, true
+	return d.Next() == jx.Invalid
 }
 
 // copyValues copies values into one allocation: what a stream handler that may keep them gets

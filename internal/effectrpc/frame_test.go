@@ -2,6 +2,8 @@ package effectrpc
 
 import (
 	"bytes"
+	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/go-faster/jx"
@@ -87,7 +89,7 @@ func TestDecodeChunkBorrowsOnlyPlainChunks(t *testing.T) {
 		` {"_tag":"Chunk","requestId":"7","values":[ {"a" : 1} ]} `,
 	}
 	for _, raw := range plain {
-		ch, ok := decodeChunk([]byte(raw))
+		ch, ok := chunkAlone([]byte(raw))
 		if !ok || ch.id != "7" {
 			t.Fatalf("%s: not read as a plain Chunk (%v, %+v)", raw, ok, ch)
 		}
@@ -95,7 +97,7 @@ func TestDecodeChunkBorrowsOnlyPlainChunks(t *testing.T) {
 	}
 	// Values are slices of the frame: nothing copied.
 	raw := []byte(plain[0])
-	ch, _ := decodeChunk(raw)
+	ch, _ := chunkAlone(raw)
 	if len(ch.values) != 3 || &ch.values[0][0] != &raw[bytes.Index(raw, []byte(`{"kind"`))] {
 		t.Fatalf("values %q are not slices of the frame", ch.values)
 	}
@@ -112,7 +114,7 @@ func TestDecodeChunkBorrowsOnlyPlainChunks(t *testing.T) {
 		`[{"_tag":"Chunk","requestId":"7","values":[1]}]`,
 	}
 	for _, raw := range others {
-		if _, ok := decodeChunk([]byte(raw)); ok {
+		if _, ok := chunkAlone([]byte(raw)); ok {
 			t.Errorf("%s: read as a plain Chunk", raw)
 		}
 	}
@@ -150,7 +152,7 @@ func FuzzDecodeChunk(f *testing.F) {
 	f.Add([]byte(`{"values":[],"requestId":7,"_tag":"Chunk"}`))
 	f.Add([]byte(`{"_tag":"Chunk","requestId":"7","requestId":"8","values":[1]}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		ch, ok := decodeChunk(raw)
+		ch, ok := chunkAlone(raw)
 		if !ok {
 			return
 		}
@@ -162,4 +164,70 @@ func FuzzDecodeChunk(f *testing.F) {
 			}
 		}
 	})
+}
+
+// decodeFrame decodes one frame with a frameDecoder of its own.
+func decodeFrame(data []byte) ([]inbound, error) {
+	var fd frameDecoder
+	return fd.decode(data)
+}
+
+// chunkAlone is decodeChunk with a decoder and a Chunk of its own.
+func chunkAlone(raw []byte) (*borrowedChunk, bool) {
+	var (
+		d  jx.Decoder
+		ch borrowedChunk
+	)
+	ok := decodeChunk(&d, raw, &ch)
+	return &ch, ok
+}
+
+// TestFrameDecoderReused: the read loop decodes every frame of a connection with one
+// frameDecoder; a frame's messages are its own whatever came before (plain Chunks, Chunks left to
+// the generated decoder, other messages, a malformed frame), and done leaves nothing of a frame
+// reachable from the reused slices.
+func TestFrameDecoderReused(t *testing.T) {
+	var fd frameDecoder
+	frames := []struct {
+		frame string
+		want  []string // per message: "chunk <id> <values>", "msg <type>" or "err"
+	}{
+		{`[{"_tag":"Chunk","requestId":"1","values":[1,2]},{"_tag":"Exit","requestId":"2","exit":{"_tag":"Success","value":null}},{"_tag":"Chunk","requestId":"3","values":[3]}]`,
+			[]string{"chunk 1 2", "msg Exit", "chunk 3 1"}},
+		{`{"_tag":"Chunk","requestId":"4","values":[4,5,6]}`, []string{"chunk 4 3"}},
+		{`[{"_tag":"Chunk","requestId":"5","values":[1],"extra":true},{"_tag":"Chunk","requestId":"6","values":[]}]`,
+			[]string{"msg Chunk", "chunk 6 0"}},
+		{`{"_tag":"Pong"}`, []string{"msg Pong"}},
+		{`[{"_tag":"Brand-new"},{"_tag":"Chunk","requestId":"7","values":[7]}]`, []string{"err", "chunk 7 1"}},
+		{`[{"_tag":"Chunk","requestId":"8","values":[8]},`, []string{"chunk 8 1"}},
+		{`{"_tag":"Chunk","requestId":"9","values":[9]}`, []string{"chunk 9 1"}},
+	}
+	for _, f := range frames {
+		msgs, _ := fd.decode([]byte(f.frame))
+		var got []string
+		for _, m := range msgs {
+			switch {
+			case m.chunk != nil:
+				got = append(got, "chunk "+m.chunk.id+" "+strconv.Itoa(len(m.chunk.values)))
+			case m.err != nil:
+				got = append(got, "err")
+			default:
+				got = append(got, "msg "+string(m.msg.Type))
+			}
+		}
+		if !slices.Equal(got, f.want) {
+			t.Fatalf("%s: decoded %q, want %q", f.frame, got, f.want)
+		}
+		fd.done()
+		for i, m := range fd.msgs[:cap(fd.msgs)] {
+			if m.chunk != nil || m.err != nil || m.msg.Type != "" {
+				t.Fatalf("after %s: message slot %d still holds %+v", f.frame, i, m)
+			}
+		}
+		for i, ch := range fd.chunks[:cap(fd.chunks)] {
+			if ch.id != "" || ch.values != nil {
+				t.Fatalf("after %s: Chunk slot %d still holds %+v", f.frame, i, ch)
+			}
+		}
+	}
 }
