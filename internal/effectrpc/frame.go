@@ -69,8 +69,11 @@ func (fd *frameDecoder) decode(data []byte) ([]inbound, error) {
 }
 
 // done drops what the last decode returned, so that nothing of it stays reachable from the
-// reused slices.
+// reused slices and decoders (the frame's buffer: an idle connection would otherwise keep its
+// last frame, a start-up snapshot of a megabyte, from the collector).
 func (fd *frameDecoder) done() {
+	fd.outer.ResetBytes(nil)
+	fd.inner.ResetBytes(nil)
 	clear(fd.msgs)
 	fd.msgs = fd.msgs[:0]
 	clear(fd.chunks)

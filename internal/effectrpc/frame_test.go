@@ -2,6 +2,7 @@ package effectrpc
 
 import (
 	"bytes"
+	"reflect"
 	"slices"
 	"strconv"
 	"testing"
@@ -185,7 +186,7 @@ func chunkAlone(raw []byte) (*borrowedChunk, bool) {
 // TestFrameDecoderReused: the read loop decodes every frame of a connection with one
 // frameDecoder; a frame's messages are its own whatever came before (plain Chunks, Chunks left to
 // the generated decoder, other messages, a malformed frame), and done leaves nothing of a frame
-// reachable from the reused slices.
+// reachable from the reused slices and decoders.
 func TestFrameDecoderReused(t *testing.T) {
 	var fd frameDecoder
 	frames := []struct {
@@ -222,6 +223,11 @@ func TestFrameDecoderReused(t *testing.T) {
 		for i, m := range fd.msgs[:cap(fd.msgs)] {
 			if m.chunk != nil || m.err != nil || m.msg.Type != "" {
 				t.Fatalf("after %s: message slot %d still holds %+v", f.frame, i, m)
+			}
+		}
+		for _, d := range []*jx.Decoder{&fd.outer, &fd.inner} {
+			if n := reflect.ValueOf(d).Elem().FieldByName("buf").Len(); n != 0 {
+				t.Fatalf("after %s: a decoder still holds %d bytes of the frame", f.frame, n)
 			}
 		}
 		for i, ch := range fd.chunks[:cap(fd.chunks)] {
