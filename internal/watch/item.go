@@ -19,12 +19,13 @@ import (
 //   - the kind is one of a few known strings: it is taken from them instead of allocating one
 //     per item;
 //   - the thread row's strings are those of the rows decoded before it when equal (decodeShell,
-//     recentStrings; rs may be nil).
+//     recentStrings; rs may be nil);
+//   - the decoder is rs's, reset for each item, not a new one per item.
 //
 // Every other field is decoded by the generated decoders of its type.
 func decodeItem(it *t3rpc.ShellStreamItem, raw []byte, rs *recentStrings) error {
 	hasKind := false
-	err := jx.DecodeBytes(raw).ObjBytes(func(d *jx.Decoder, k []byte) error {
+	err := rs.decoder(raw).ObjBytes(func(d *jx.Decoder, k []byte) error {
 		switch string(k) {
 		case "kind":
 			v, err := d.StrBytes()

@@ -365,3 +365,28 @@ func TestDecodeShellSharesTheStringsOfRowsBefore(t *testing.T) {
 		t.Fatalf("after %d other threads: id %q, shared %v", recentWays, c.ID, unsafe.StringData(c.ID) == unsafe.StringData(a.ID))
 	}
 }
+
+// TestApplyChunkLetsGoOfTheFrame: the watcher decodes every chunk's items with one decoder of its
+// own (recentStrings.dec); once a chunk is applied, or refused as malformed, that decoder holds
+// nothing of the chunk, whose values are slices of the connection's frame buffer.
+func TestApplyChunkLetsGoOfTheFrame(t *testing.T) {
+	w := New("mac", nil, Options{})
+	held := func() int { return reflect.ValueOf(&w.strs.dec).Elem().FieldByName("buf").Len() }
+	ctx := context.Background()
+	if _, err := w.applyChunk(ctx, effectrpc.Chunk{Values: shellItems(4, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Threads()) != 4 {
+		t.Fatalf("%d threads after a chunk of 4 rows", len(w.Threads()))
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("after a chunk: the decoder holds %d bytes of it", n)
+	}
+	bad := []jx.Raw{jx.Raw(`{"kind":"thread.updated","sequence":99,"thread":{"id":1}}`)}
+	if _, err := w.applyChunk(ctx, effectrpc.Chunk{Values: bad}); err == nil {
+		t.Fatal("a malformed row applied")
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("after a malformed chunk: the decoder holds %d bytes of it", n)
+	}
+}

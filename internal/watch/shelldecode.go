@@ -21,6 +21,25 @@ import (
 type recentStrings struct {
 	vals [nRecentFields][recentWays]string
 	next [nRecentFields]uint8
+	// dec decodes the items (decodeItem), reset for each: a new decoder per item was the largest
+	// of a busy chunk's allocations (BenchmarkApplyChunkRunSteps).
+	dec jx.Decoder
+}
+
+// decoder is a decoder of b: r's own (reset to b), or a new one when r is nil.
+func (r *recentStrings) decoder(b []byte) *jx.Decoder {
+	if r == nil {
+		return jx.DecodeBytes(b)
+	}
+	r.dec.ResetBytes(b)
+	return &r.dec
+}
+
+// letGo makes r's decoder let go of the bytes it decoded last.
+func (r *recentStrings) letGo() {
+	if r != nil {
+		r.dec.ResetBytes(nil)
+	}
 }
 
 // recentWays is how many values of each field are remembered.

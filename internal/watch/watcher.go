@@ -297,10 +297,11 @@ func (w *Watcher) applyChunk(ctx context.Context, ch effectrpc.Chunk) (bool, err
 func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, func() error) {
 	m := w.opts.Metrics
 	m.started(ch.Read, len(ch.Values))
-	items, err := decodeItems(ch.Values, &w.strs)
+	pooled, err := decodeItems(ch.Values, &w.strs)
 	if err != nil {
 		return false, func() error { return err }
 	}
+	items := *pooled
 	// The change lends the sink the decoded rows (Change.Threads): the items go back to the pool
 	// once the sink is done with them, here or at the end of the rest.
 
@@ -354,7 +355,7 @@ func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, fun
 	if w.opts.Sink != nil && (len(change.Threads) > 0 || len(change.Removed) > 0 || change.Snapshot) {
 		if qs, ok := w.opts.Sink.(QuickSink); !ok || !qs.ApplyQuick(change) {
 			return syncedNow, func() error {
-				defer putItems(items)
+				defer putItems(pooled)
 				if err := w.applyToSink(ctx, change); err != nil {
 					return err
 				}
@@ -363,7 +364,7 @@ func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, fun
 			}
 		}
 	}
-	putItems(items)
+	putItems(pooled)
 	m.durable(ch.Read)
 	return syncedNow, nil
 }
@@ -375,24 +376,32 @@ func (w *Watcher) startChunk(ctx context.Context, ch effectrpc.Chunk) (bool, fun
 // The slice comes from a pool shared by the process's watchers (putItems gives it back): an item
 // is a kilobyte, and a fresh slice per chunk was a large allocation for every busy chunk (a
 // lagging machine's chunk of 1,024 items is a megabyte). The pool keeps nothing across garbage
-// collections, so an idle connector holds none of it.
-func decodeItems(values []jx.Raw, rs *recentStrings) ([]t3rpc.ShellStreamItem, error) {
-	var items []t3rpc.ShellStreamItem
-	if p, _ := itemPool.Get().(*[]t3rpc.ShellStreamItem); p != nil && cap(*p) >= len(values) {
-		items = (*p)[:len(values)]
-	} else {
-		items = make([]t3rpc.ShellStreamItem, len(values))
+// collections, so an idle connector holds none of it. It is the pool's pointer that is returned
+// and given back, not a new one per chunk (the pointer was a chunk's last allocation but one).
+func decodeItems(values []jx.Raw, rs *recentStrings) (*[]t3rpc.ShellStreamItem, error) {
+	p, _ := itemPool.Get().(*[]t3rpc.ShellStreamItem)
+	if p == nil {
+		p = new([]t3rpc.ShellStreamItem)
 	}
+	if cap(*p) >= len(values) {
+		*p = (*p)[:len(values)]
+	} else {
+		*p = make([]t3rpc.ShellStreamItem, len(values))
+	}
+	items := *p
+	// The decoder lets go of the last item: an idle watcher would otherwise keep its last frame
+	// (a start-up snapshot of a megabyte) from the collector.
+	defer rs.letGo()
 	for i, v := range values {
 		if err := decodeItem(&items[i], v, rs); err != nil {
 			// A malformed item cannot be applied, and skipping it could lose a
 			// transition: fail the stream so the reconnect replays it (or T3
 			// sends a snapshot), and say what was wrong.
-			putItems(items)
+			putItems(p)
 			return nil, fmt.Errorf("decode shell item: %w", err)
 		}
 	}
-	return items, nil
+	return p, nil
 }
 
 // itemPool holds decoded-item slices of at most maxPooledItems (larger ones, a snapshot's, are
@@ -401,7 +410,8 @@ var itemPool sync.Pool
 
 const maxPooledItems = 4096
 
-func putItems(items []t3rpc.ShellStreamItem) {
+func putItems(p *[]t3rpc.ShellStreamItem) {
+	items := *p
 	if cap(items) > maxPooledItems {
 		return
 	}
@@ -409,8 +419,8 @@ func putItems(items []t3rpc.ShellStreamItem) {
 	// used), and clearing the whole capacity cost a lagging chunk's megabyte for every chunk of a
 	// few items that got its slice from the pool (BenchmarkApplyChunkSteady).
 	clear(items) // nothing decoded stays reachable, and Decode starts from zero
-	items = items[:0]
-	itemPool.Put(&items)
+	*p = items[:0]
+	itemPool.Put(p)
 }
 
 // applyItemLocked applies one sequenced item (a thread or project updated or removed) to the
