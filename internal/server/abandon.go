@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/tools"
 )
 
 // abandonedCalls cancels the tool calls of a POST /mcp whose client went away
@@ -20,6 +23,7 @@ import (
 // call id posted into the session, exactly as a client that cancels sends.
 func abandonedCalls(next http.Handler, maxBody int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del(tools.CallStreamHeader) // only ever the one set below
 		session := r.Header.Get("Mcp-Session-Id")
 		if r.Method != http.MethodPost || session == "" || r.Body == nil {
 			next.ServeHTTP(w, r)
@@ -55,6 +59,16 @@ func abandonedCalls(next http.Handler, maxBody int64) http.Handler {
 				cancelCall(next, header, host, id)
 			}
 		})
+		if len(ids) == 1 && !isBatch(body) {
+			// A tool that blocks sends the answer's headers then (tools.OpenCallStream).
+			ew := &earlyWriter{w: w}
+			unregister := tools.OpenCallStream(r.Header, ew.sendHeaders)
+			defer func() {
+				unregister()
+				ew.end() // a tool still running must not write after the request
+			}()
+			w = ew
+		}
 		next.ServeHTTP(w, r)
 		if !stop() {
 			<-gone // the cancels began: they are done before the request is
@@ -120,3 +134,69 @@ type discard struct{ header http.Header }
 func (d discard) Header() http.Header         { return d.header }
 func (d discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d discard) WriteHeader(int)             {}
+
+// isBatch reports whether a POST body is a JSON-RPC batch.
+func isBatch(body []byte) bool {
+	b := bytes.TrimSpace(body)
+	return len(b) > 0 && b[0] == '['
+}
+
+// earlyWriter is the ResponseWriter of a POST with one tools/call: the call's
+// tool may send the answer's status and headers before the answer
+// (sendHeaders, from the tool's goroutine), so every write is under one lock.
+type earlyWriter struct {
+	mu    sync.Mutex
+	w     http.ResponseWriter
+	wrote bool // the status line is written (by sendHeaders or the SDK)
+}
+
+func (e *earlyWriter) Header() http.Header { return e.w.Header() }
+
+func (e *earlyWriter) Write(p []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.wrote = true
+	return e.w.Write(p)
+}
+
+func (e *earlyWriter) WriteHeader(code int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.wrote = true
+	e.w.WriteHeader(code)
+}
+
+// FlushError is what http.ResponseController's Flush calls (the go-sdk
+// flushes each SSE event so).
+func (e *earlyWriter) FlushError() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return http.NewResponseController(e.w).Flush()
+}
+
+// Unwrap gives http.ResponseController the connection's writer for what is
+// not a write (deadlines).
+func (e *earlyWriter) Unwrap() http.ResponseWriter { return e.w }
+
+// end is called once the request is over: nothing is written after it.
+func (e *earlyWriter) end() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.wrote = true
+}
+
+// sendHeaders writes and flushes the status and headers of an SSE answer
+// that has not begun: the go-sdk set them before it handed the call to the
+// tool, and an SSE answer is 200 whatever the call's result (a tool's error
+// is a result too). Anything else (an answer begun, a JSON answer) is left
+// to the SDK.
+func (e *earlyWriter) sendHeaders() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.wrote || e.w.Header().Get("Content-Type") != "text/event-stream" {
+		return
+	}
+	e.wrote = true
+	e.w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(e.w).Flush()
+}

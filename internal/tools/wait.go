@@ -45,7 +45,11 @@ func waitTool(d *Deps) func(context.Context, *Call, *mcptools.WaitInput) (Result
 		target, wr := waitTarget(f, d.answered.snapshot())
 		defer wr.close()
 		m := f.Machine
-		opts := wait.Options{Read: wr.read, ProgressEvery: d.Limits.ProgressEvery, Blocked: wr.subscribe}
+		opts := wait.Options{Read: wr.read, ProgressEvery: d.Limits.ProgressEvery, Blocked: func() wait.Feed {
+			// The run is not over: the answer's headers go now (callstream.go).
+			sendHeadersEarly(c.Req)
+			return wr.subscribe()
+		}}
 		if tok := progressToken(c.Req); tok != nil {
 			opts.Progress = func(elapsed time.Duration, shell t3rpc.ThreadShell) {
 				_ = c.Req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{

@@ -125,7 +125,10 @@ func (d *Deps) firstToMove(ctx context.Context, c *Call, found []fleet.Found, re
 		reads[i] = wr
 		go func() {
 			began := time.Now()
-			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read, Blocked: wr.subscribe})
+			r, err := wait.Wait(wctx, f.Machine.Watcher(), target, wait.Options{Read: wr.read, Blocked: func() wait.Feed {
+				sendHeadersEarly(c.Req) // a run is not over: the answer's headers go now
+				return wr.subscribe()
+			}})
 			results <- waitOutcome{f, wr, r, err, time.Since(began)}
 		}()
 	}
