@@ -150,7 +150,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Var((*envList)(&c.ReplicaEnv), "replica-env", "KEY=VALUE added to every connector's environment (each replica, the first included), over the harness's own; repeat it: -replica-env T3CODE_MCP_LEASE_TTL=1500ms -replica-env T3CODE_MCP_CLAIM_TTL=10s")
 	fs.StringVar(&c.Compression, "compression", "", "`mode` of the connector's compression key for every machine: auto, gzip or none (default: none written, the connector's auto, which reads these loopback fakes uncompressed); gzip measures the remote-machine case: the fakes gzip their larger answers as T3 does and the connector inflates them)")
 	fs.BoolVar(&c.NoHook, "no-hook", false, "run without T3CODE_MCP_HOOK_URL (no events: the wait path alone)")
-	fs.BoolVar(&c.LockStep, "lockstep", false, "start every machine's rate-driven runs in the same tick (all machines in phase: -m runs at once every -m/-e seconds), the harness's way before 12-02 15:40 UTC; by default the machines' runs are spread over the period")
+	fs.BoolVar(&c.LockStep, "lockstep", false, "start every machine's rate-driven runs in the same tick (all machines in phase: -m runs at once every -m/-e seconds), the harness's way before 12-02 15:47 UTC (a66865d); by default the machines' runs are spread over the period")
 	fs.DurationVar(&c.Timeout, "timeout", 0, "bound on the whole run (default: from the phases)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -94,7 +94,7 @@ type Config struct {
 	NoHook bool
 	// LockStep starts every machine's rate-driven runs in the same driver tick (all machines'
 	// pipelines in phase: at Rate R on M machines, M runs at once every M/R seconds), the
-	// harness's way before 12-02 15:40 UTC; by default each machine is offset by its share of the
+	// harness's way before 12-02 15:47 UTC (a66865d); by default each machine is offset by its share of the
 	// period, so that runs arrive spread at the total rate (pipelinePhase).
 	LockStep bool
 

@@ -480,7 +480,7 @@ func (h *harness) setPipeline(ctx context.Context, total float64, maxLag int64, 
 // total rate, as independent machines' do, instead of every machine starting (and settling) one
 // in the same driver tick once per period — at 1,000/s on 100 machines, 100 transitions at once
 // every 100 ms; at -e 20, 100 every 5 s. lockStep (Config.LockStep) keeps that lock-step, the
-// harness's way before 12-02 15:40 UTC: no phase.
+// harness's way before 12-02 15:47 UTC (a66865d): no phase.
 func pipelinePhase(i, n int, per float64, lockStep bool) time.Duration {
 	if lockStep || per <= 0 || n <= 0 {
 		return 0
