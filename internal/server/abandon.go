@@ -148,6 +148,7 @@ type earlyWriter struct {
 	mu    sync.Mutex
 	w     http.ResponseWriter
 	wrote bool // the status line is written (by sendHeaders or the SDK)
+	early bool // sendHeaders wrote it: 200, whatever status the SDK sets afterwards
 }
 
 func (e *earlyWriter) Header() http.Header { return e.w.Header() }
@@ -162,6 +163,12 @@ func (e *earlyWriter) Write(p []byte) (int, error) {
 func (e *earlyWriter) WriteHeader(code int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.early {
+		// The answer went out as 200 text/event-stream when the tool blocked; a status set
+		// after that (the go-sdk's error statuses of newer protocol versions) can no longer be
+		// sent, and passing it on would only make net/http log a superfluous WriteHeader.
+		return
+	}
 	e.wrote = true
 	e.w.WriteHeader(code)
 }
@@ -196,7 +203,7 @@ func (e *earlyWriter) sendHeaders() {
 	if e.wrote || e.w.Header().Get("Content-Type") != "text/event-stream" {
 		return
 	}
-	e.wrote = true
+	e.wrote, e.early = true, true
 	e.w.WriteHeader(http.StatusOK)
 	_ = http.NewResponseController(e.w).Flush()
 }

@@ -53,6 +53,21 @@ func TestEarlyAnswerHeaders(t *testing.T) {
 			t.Fatal("a call stream wrote after its request was over")
 		}
 	})
+	t.Run("status after the early headers", func(t *testing.T) {
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			tools.SendCallHeaders(r.Header)
+			w.WriteHeader(http.StatusNotFound) // as the go-sdk's error status of a newer protocol would
+			_, _ = w.Write([]byte("event: message\ndata: {}\n\n"))
+		})
+		req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(call))
+		req.Header.Set("Mcp-Session-Id", "s1")
+		cw := &statusCounter{ResponseRecorder: httptest.NewRecorder()}
+		abandonedCalls(next, 1<<20).ServeHTTP(cw, req)
+		if cw.statuses != 1 || cw.Code != http.StatusOK {
+			t.Fatalf("%d statuses written, the answer's %d: want one, 200 (a later one is too late)", cw.statuses, cw.Code)
+		}
+	})
 	t.Run("json answer", func(t *testing.T) {
 		rec, _ := serve(call, "application/json", func(w http.ResponseWriter, r *http.Request) {
 			tools.SendCallHeaders(r.Header)
@@ -85,4 +100,15 @@ func TestEarlyAnswerHeaders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// statusCounter counts the statuses written to it (net/http logs each one after the first).
+type statusCounter struct {
+	*httptest.ResponseRecorder
+	statuses int
+}
+
+func (s *statusCounter) WriteHeader(code int) {
+	s.statuses++
+	s.ResponseRecorder.WriteHeader(code)
 }
