@@ -49,6 +49,7 @@ type ev struct {
 }
 
 func main() {
+	perEvent := os.Getenv("TRACEJOIN_EVENTS") != "" // one line per joined event as well
 	gs := map[trace.GoID][]tr{}
 	written := map[trace.GoID][]trace.Time{}
 	evs := map[string]*ev{}
@@ -263,7 +264,7 @@ func main() {
 			row[14] = 1
 		}
 		rows = append(rows, row)
-		if os.Getenv("TRACEJOIN_EVENTS") != "" {
+		if perEvent {
 			recv := -1.0
 			if x.received.t >= 0 {
 				recv = ms(x.received.t - first)
@@ -272,7 +273,7 @@ func main() {
 				ms(x.durable.t-first)-float64(x.lag)/1000, ms(x.durable.t-first), ms(x.attempt.t-first), recv, ms(x.answered.t-first), x.attempt.g, x.enrich != nil)
 		}
 	}
-	if os.Getenv("TRACEJOIN_EVENTS") != "" {
+	if perEvent {
 		fmt.Printf("first %d\n", first)
 	}
 	fmt.Printf("window %.2f s, events joined %d of %d seen\n", ms(last-first)/1000, joined, len(evs))
