@@ -30,7 +30,7 @@ fmtcheck: ## fail on files gofmt would change
 
 # The trace-join tools are modules of their own (golang.org/x/exp/trace is newer than the x/exp
 # the main module pins): vetted here so that they build with the tree they measure.
-TOOLMODS := scripts/tracejoin scripts/wakejoin
+TOOLMODS := scripts/tracejoin scripts/wakejoin scripts/gcmarks
 
 vet: ## go vet (the main module and the trace-join tools' modules)
 	$(GO) vet $(PKGS)

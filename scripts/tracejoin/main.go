@@ -12,7 +12,9 @@
 // (T3's time, durable, attempt, received, answered in ms since the traces' first event, the
 // delivery worker's goroutine, enriched or not), so that a burst — events that were made durable
 // by the same transaction — can be followed event by event. Traces with no event in common say
-// so (and that the windows must overlap) instead of failing.
+// so (and that the windows must overlap) instead of failing. Last, the first trace's (the
+// connector's) collector: how many of the events above 50 and 100 ms (T3's time to received) had
+// a GC mark phase during them, against the others, and the times of both groups (scripts/gcmarks).
 //
 //	cd scripts/tracejoin && go run . connector.trace [harness.trace]
 package main
@@ -26,6 +28,8 @@ import (
 	"strings"
 
 	"golang.org/x/exp/trace"
+
+	"github.com/t3code-mcp/t3code-mcp/scripts/gcmarks"
 )
 
 type tr struct {
@@ -62,6 +66,8 @@ func main() {
 		return e
 	}
 	var first, last trace.Time
+	var marks []gcmarks.Span // the first trace's (the connector's) GC mark phases
+	var markBegin trace.Time
 	for fi, name := range os.Args[1:] {
 		// Goroutine ids of each file (process) apart.
 		gid := func(g trace.GoID) trace.GoID {
@@ -91,6 +97,15 @@ func main() {
 			}
 			last = max(last, e.Time())
 			switch e.Kind() {
+			case trace.EventRangeBegin, trace.EventRangeActive:
+				if fi == 0 && e.Range().Name == gcmarks.RangeName {
+					markBegin = e.Time()
+				}
+			case trace.EventRangeEnd:
+				if fi == 0 && e.Range().Name == gcmarks.RangeName && markBegin != 0 {
+					marks = append(marks, gcmarks.Span{Begin: int64(markBegin), End: int64(e.Time())})
+					markBegin = 0
+				}
 			case trace.EventStateTransition:
 				st := e.StateTransition()
 				if st.Resource.Kind != trace.ResourceGoroutine {
@@ -187,7 +202,8 @@ func main() {
 		"enriched (1) or not (0)",
 	}
 	const nst = 15
-	var rows [][nst]float64 // NaN-free: -1 = unknown
+	var rows [][nst]float64  // NaN-free: -1 = unknown
+	var spans []gcmarks.Item // per row: T3's time to received (or answered)
 	joined := 0
 	byScheduler, byOther := 0, 0
 	jobByWriter := map[trace.GoID]int{}
@@ -264,6 +280,12 @@ func main() {
 			row[14] = 1
 		}
 		rows = append(rows, row)
+		end := x.received.t
+		if end < 0 {
+			end = x.answered.t
+		}
+		begin := x.durable.t - trace.Time(x.lag*1000)
+		spans = append(spans, gcmarks.Item{Span: gcmarks.Span{Begin: int64(begin), End: int64(end)}, MS: ms(end - begin)})
 		if perEvent {
 			recv := -1.0
 			if x.received.t >= 0 {
@@ -302,6 +324,7 @@ func main() {
 			fmt.Printf("%-64s %6d %7.2f %7.2f %7.2f %7.2f %7.2f\n", n, len(v), q(.5), q(.9), q(.99), v[len(v)-1], sum/float64(len(v)))
 		}
 	}
+	gcmarks.Report(os.Stdout, "events", marks, spans, 50, 100)
 	fmt.Printf("answer wake-ups by the scheduler (netpoll, no goroutine) %d, by a goroutine %d\n", byScheduler, byOther)
 	type kv struct {
 		g trace.GoID

@@ -23,6 +23,10 @@
 // (the harness's t3code-load marks each returned wait as loadtest.t3_wait in its -harness-trace,
 // so both traces alone give every stage but the first).
 //
+// Last, the connector's collector: how many of the wakes above 10 and 20 ms had a GC mark phase
+// while the connector had them (from the bytes in its kernel to the result logged), against the
+// others, and the times of both groups (scripts/gcmarks).
+//
 // docs/benchmarks.md "Wake: the poller hand-off, by a trace of each process" shows its output.
 package main
 
@@ -36,6 +40,8 @@ import (
 	"strings"
 
 	"golang.org/x/exp/trace"
+
+	"github.com/t3code-mcp/t3code-mcp/scripts/gcmarks"
 )
 
 type ep struct {
@@ -67,7 +73,8 @@ type step struct {
 }
 
 type side struct {
-	procs     []step // running Ps over time (trace time)
+	procs     []step         // running Ps over time (trace time)
+	marks     []gcmarks.Span // the collector's mark phases
 	maxP      int
 	recs      []*rec
 	offset    int64 // add to trace Time to get mono ns
@@ -119,6 +126,7 @@ func read(path string, sdkWrite bool) *side {
 	pending := map[trace.GoID]*rec{}
 	inSys := map[trace.GoID]bool{}
 	snapSet := false
+	var markBegin int64
 	running := map[trace.ProcID]bool{}
 	for {
 		e, err := r.ReadEvent()
@@ -134,6 +142,15 @@ func read(path string, sdkWrite bool) *side {
 		}
 		s.last = t
 		switch e.Kind() {
+		case trace.EventRangeBegin, trace.EventRangeActive:
+			if e.Range().Name == gcmarks.RangeName {
+				markBegin = t
+			}
+		case trace.EventRangeEnd:
+			if e.Range().Name == gcmarks.RangeName && markBegin != 0 {
+				s.marks = append(s.marks, gcmarks.Span{Begin: markBegin, End: t})
+				markBegin = 0
+			}
 		case trace.EventSync:
 			if cs := e.Sync().ClockSnapshot; cs != nil && !snapSet {
 				snapSet = true
@@ -317,6 +334,7 @@ func main() {
 		total  float64
 		st     []float64
 		labels string
+		conn   gcmarks.Span // sent to the result logged, in the connector's trace time
 	}
 	chain := func(last ep) ([]ep, string, bool) {
 		var c []ep
@@ -414,9 +432,16 @@ func main() {
 		cs, hs := sent-conn.offset, cm(wr)-harn.offset
 		st = append(st, 100*conn.allBusy(cs, cc[0].runnable), 100*conn.allBusy(max(cs, cc[0].runnable), cc[0].running),
 			100*harn.allBusy(hs, hc[0].runnable), 100*harn.allBusy(max(hs, hc[0].runnable), hc[0].running))
-		rows = append(rows, row{total: ms(at - sent), st: st, labels: fmt.Sprintf("conn %s [%s] | harn %s [%s]", chainLabel(cc), cwhy, chainLabel(hc), hwhy)})
+		rows = append(rows, row{total: ms(at - sent), st: st, labels: fmt.Sprintf("conn %s [%s] | harn %s [%s]", chainLabel(cc), cwhy, chainLabel(hc), hwhy), conn: gcmarks.Span{Begin: sent - conn.offset, End: c.log}})
 	}
 	fmt.Printf("joined %d of %d wakes; not joined: %v\n", len(rows), len(wakes), miss)
+	defer func() {
+		ws := make([]gcmarks.Item, len(rows))
+		for i, r := range rows {
+			ws[i] = gcmarks.Item{Span: r.conn, MS: r.total}
+		}
+		gcmarks.Report(os.Stdout, "wakes", conn.marks, ws, 10, 20)
+	}()
 	var tot []float64
 	for _, r := range rows {
 		tot = append(tot, r.total)

@@ -1,0 +1,3 @@
+module github.com/t3code-mcp/t3code-mcp/scripts/gcmarks
+
+go 1.26.0
