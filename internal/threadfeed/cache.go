@@ -36,7 +36,7 @@ func (f *Feed) AwaitCurrent(ctx context.Context, atLeast int64, first, behind ti
 			return State{}, false
 		}
 		if f.live && f.p != nil && f.cursor >= atLeast {
-			st := State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}
+			st := f.stateLocked()
 			f.mu.Unlock()
 			return st, true
 		}
@@ -66,9 +66,10 @@ func (f *Feed) AwaitCurrent(ctx context.Context, atLeast int64, first, behind ti
 
 // seed starts a feed from a read of the thread instead of a snapshot: its
 // stream then asks for the events after the read (run). The projection is
-// copied: the reader goes on using its own.
+// shared with the reader, who goes on using it: the feed copies it before
+// it changes it (ownLocked).
 func (f *Feed) seed(st State) {
-	f.p, f.runs, f.cursor = copyProjection(st.Projection), st.Runs, st.Cursor
+	f.p, f.shared, f.runs, f.cursor = st.Projection, true, st.Runs, st.Cursor
 	for _, r := range f.p.Runs {
 		f.newestOrdinal = max(f.newestOrdinal, r.Ordinal)
 	}
@@ -103,10 +104,11 @@ const compactAt = 2 * keepRuns
 // kept row. So a feed holds at most compactAt runs and their records, however
 // long it lives. The thread's run count (runs) stays.
 func (f *Feed) compactLocked() {
-	p := f.p
-	if p == nil || len(p.Runs) <= compactAt {
+	if f.p == nil || len(f.p.Runs) <= compactAt {
 		return
 	}
+	f.ownLocked()
+	p := f.p
 	slices.SortStableFunc(p.Runs, func(a, b t3api.Run) int { return cmp.Compare(a.Ordinal, b.Ordinal) })
 	p.Runs = slices.Delete(p.Runs, 0, len(p.Runs)-keepRuns)
 	runs := make(map[string]bool, keepRuns)

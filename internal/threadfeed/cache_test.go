@@ -294,3 +294,68 @@ func seedOf(t testing.TB, r *rig, tid string) *State {
 func (f *Feed) Current(atLeast int64) (State, bool) {
 	return f.AwaitCurrent(context.Background(), atLeast, 0, 0)
 }
+
+// TestFeedSharesItsProjectionUntilItChanges: a feed seeded from a read
+// (t3_thread's first call) holds the reader's projection itself and hands
+// that same projection to the next call while nothing changed (no copy per
+// call); once an event changes the thread, the feed copies before it
+// applies it, so the read's projection and a State handed out earlier stay
+// exactly as they were while the feed shows the new run.
+func TestFeedSharesItsProjectionUntilItChanges(t *testing.T) {
+	r := newRig(t, t3fake.Options{ManualSteps: true})
+	pid := r.fake.AddProject("api", "/srv/api")
+	tid := r.fake.AddThread(pid, "t", "idle")
+	for i := range 2 {
+		if _, err := r.fake.StartRun(tid, fmt.Sprintf("attempt %d", i+1)); err != nil {
+			t.Fatal(err)
+		}
+		r.fake.StepAll()
+	}
+	pool := NewPool(10)
+	pool.SetLinger(10, time.Hour)
+	defer func() { pool.Close(); pool.Wait() }()
+	seed := seedOf(t, r, tid)
+	encode := func(p *t3api.ThreadProjection) string {
+		var e jx.Encoder
+		p.Encode(&e)
+		return e.String()
+	}
+	seeded := encode(seed.Projection)
+	f, ok := pool.Linger("mac", tid, r.dial, seed)
+	if !ok {
+		t.Fatal("no lingering feed")
+	}
+	st, ok := f.AwaitCurrent(t.Context(), seed.Cursor, time.Minute, time.Minute)
+	if !ok {
+		t.Fatalf("no state: %v", f.Err())
+	}
+	if st.Projection != seed.Projection {
+		t.Fatal("the feed copied the read's projection though nothing changed")
+	}
+	again, ok := f.Current(seed.Cursor)
+	if !ok || again.Projection != st.Projection {
+		t.Fatal("the feed copied its projection for a second call though nothing changed")
+	}
+
+	run, err := r.fake.StartRun(tid, "attempt 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.fake.StepAll()
+	head := r.fake.Head()
+	var cur State
+	eventually(t, "the feed to show the third run", func() bool {
+		var ok bool
+		cur, ok = f.Current(head)
+		return ok && runCompleted(run)(cur.Projection)
+	})
+	if cur.Projection == seed.Projection || cur.Runs != 3 {
+		t.Fatalf("the feed changed the shared projection in place (%d runs)", cur.Runs)
+	}
+	if got := encode(seed.Projection); got != seeded {
+		t.Fatalf("the read's projection changed under the feed:\nwas %s\nnow %s", seeded, got)
+	}
+	if runCompleted(run)(st.Projection) || len(st.Projection.Runs) != 2 {
+		t.Fatal("a State handed out before the run changed with the feed")
+	}
+}

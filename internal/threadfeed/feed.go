@@ -70,6 +70,10 @@ type Feed struct {
 
 	mu sync.Mutex
 	p  *t3api.ThreadProjection // nil until the first snapshot
+	// shared is set while a caller holds p too (a read the feed was seeded
+	// from, a State handed out): p is copied before the feed next changes
+	// it (ownLocked), not each time it is handed over.
+	shared bool
 	// runs is the thread's number of runs in all (the snapshot kept only the
 	// newest); newestOrdinal the highest run ordinal the snapshot held.
 	runs          int
@@ -209,7 +213,7 @@ func (f *Feed) applyLocked(raw []byte) error {
 		if err != nil {
 			return err
 		}
-		f.p, f.runs, f.cursor = p, runs, it.seq
+		f.p, f.shared, f.runs, f.cursor = p, false, runs, it.seq
 		f.newestOrdinal = 0
 		for _, r := range p.Runs {
 			f.newestOrdinal = max(f.newestOrdinal, r.Ordinal)
@@ -235,6 +239,7 @@ func (f *Feed) applyLocked(raw []byte) error {
 // upsertLocked applies one event's record; the event types that carry no
 // record the projection holds are skipped.
 func (f *Feed) upsertLocked(typ string, payload jx.Raw) error {
+	f.ownLocked()
 	p := f.p
 	switch {
 	case typ == "run.created" || typ == "run.updated":
@@ -303,8 +308,10 @@ func indexOf[T any](list []T, want string, id func(*T) string) int {
 
 // State is a feed's projection as of one moment.
 type State struct {
-	// Projection is a copy the caller may keep: the feed goes on changing
-	// its own. It holds the snapshot's newest runs and every run since.
+	// Projection is the caller's to keep and read, never to change: the
+	// feed shares it, and copies it before it changes it itself (so does a
+	// feed seeded with a State, Pool.Linger: its giver reads it on, never
+	// changes it). It holds the snapshot's newest runs and every run since.
 	Projection *t3api.ThreadProjection
 	// Runs is the thread's number of runs in all.
 	Runs int
@@ -352,7 +359,7 @@ func (f *Feed) readyNow(ready func(*t3api.ThreadProjection) bool) (st State, ok 
 		return State{}, false, nil
 	}
 	if f.p != nil && ready(f.p) {
-		return State{Projection: copyProjection(f.p), Runs: f.runs, Cursor: f.cursor}, true, nil
+		return f.stateLocked(), true, nil
 	}
 	return State{}, false, f.changed
 }
@@ -379,6 +386,21 @@ func (f *Feed) Err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.err
+}
+
+// stateLocked hands the feed's projection out: the caller shares it until
+// the feed's next change, which copies it first (ownLocked).
+func (f *Feed) stateLocked() State {
+	f.shared = true
+	return State{Projection: f.p, Runs: f.runs, Cursor: f.cursor}
+}
+
+// ownLocked gives the feed a projection of its own before it changes it
+// when a caller shares the one it has (shared).
+func (f *Feed) ownLocked() {
+	if f.shared && f.p != nil {
+		f.p, f.shared = copyProjection(f.p), false
+	}
 }
 
 // copyProjection copies the arrays a feed changes: upserts replace whole
