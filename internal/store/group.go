@@ -255,11 +255,6 @@ func (g *Group) write() {
 				g.observe(ct)
 			}
 		}
-		if hk, ok := g.s.(headroomKeeper); ok && err == nil {
-			// After the callers' release and the timing: the next group's requests wait for it,
-			// not this one's.
-			hk.keepHeadroom()
-		}
 	}
 }
 

@@ -108,7 +108,6 @@ type Bolt struct {
 	det     *journal // bDetector's
 	ids     *journal // bEventIDs'
 
-	headroom headroom // the file written past bbolt's high-water mark (headroom.go)
 }
 
 // Thread is a thread the connector tracks (started or adopted through it). The type is
