@@ -102,6 +102,13 @@ type Conn struct {
 	// lastFrame is the size of the last frame read (readFrame; the read loop's own).
 	lastFrame int
 
+	// The read loop's own: the Acks it owes (each stream's encoded Ack), written together once no
+	// whole frame waits to be read (flushAcks), and the buffer they are joined in. peek, when set,
+	// is the socket's TCP connection, which tells whether a whole frame waits (peekConn).
+	acks   [][]byte
+	ackBuf []byte
+	peek   *peekConn
+
 	// awaitingPong is set when a Ping goes out and cleared by the Pong.
 	awaitingPong atomic.Bool
 	wg           sync.WaitGroup
@@ -290,8 +297,9 @@ func (cl *call) takeOnRead(values []jx.Raw) (taken, failed bool) {
 // appears in an error.
 func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	opts = opts.withDefaults()
+	hc, peeked := peekClient(opts.HTTPClient, url)
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
-		HTTPClient: opts.HTTPClient,
+		HTTPClient: hc,
 		HTTPHeader: opts.Header,
 	})
 	if err != nil {
@@ -320,6 +328,12 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		tap:          opts.Tap,
 		pending:      make(map[string]*call),
 		done:         make(chan struct{}),
+	}
+	if peeked != nil {
+		if pc := peeked.Load(); pc != nil {
+			pc.arm()
+			c.peek = pc
+		}
 	}
 	c.writeWatch = time.AfterFunc(time.Hour, c.writeOverdue)
 	c.writeWatch.Stop()
@@ -723,6 +737,7 @@ func (c *Conn) readLoop(limit int64) {
 		fr, err := c.readFrame()
 		if err != nil {
 			c.fail(fmt.Errorf("%w: %s", ErrClosed, describeReadErr(err, limit)))
+			c.acks = nil
 			return
 		}
 		read := time.Now()
@@ -742,7 +757,46 @@ func (c *Conn) readLoop(limit int64) {
 		}
 		fd.done()
 		fr.release()
+		// The Acks owed go out now unless the next frame is already here whole: reading it
+		// cannot wait for them, and its Acks then go out with them (peekConn). Bounded, so that
+		// a long burst does not hold the first Ack back for all of it.
+		if len(c.acks) > 0 && (len(c.acks) >= maxAcksHeld || c.peek == nil || !c.peek.ready.Load()) {
+			c.flushAcks()
+		}
 	}
+}
+
+// maxAcksHeld bounds the Acks the read loop holds while it reads frames already buffered.
+const maxAcksHeld = 32
+
+// ackOnRead owes T3 the Ack of cl's last Chunk, from the read loop: it goes out with the others
+// the loop owes (flushAcks). An Ack only waits there, never goes out before it would have.
+func (c *Conn) ackOnRead(cl *call) {
+	c.acks = append(c.acks, cl.ackFrame)
+}
+
+// flushAcks writes the Acks the read loop owes in one frame: alone as it is, several as one JSON
+// array of messages. T3's server takes an array frame as its messages in order: effect-smol's
+// packages/effect/src/unstable/rpc/RpcSerialization.ts, json.decode, returns
+// `Array.isArray(parsed) ? parsed : [parsed]`, and RpcServer.ts's makeSocketProtocol hands each
+// decoded message on in turn (T3 runs effect 4.0.0-beta.73; Effect 3's json parser did not split
+// arrays). A failed write closes the connection (sendFrame); the streams hear of it.
+func (c *Conn) flushAcks() {
+	frame := c.acks[0]
+	if len(c.acks) > 1 {
+		b := append(c.ackBuf[:0], '[')
+		for i, a := range c.acks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, a...)
+		}
+		b = append(b, ']')
+		c.ackBuf, frame = b, b
+	}
+	clear(c.acks)
+	c.acks = c.acks[:0]
+	_ = c.sendFrame(frame)
 }
 
 // readFrame reads the next frame into a pooled buffer, held once (by the read loop). A frame
@@ -913,13 +967,13 @@ func (c *Conn) pushChunk(cl *call, ev event) {
 		if taken, failed := cl.takeOnRead(ev.values); taken {
 			ev.frame.release()
 			if !failed {
-				c.ack(cl)
+				c.ackOnRead(cl)
 			}
 			return
 		}
 	}
 	if cl.pushChunk(ev) {
-		c.ack(cl)
+		c.ackOnRead(cl)
 	}
 }
 
@@ -933,7 +987,7 @@ func (c *Conn) inlineChunk(cl *call, ev event) {
 		if rest == nil {
 			if c.isPending(cl.id) {
 				// A failed Ack means the socket is gone; the stream's goroutine hears of it.
-				c.ack(cl)
+				c.ackOnRead(cl)
 			}
 			return
 		}
