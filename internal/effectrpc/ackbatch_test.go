@@ -32,13 +32,13 @@ type rawServer struct {
 }
 
 type rawPeer struct {
-	t      *testing.T
+	t      testing.TB
 	nc     net.Conn
 	br     *bufio.Reader
 	frames chan []t3rpc.ClientMessage
 }
 
-func newRawServer(t *testing.T) *rawServer {
+func newRawServer(t testing.TB) *rawServer {
 	rs := &rawServer{conns: make(chan *rawPeer, 1), closed: make(chan struct{})}
 	rs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
@@ -270,7 +270,7 @@ func TestAckOfAChunkWaitingForItsCommitIsNotSentWithOthers(t *testing.T) {
 }
 
 // endStreams ends the streams (an Exit each) and checks that each returned nil.
-func endStreams(t *testing.T, p *rawPeer, ids []string, errs chan error) {
+func endStreams(t testing.TB, p *rawPeer, ids []string, errs chan error) {
 	t.Helper()
 	var exits [][]byte
 	for _, id := range ids {

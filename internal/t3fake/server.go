@@ -86,7 +86,10 @@ type Stats struct {
 	WSOpen        int64            // WebSockets open now
 	TicketsIssued int64
 	AcksReceived  int64
-	ChunksSent    int64 // all connections': a Chunk out when its socket died is never acknowledged
+	// AckFrames counts the client's frames that carried at least one Ack: fewer than
+	// AcksReceived when a client sends several Acks in one frame (a JSON array).
+	AckFrames  int64
+	ChunksSent int64 // all connections': a Chunk out when its socket died is never acknowledged
 	// ShellStreams counts the shell subscriptions open now, and ShellUnsettled those of them
 	// with a Chunk awaiting its Ack or items not sent yet: "the client has applied the whole
 	// shell stream" is ShellStreams > 0 && ShellUnsettled == 0, which, unlike
@@ -163,6 +166,7 @@ type Server struct {
 	wsOpen        atomic.Int64
 	ticketsIssued atomic.Int64
 	acks          atomic.Int64
+	ackFrames     atomic.Int64
 	ackedToWriter atomic.Int64 // Chunks an Ack let go that the reader left to the writer goroutine (writeAcked)
 	chunks        atomic.Int64
 	items         atomic.Int64
@@ -372,6 +376,7 @@ func (s *Server) Stats() Stats {
 		WSOpen:           s.wsOpen.Load(),
 		TicketsIssued:    s.ticketsIssued.Load(),
 		AcksReceived:     s.acks.Load(),
+		AckFrames:        s.ackFrames.Load(),
 		ChunksSent:       s.chunks.Load(),
 		ItemsSent:        s.items.Load(),
 		Requests:         s.requests.Load(),

@@ -91,6 +91,8 @@ type conn struct {
 	// handling let a Chunk go (it writes that Chunk once the frame is handled).
 	rbuf     bytes.Buffer
 	ackReady bool
+	// frameAcked: the frame being handled carried an Ack (Stats.AckFrames).
+	frameAcked bool
 
 	mu    sync.Mutex
 	ctrl  []jx.Raw // encoded Exit/Pong/Defect messages, in order
@@ -243,6 +245,12 @@ const maxReadBuffer = 64 << 10
 // handleFrame accepts one message or an array of messages per frame, as Effect's JSON
 // serialization does.
 func (c *conn) handleFrame(data []byte) {
+	defer func() {
+		if c.frameAcked {
+			c.frameAcked = false
+			c.s.ackFrames.Add(1)
+		}
+	}()
 	d := jx.DecodeBytes(data)
 	switch d.Next() {
 	case jx.Object:
@@ -284,6 +292,7 @@ func (c *conn) handleMessage(raw []byte) {
 		c.handleRequest(m.Request)
 	case t3rpc.AckClientMessage:
 		c.s.acks.Add(1)
+		c.frameAcked = true
 		if c.ack(m.Ack.RequestId) {
 			c.ackReady = true
 		}

@@ -174,3 +174,25 @@ func TestAckedQueueOverTheReadersBoundIsSent(t *testing.T) {
 		t.Errorf("%d Chunks, want 2 (one Ack)", n)
 	}
 }
+
+// Acks that come in one frame (a JSON array, as effectrpc sends the Acks it owes together) count
+// each in AcksReceived and once in AckFrames; a frame without an Ack (a Ping) counts in neither.
+func TestAckFramesCountFramesNotAcks(t *testing.T) {
+	s := StartT(t, Options{})
+	c := dial(t, s, s.Token(), nil)
+	a := c.subscribe("orchestration.subscribeShell", `{}`, false)
+	b := c.subscribe("orchestration.subscribeShell", `{}`, false)
+	for len(c.chunks[a]) == 0 || len(c.chunks[b]) == 0 {
+		c.pump()
+	}
+	c.sendRaw(fmt.Sprintf(`[{"_tag":"Ack","requestId":%q},{"_tag":"Ack","requestId":%q}]`, a, b))
+	c.barrier()
+	if st := s.Stats(); st.AcksReceived != 2 || st.AckFrames != 1 {
+		t.Fatalf("two Acks in one frame: AcksReceived %d, AckFrames %d; want 2, 1", st.AcksReceived, st.AckFrames)
+	}
+	c.ack(a)
+	c.barrier()
+	if st := s.Stats(); st.AcksReceived != 3 || st.AckFrames != 2 {
+		t.Fatalf("then one Ack alone: AcksReceived %d, AckFrames %d; want 3, 2", st.AcksReceived, st.AckFrames)
+	}
+}
