@@ -275,6 +275,7 @@ func (c *conn) handleMessage(raw []byte) {
 	if id, ok := plainAckID(raw); ok {
 		// The connector's Ack, one per Chunk: settled without the message decoder.
 		c.s.acks.Add(1)
+		c.frameAcked = true
 		if c.ackKey(id) {
 			c.ackReady = true
 		}
