@@ -56,6 +56,13 @@ func (p *peekConn) Read(b []byte) (int, error) {
 	if p.left == 0 {
 		// At a frame's start: its header tells how far the library may read.
 		if err := p.header(); err != nil {
+			if p.r < p.w {
+				// The stream ended (or failed) inside a header: the bytes that came are handed
+				// on first, the error with the next read, as the socket itself would.
+				n := copy(b, p.buf[p.r:p.w])
+				p.r += n
+				return n, nil
+			}
 			return 0, err
 		}
 		if p.lost {
