@@ -298,6 +298,11 @@ func (cl *call) takeOnRead(values []jx.Raw) (taken, failed bool) {
 func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	opts = opts.withDefaults()
 	hc, peeked := peekClient(opts.HTTPClient, url)
+	if peeked != nil {
+		// The handshake's transport is a clone no one else uses: a refused upgrade's connection,
+		// its answer read to the end, would wait in its idle pool until the idle timeout.
+		defer hc.CloseIdleConnections()
+	}
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		HTTPClient: hc,
 		HTTPHeader: opts.Header,

@@ -1101,3 +1101,34 @@ func TestStreamAheadOnReadKeepsOrder(t *testing.T) {
 		t.Errorf("the handler saw %s, want 2,3", got)
 	}
 }
+
+// A refused upgrade leaves no connection behind: the answer's connection, read to its end, would
+// otherwise wait in the idle pool of the transport Dial made for the handshake (peekClient's
+// clone, used for nothing else) until its idle timeout, one per failed dial of a reconnect loop.
+func TestRefusedUpgradeClosesItsConnection(t *testing.T) {
+	var closed atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("restarting"))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	for range 3 {
+		var ue *UpgradeError
+		if _, err := Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", Options{}); !errors.As(err, &ue) || ue.Status != http.StatusServiceUnavailable {
+			t.Fatalf("dial: %v", err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for closed.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 refused upgrades' connections closed: the others wait in an idle pool", closed.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
