@@ -17,6 +17,28 @@ const RangeName = "GC concurrent mark phase"
 // Span is a stretch of trace time (ns): a mark phase, or one event's or wake's way.
 type Span struct{ Begin, End int64 }
 
+// Marks collects a trace's mark phases from its range events (golang.org/x/exp/trace's Range
+// names and times, passed in so that this package needs no trace reader of its own).
+type Marks struct {
+	Spans []Span
+	begin int64
+}
+
+// Begin notes a range's begin (or, at the trace's start, a range already active).
+func (m *Marks) Begin(name string, t int64) {
+	if name == RangeName {
+		m.begin = t
+	}
+}
+
+// End notes a range's end: a mark phase whose begin was seen is kept.
+func (m *Marks) End(name string, t int64) {
+	if name == RangeName && m.begin != 0 {
+		m.Spans = append(m.Spans, Span{Begin: m.begin, End: t})
+		m.begin = 0
+	}
+}
+
 // Item is one joined event or wake: its span in the marks' trace and its time as reported (ms).
 type Item struct {
 	Span Span

@@ -36,3 +36,18 @@ func TestReportWithoutMarksSaysSo(t *testing.T) {
 		t.Errorf("report: %s", b.String())
 	}
 }
+
+// Marks keeps the mark phases whose begin it saw, and nothing of other ranges.
+func TestMarksPairsTheMarkPhases(t *testing.T) {
+	var m Marks
+	m.End(RangeName, 5) // a phase begun before the trace: no begin seen
+	m.Begin(RangeName, 10)
+	m.Begin("GC incremental sweep", 12)
+	m.End("GC incremental sweep", 14)
+	m.End(RangeName, 20)
+	m.Begin(RangeName, 30)
+	m.End(RangeName, 45)
+	if len(m.Spans) != 2 || m.Spans[0] != (Span{10, 20}) || m.Spans[1] != (Span{30, 45}) {
+		t.Fatalf("spans %v, want [{10 20} {30 45}]", m.Spans)
+	}
+}

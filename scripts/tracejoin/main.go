@@ -66,8 +66,7 @@ func main() {
 		return e
 	}
 	var first, last trace.Time
-	var marks []gcmarks.Span // the first trace's (the connector's) GC mark phases
-	var markBegin trace.Time
+	var marks gcmarks.Marks // the first trace's (the connector's) GC mark phases
 	for fi, name := range os.Args[1:] {
 		// Goroutine ids of each file (process) apart.
 		gid := func(g trace.GoID) trace.GoID {
@@ -98,13 +97,12 @@ func main() {
 			last = max(last, e.Time())
 			switch e.Kind() {
 			case trace.EventRangeBegin, trace.EventRangeActive:
-				if fi == 0 && e.Range().Name == gcmarks.RangeName {
-					markBegin = e.Time()
+				if fi == 0 {
+					marks.Begin(e.Range().Name, int64(e.Time()))
 				}
 			case trace.EventRangeEnd:
-				if fi == 0 && e.Range().Name == gcmarks.RangeName && markBegin != 0 {
-					marks = append(marks, gcmarks.Span{Begin: int64(markBegin), End: int64(e.Time())})
-					markBegin = 0
+				if fi == 0 {
+					marks.End(e.Range().Name, int64(e.Time()))
 				}
 			case trace.EventStateTransition:
 				st := e.StateTransition()
@@ -324,7 +322,7 @@ func main() {
 			fmt.Printf("%-64s %6d %7.2f %7.2f %7.2f %7.2f %7.2f\n", n, len(v), q(.5), q(.9), q(.99), v[len(v)-1], sum/float64(len(v)))
 		}
 	}
-	gcmarks.Report(os.Stdout, "events", marks, spans, 50, 100)
+	gcmarks.Report(os.Stdout, "events", marks.Spans, spans, 50, 100)
 	fmt.Printf("answer wake-ups by the scheduler (netpoll, no goroutine) %d, by a goroutine %d\n", byScheduler, byOther)
 	type kv struct {
 		g trace.GoID

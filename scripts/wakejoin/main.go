@@ -73,8 +73,8 @@ type step struct {
 }
 
 type side struct {
-	procs     []step         // running Ps over time (trace time)
-	marks     []gcmarks.Span // the collector's mark phases
+	procs     []step        // running Ps over time (trace time)
+	marks     gcmarks.Marks // the collector's mark phases
 	maxP      int
 	recs      []*rec
 	offset    int64 // add to trace Time to get mono ns
@@ -126,7 +126,6 @@ func read(path string, sdkWrite bool) *side {
 	pending := map[trace.GoID]*rec{}
 	inSys := map[trace.GoID]bool{}
 	snapSet := false
-	var markBegin int64
 	running := map[trace.ProcID]bool{}
 	for {
 		e, err := r.ReadEvent()
@@ -143,14 +142,9 @@ func read(path string, sdkWrite bool) *side {
 		s.last = t
 		switch e.Kind() {
 		case trace.EventRangeBegin, trace.EventRangeActive:
-			if e.Range().Name == gcmarks.RangeName {
-				markBegin = t
-			}
+			s.marks.Begin(e.Range().Name, t)
 		case trace.EventRangeEnd:
-			if e.Range().Name == gcmarks.RangeName && markBegin != 0 {
-				s.marks = append(s.marks, gcmarks.Span{Begin: markBegin, End: t})
-				markBegin = 0
-			}
+			s.marks.End(e.Range().Name, t)
 		case trace.EventSync:
 			if cs := e.Sync().ClockSnapshot; cs != nil && !snapSet {
 				snapSet = true
@@ -440,7 +434,7 @@ func main() {
 		for i, r := range rows {
 			ws[i] = gcmarks.Item{Span: r.conn, MS: r.total}
 		}
-		gcmarks.Report(os.Stdout, "wakes", conn.marks, ws, 10, 20)
+		gcmarks.Report(os.Stdout, "wakes", conn.marks.Spans, ws, 10, 20)
 	}()
 	var tot []float64
 	for _, r := range rows {
