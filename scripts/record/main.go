@@ -271,8 +271,15 @@ func runThread(ctx context.Context, r *recorder, c *t3.Client, projectRef, name 
 	r.rec.Description = fmt.Sprintf("%s: thread.create, subscribeThread, message.dispatch %q", name, prompt)
 	states := make(chan string, 100)
 	sctx, scancel := context.WithCancel(ctx)
-	defer scancel()
+	streamDone := make(chan struct{})
+	defer func() {
+		// The stream's goroutine writes frames into the recording (its Acks): the caller reads
+		// the recording once this returns, so the goroutine ends first.
+		scancel()
+		<-streamDone
+	}()
 	go func() {
+		defer close(streamDone)
 		in := &t3rpc.SubscribeShellInput{RequestCompletionMarker: t3rpc.NewOptBool(true)}
 		_ = conn.Stream(sctx, "orchestration.subscribeShell", in, func(values []jx.Raw) error {
 			for _, v := range values {
