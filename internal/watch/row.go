@@ -16,54 +16,56 @@ import (
 //   - latestVisibleMessage is not kept: nothing in the connector reads it from the watcher (the
 //     event detector gets the decoded rows of each chunk, not these), and on T3 it holds the
 //     last message's text, which can be long. Thread and Threads return it unset.
+//   - a row holds no pointer: its strings are spans of its table's arena (rowTable), so the
+//     collector's mark skips the rows, the arena and the id index as the few objects they are
+//     instead of walking four objects and a dozen pointers per thread (BenchmarkMarkRows100x1000);
 //   - timestamps in T3's format (2006-01-02T15:04:05.000Z) are kept as Unix milliseconds and
 //     formatted again when read, which gives back the same string; any other string is kept
-//     verbatim (odd);
-//   - strings of a small set (project id, status, runtime and interaction mode, activity status,
-//     request kind, model selection) are interned per watcher;
-//   - an active run id equal to the latest run id shares its string;
-//   - which optional fields were absent, null or set is two bits each.
+//     verbatim in the row's extra (odd);
+//   - strings of a small set (project id, status, runtime and interaction mode, activity status)
+//     share one span of the arena per table; model selections without options share one entry
+//     of the table's models;
+//   - an active run id equal to the latest run id shares its span;
+//   - which optional fields were absent, null or set is two bits each;
+//   - what few rows have and most do not (a pending request, odd stamps, a lastError other than
+//     null, a branch or worktree, a model with options) is in the table's extra map, only for
+//     the rows that have it.
 //
 // TestRowRoundTrip checks that every kept field reads back as it was decoded.
 type row struct {
-	title, projectID, status       string
-	runtimeMode, interactionMode   string
-	activity, latestRun, activeRun string
-	model                          *t3rpc.ModelSelection
-	pending                        *t3rpc.PendingRuntimeRequest
-	lastError                      jx.Raw
+	id, title, projectID, status   span
+	runtimeMode, interactionMode   span
+	activity, latestRun, activeRun span
+	model                          uint32 // 1 + index in rowTable.models; 0: none, or in the extra
+	states                         uint32 // optState per optional field, 2 bits each
 	itemCount                      int64
 	stamps                         [nStamps]int64
-	odd                            *[nStamps]string // stamps not in T3's format, verbatim
-	states                         uint32           // optState per optional field, 2 bits each
-	oddMask                        uint8            // which stamps are in odd
-	// ws is branch and worktreePath; nil when both were absent, and the one
-	// shared nullWorkspace when both were null (nearly every thread not on a
-	// worktree), so most rows pay one pointer for them.
-	ws *rowWorkspace
 	// seq is the sequence of the item that brought the row (a snapshot's
 	// snapshotSequence): T3 gives a thread's row the sequence of its newest
 	// event, so a thread subscription whose cursor has reached seq shows at
 	// least what the row shows (Watcher.ThreadAt).
-	seq int64
+	seq     int64
+	flags   uint8 // rowLive, rowHasExtra, lastError and workspace kinds
+	oddMask uint8 // which stamps are in the extra's odd
 }
 
-// rowWorkspace is a row's branch and worktreePath, kept as they came.
-type rowWorkspace struct {
-	branch, worktree t3rpc.OptNilString
-}
+const (
+	rowLive     = 1 << iota // the slot holds a thread (free slots are zero)
+	rowHasExtra             // the table's extra map has an entry for the slot
+	lastErrorNull
+	lastErrorExtra // lastError is neither absent nor null: in the extra
+	wsNull         // branch and worktreePath both null (nearly every thread not on a worktree)
+	wsExtra        // branch and worktreePath otherwise set: in the extra
+)
 
-var nullWorkspace = &rowWorkspace{branch: t3rpc.OptNilString{Set: true, Null: true}, worktree: t3rpc.OptNilString{Set: true, Null: true}}
-
-func workspaceOf(t *t3rpc.ThreadShell) *rowWorkspace {
-	b, w := t.Branch, t.WorktreePath
-	switch {
-	case !b.Set && !w.Set:
-		return nil
-	case b.Set && b.Null && w.Set && w.Null:
-		return nullWorkspace
-	}
-	return &rowWorkspace{branch: b, worktree: w}
+// rowExtra is the pointerful part of the few rows that have one (rowHasExtra).
+type rowExtra struct {
+	pending   t3rpc.PendingRuntimeRequest
+	lastError jx.Raw
+	odd       [nStamps]string // stamps not in T3's format, verbatim
+	branch    t3rpc.OptNilString
+	worktree  t3rpc.OptNilString
+	model     t3rpc.ModelSelection // when not shared (row.model == 0)
 }
 
 // Stamp indexes.
@@ -140,175 +142,13 @@ func (r *row) optNilString(field int, v string) t3rpc.OptNilString {
 	return t3rpc.OptNilString{}
 }
 
-// interner shares the strings of small sets between rows. It is bounded: past maxInterned
-// distinct strings, new ones are kept as they are (correct, just not shared).
-type interner map[string]string
-
-const maxInterned = 4096
-
-func (in interner) str(s string) string {
-	if s == "" {
-		return ""
-	}
-	if v, ok := in[s]; ok {
-		return v
-	}
-	if len(in) < maxInterned {
-		in[s] = s
-	}
-	return s
-}
-
-// models shares model selections without options between rows.
-type models map[[2]string]*t3rpc.ModelSelection
-
-func (m models) get(sel t3rpc.ModelSelection) *t3rpc.ModelSelection {
-	if len(sel.Options) > 0 || len(m) >= maxInterned {
-		return &sel
-	}
-	k := [2]string{sel.InstanceId, sel.Model}
-	if p, ok := m[k]; ok {
-		return p
-	}
-	p := &sel
-	m[k] = p
-	return p
-}
-
 // nullRaw is the lastError of nearly every row.
 var nullRaw = jx.Raw("null")
 
-// set fills r from t (r is reused for a thread's next row).
-func (r *row) set(t *t3rpc.ThreadShell, in interner, ms models) {
-	*r = row{
-		title:           t.Title,
-		projectID:       in.str(t.ProjectId),
-		status:          in.str(t.Status),
-		runtimeMode:     in.str(t.RuntimeMode.Value),
-		interactionMode: in.str(t.InteractionMode.Value),
-		activity:        in.str(t.ActivityRunStatus.Value),
-		latestRun:       t.LatestRunId.Value,
-		activeRun:       t.ActiveRunId.Value,
-		itemCount:       t.ItemCount.Value,
-		ws:              workspaceOf(t),
-	}
-	if r.activeRun == r.latestRun {
-		r.activeRun = r.latestRun
-	}
-	if t.ModelSelection.Set {
-		r.model = ms.get(t.ModelSelection.Value)
-		r.setState(optModel, value)
-	}
-	r.setState(optRuntimeMode, strState(t.RuntimeMode))
-	r.setState(optInteractionMode, strState(t.InteractionMode))
-	r.setState(optLatestRun, nilStrState(t.LatestRunId))
-	r.setState(optActiveRun, nilStrState(t.ActiveRunId))
-	r.setState(optActivity, nilStrState(t.ActivityRunStatus))
-	switch p := t.PendingRuntimeRequest; {
-	case p.Set && p.Null:
-		r.setState(optPending, null)
-	case p.Set:
-		v := p.Value
-		v.Kind = in.str(v.Kind)
-		r.pending = &v
-		r.setState(optPending, value)
-	}
-	if t.ItemCount.Set {
-		r.setState(optItemCount, value)
-	}
-	switch {
-	case t.LastError == nil:
-	case string(t.LastError) == "null":
-		r.lastError = nullRaw
-	default:
-		r.lastError = append(jx.Raw(nil), t.LastError...)
-	}
-	r.setStamp(stampRequested, nilStrState(t.LatestRunRequestedAt), t.LatestRunRequestedAt.Value)
-	r.setStamp(stampStarted, nilStrState(t.LatestRunStartedAt), t.LatestRunStartedAt.Value)
-	r.setStamp(stampCompleted, nilStrState(t.LatestRunCompletedAt), t.LatestRunCompletedAt.Value)
-	r.setStamp(stampCreated, strState(t.CreatedAt), t.CreatedAt.Value)
-	r.setStamp(stampUpdated, strState(t.UpdatedAt), t.UpdatedAt.Value)
-	r.setStamp(stampArchived, nilStrState(t.ArchivedAt), t.ArchivedAt.Value)
-	r.setStamp(stampDeleted, nilStrState(t.DeletedAt), t.DeletedAt.Value)
-}
-
-func (r *row) setStamp(i int, s optState, v string) {
-	r.setState(optStamp0+i, s)
-	if s != value {
-		return
-	}
-	if ms, ok := parseMillis(v); ok {
-		r.stamps[i] = ms
-		return
-	}
-	if r.odd == nil {
-		r.odd = new([nStamps]string)
-	}
-	r.odd[i] = v
-	r.oddMask |= 1 << i
-}
-
+// stamp formats stamp i from its milliseconds (a stamp in T3's format; rowTable.stamp reads
+// the odd ones).
 func (r *row) stamp(i int) string {
-	if r.oddMask&(1<<i) != 0 {
-		return r.odd[i]
-	}
 	return time.UnixMilli(r.stamps[i]).UTC().Format(isoMillis)
-}
-
-func (r *row) stampString(i int) t3rpc.OptString {
-	if r.state(optStamp0+i) == value {
-		return t3rpc.NewOptString(r.stamp(i))
-	}
-	return t3rpc.OptString{}
-}
-
-func (r *row) stampNilString(i int) t3rpc.OptNilString {
-	switch r.state(optStamp0 + i) {
-	case null:
-		return t3rpc.OptNilString{Set: true, Null: true}
-	case value:
-		return t3rpc.NewOptNilString(r.stamp(i))
-	}
-	return t3rpc.OptNilString{}
-}
-
-// shell rebuilds the thread's row (without latestVisibleMessage).
-func (r *row) shell(id string) t3rpc.ThreadShell {
-	t := t3rpc.ThreadShell{
-		ID:                   id,
-		ProjectId:            r.projectID,
-		Title:                r.title,
-		RuntimeMode:          r.optString(optRuntimeMode, r.runtimeMode),
-		InteractionMode:      r.optString(optInteractionMode, r.interactionMode),
-		Status:               r.status,
-		LatestRunId:          r.optNilString(optLatestRun, r.latestRun),
-		ActiveRunId:          r.optNilString(optActiveRun, r.activeRun),
-		LatestRunRequestedAt: r.stampNilString(stampRequested),
-		LatestRunStartedAt:   r.stampNilString(stampStarted),
-		LatestRunCompletedAt: r.stampNilString(stampCompleted),
-		ActivityRunStatus:    r.optNilString(optActivity, r.activity),
-		LastError:            r.lastError,
-		CreatedAt:            r.stampString(stampCreated),
-		UpdatedAt:            r.stampString(stampUpdated),
-		ArchivedAt:           r.stampNilString(stampArchived),
-		DeletedAt:            r.stampNilString(stampDeleted),
-	}
-	if r.ws != nil {
-		t.Branch, t.WorktreePath = r.ws.branch, r.ws.worktree
-	}
-	if r.state(optModel) == value {
-		t.ModelSelection = t3rpc.NewOptModelSelection(*r.model)
-	}
-	switch r.state(optPending) {
-	case null:
-		t.PendingRuntimeRequest = t3rpc.OptNilPendingRuntimeRequest{Set: true, Null: true}
-	case value:
-		t.PendingRuntimeRequest = t3rpc.NewOptNilPendingRuntimeRequest(*r.pending)
-	}
-	if r.state(optItemCount) == value {
-		t.ItemCount = t3rpc.NewOptInt64(r.itemCount)
-	}
-	return t
 }
 
 // isoMillis is T3's timestamp format.

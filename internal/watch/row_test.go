@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,7 +17,6 @@ import (
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/effectrpc"
-	"github.com/t3code-mcp/t3code-mcp/internal/t3fake"
 )
 
 // fixtureShellRows returns every thread row T3 sent in the recorded traffic (shell stream items
@@ -161,32 +158,7 @@ func TestParseMillis(t *testing.T) {
 // the same model as the stream's snapshot) is applied, against keeping the decoded
 // t3rpc.ThreadShell of every thread, as the watcher did before the compact rows.
 func BenchmarkRetainedPerThread(b *testing.B) {
-	fk, err := t3fake.New(t3fake.Options{ManualSteps: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fk.Close()
-	pid := fk.AddProject("payments", "/srv/payments")
-	for i := range 1000 {
-		tid := fk.AddThread(pid, fmt.Sprintf("Load thread %d: fix the flaky payment test", i), "idle")
-		if _, err := fk.StartRun(tid, "Fix the flaky test in the payment service: the retry loop asserts before the ledger has settled."); err != nil {
-			b.Fatal(err)
-		}
-	}
-	fk.StepAll()
-	req, _ := http.NewRequest("GET", fk.URL()+"/api/orchestration/shell", nil)
-	req.Header.Set("Authorization", "Bearer "+fk.Token())
-	req.Header.Set("x-t3-orchestration-protocol", "2")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	body, err := io.ReadAll(res.Body)
-	res.Body.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	item := jx.Raw(`{"kind":"snapshot","snapshot":` + string(body) + `}`)
+	item := fakeShellSnapshotItem(b, 1000)
 	heap := func() uint64 {
 		runtime.GC()
 		var m runtime.MemStats
@@ -205,7 +177,7 @@ func BenchmarkRetainedPerThread(b *testing.B) {
 		if n := len(w.Threads()); n != 1000 {
 			b.Fatalf("%d threads", n)
 		}
-		rows += float64(after-before) / 1000
+		rows += (float64(after) - float64(before)) / 1000
 		runtime.KeepAlive(w)
 
 		before = heap()
@@ -219,7 +191,7 @@ func BenchmarkRetainedPerThread(b *testing.B) {
 		}
 		it = t3rpc.ShellStreamItem{}
 		after = heap()
-		full += float64(after-before) / 1000
+		full += (float64(after) - float64(before)) / 1000
 		runtime.KeepAlive(kept)
 	}
 	b.ReportMetric(rows/float64(b.N), "B/thread-kept")

@@ -126,9 +126,7 @@ type Watcher struct {
 	log     *slog.Logger
 
 	mu       sync.RWMutex
-	threads  map[string]*row // compact rows, see row
-	intern   interner
-	models   models
+	threads  *rowTable // compact rows without pointers, see row and rowTable
 	projects map[string]t3rpc.Project
 	waiters  map[string]chan struct{} // per thread, closed on its next change
 	// gone remembers why threads left the list ("archive" or "removed"), so a
@@ -161,9 +159,7 @@ func New(name string, connect Connect, opts Options) *Watcher {
 		connect:  connect,
 		opts:     opts,
 		log:      opts.Logger.With("machine", name),
-		threads:  map[string]*row{},
-		intern:   interner{},
-		models:   models{},
+		threads:  newRowTable(),
 		projects: map[string]t3rpc.Project{},
 		waiters:  map[string]chan struct{}{},
 		gone:     newGoneSet(goneLimit),
@@ -508,7 +504,7 @@ func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
 		t := &snap.ArchivedThreads[i]
 		w.removeLocked(t.ID, &GoneThread{Where: "archive", ProjectID: t.ProjectId, Title: t.Title}, &Change{}, map[string]int{})
 	}
-	w.threads = make(map[string]*row, len(snap.Threads))
+	w.threads.resetFor(snap.Threads)
 	for i := range snap.Threads {
 		w.gone.drop(snap.Threads[i].ID)
 		w.putLocked(&snap.Threads[i], snap.SnapshotSequence)
@@ -529,30 +525,23 @@ func (w *Watcher) replaceLocked(snap *t3rpc.ShellSnapshot) {
 // putLocked stores t's compact row, brought by the item of sequence seq,
 // reusing the thread's previous one.
 func (w *Watcher) putLocked(t *t3rpc.ThreadShell, seq int64) {
-	r := w.threads[t.ID]
-	if r == nil {
-		r = new(row)
-		w.threads[t.ID] = r
-	}
-	r.set(t, w.intern, w.models)
-	r.seq = seq
+	w.threads.put(t, seq)
 }
 
 // removeLocked takes a thread off the list; gone, when not nil, is what to
 // remember of it (also of a thread the list did not hold: one archived before
 // the watcher saw it).
 func (w *Watcher) removeLocked(id string, gone *GoneThread, change *Change, touched map[string]int) {
-	r, listed := w.threads[id]
+	projectID, title, listed := w.threads.remove(id)
 	if gone != nil {
 		if listed && gone.ProjectID == "" {
-			gone.ProjectID, gone.Title = r.projectID, r.title
+			gone.ProjectID, gone.Title = projectID, title
 		}
 		w.gone.add(id, *gone)
 	}
 	if !listed {
 		return
 	}
-	delete(w.threads, id)
 	w.touchLocked(id)
 	if idx, ok := touched[id]; ok {
 		change.Threads = append(change.Threads[:idx], change.Threads[idx+1:]...)
@@ -637,11 +626,11 @@ func (w *Watcher) Thread(id string) (t3rpc.ThreadShell, bool) {
 func (w *Watcher) ThreadAt(id string) (t3rpc.ThreadShell, int64, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	t, ok := w.threads[id]
+	s, ok := w.threads.slot(id)
 	if !ok {
 		return t3rpc.ThreadShell{}, 0, false
 	}
-	return t.shell(id), t.seq, true
+	return w.threads.shell(s), w.threads.rows[s].seq, true
 }
 
 // Gone reports why a thread that is not in the list left it: "archive" when it
@@ -656,7 +645,7 @@ func (w *Watcher) Gone(id string) (where string, ok bool) {
 func (w *Watcher) GoneThread(id string) (GoneThread, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	if _, listed := w.threads[id]; listed {
+	if _, listed := w.threads.slot(id); listed {
 		return GoneThread{}, false
 	}
 	return w.gone.get(id)
@@ -672,20 +661,18 @@ func (w *Watcher) ThreadAndWait(id string) (t3rpc.ThreadShell, bool, <-chan stru
 		ch = make(chan struct{})
 		w.waiters[id] = ch
 	}
-	t, found := w.threads[id]
+	s, found := w.threads.slot(id)
 	if !found {
 		return t3rpc.ThreadShell{}, false, ch
 	}
-	return t.shell(id), true, ch
+	return w.threads.shell(s), true, ch
 }
 
 // Threads returns every active thread row (without latestVisibleMessage), sorted by id.
 func (w *Watcher) Threads() []t3rpc.ThreadShell {
 	w.mu.RLock()
-	out := make([]t3rpc.ThreadShell, 0, len(w.threads))
-	for id, t := range w.threads {
-		out = append(out, t.shell(id))
-	}
+	out := make([]t3rpc.ThreadShell, 0, w.threads.len())
+	w.threads.each(func(s uint32) { out = append(out, w.threads.shell(s)) })
 	w.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
