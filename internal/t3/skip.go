@@ -18,8 +18,14 @@ import (
 // are counted: no branch per string or per token. It ends where the token
 // loop it replaced ended (skipContainerTokens in the tests), on any input
 // (FuzzSkipContainer).
-func (s *scanner) skipContainer() error {
-	var st blockState
+func (s *scanner) skipContainer() error { return s.skipBlocks(blockState{}) }
+
+// skipRest moves past the rest of the object fields is in: s.i is outside
+// any string, at the depth of the object's own keys.
+func (s *scanner) skipRest() error { return s.skipBlocks(blockState{depth: 1}) }
+
+// skipBlocks moves s.i to just past the bracket that brings st's depth to zero.
+func (s *scanner) skipBlocks(st blockState) error {
 	for {
 		b, i := s.b, s.i
 		for ; i+64 <= len(b); i += 64 {

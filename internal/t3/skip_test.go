@@ -248,8 +248,21 @@ func fieldsByBytes(body []byte, keys []string, at []span) (end int, err error) {
 		return 0, errShape
 	}
 	f := fieldState{want: -1, lit: -1}
-	if _, err := s.fieldsBytes(&f, keys, at, math.MaxInt); err != nil {
+	for k, key := range keys {
+		if key != "" {
+			f.all |= 1 << k
+		}
+	}
+	done, err := s.fieldsBytes(&f, keys, at, math.MaxInt)
+	if err != nil {
 		return 0, err
+	}
+	if !done { // every key has its value: the rest of the object as the token loop skips it
+		end, ok := skipContainerTokens(append([]byte{'{'}, body[s.i:]...))
+		if !ok {
+			return 0, errShape
+		}
+		return s.i + end - 1, nil
 	}
 	return s.i, nil
 }
@@ -259,7 +272,7 @@ func fieldsByBytes(body []byte, keys []string, at []span) (end int, err error) {
 // pieces through small windows, on both mask paths.
 func checkFields(t *testing.T, body []byte) {
 	t.Helper()
-	for _, keys := range [][]string{runKeys[:], itemKeys[:]} {
+	for _, keys := range [][]string{runKeys[:], itemKeys[:], idRunKeys[:], requestKeys[:]} {
 		want := make([]span, len(keys))
 		wantEnd, wantErr := fieldsByBytes(body, keys, want)
 		eachMaskPath(func(path string) {
@@ -317,6 +330,37 @@ func TestFieldsFindWhatTheByteLoopFound(t *testing.T) {
 		b.WriteString([]string{"}", "", "]}"}[r.IntN(3)])
 		checkFields(t, b.Bytes())
 	}
+}
+
+// fields stops looking at keys once every key it looks for has its value and
+// skips the rest of the object: a key that comes again after that is not
+// read (its first value is taken), and the object still ends at its closing
+// bracket, whole and streamed in small windows, on both mask paths; a key it
+// does not look for ("" in the keys) does not hold it back.
+func TestFieldsStopOnceAllKeysFound(t *testing.T) {
+	long := `"` + string(bytes.Repeat([]byte("p"), 70)) + `"`
+	body := []byte(`{"id":"run-1","x":` + long + `,"runId":"r1","id":"run-2","runId":{"a":[1,"]}"]},"z":` + long + `}`)
+	rest := []byte(`,"next":1`)
+	eachMaskPath(func(path string) {
+		for _, c := range append(streamings(body), streaming{window: len(body) + len(rest)}) {
+			var s scanner
+			if c.reads == nil {
+				s = scanner{b: append(slices.Clip(body), rest...)}
+			} else {
+				s = scanner{b: make([]byte, 0, c.window), src: &source{r: &chunks{r: bytes.NewReader(append(slices.Clip(body), rest...)), n: c.reads}}}
+				s.more()
+			}
+			var at [3]span
+			if err := s.fields(idRunKeys[:], at[:]); err != nil {
+				t.Fatalf("%s, %+v: %v", path, c, err)
+			}
+			id, _, _ := s.strAt(at[0])
+			runID, _, _ := s.strAt(at[1])
+			if string(id) != "run-1" || string(runID) != "r1" || s.pos() != len(body) {
+				t.Fatalf("%s, %+v: id %q, runId %q, end %d; want run-1, r1, %d", path, c, id, runID, s.pos(), len(body))
+			}
+		}
+	})
 }
 
 // FuzzFields: on any bytes, fields by the block masks finds what the byte

@@ -255,11 +255,11 @@ func (t *trimmer) projection(out []byte, s *scanner) ([]byte, error) {
 func (t *trimmer) filterField(dst []byte, key string, s *scanner) ([]byte, error) {
 	switch key {
 	case "messages":
-		return filter(dst, s, &filterKeys, func(id, runID, _ []byte) bool {
+		return filter(dst, s, &idRunKeys, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.msgIDs[string(id)]
 		})
 	case "checkpoints":
-		return filter(dst, s, &filterKeys, func(id, runID, _ []byte) bool {
+		return filter(dst, s, &idRunKeys, func(id, runID, _ []byte) bool {
 			return t.runIDs[string(runID)] || t.checkpointIDs[string(id)]
 		})
 	case "turnItems":
@@ -267,7 +267,7 @@ func (t *trimmer) filterField(dst []byte, key string, s *scanner) ([]byte, error
 			return t.runIDs[string(runID)] || t.reqIDs[string(requestID)]
 		})
 	default: // runtimeRequests
-		return filter(dst, s, &filterKeys, func(id, _, status []byte) bool {
+		return filter(dst, s, &requestKeys, func(id, _, status []byte) bool {
 			if string(status) == "pending" {
 				t.reqIDs[string(id)] = true // its question's row is kept
 				return true
@@ -419,12 +419,14 @@ func filter(dst []byte, s *scanner, keys *[3]string, keep func(a, b, c []byte) b
 	return append(out, ']'), err
 }
 
-// The keys whose values decide: of a run, of a message, checkpoint or
-// runtime request, and of a timeline row.
+// The keys whose values decide: of a run, of a message or checkpoint, of a
+// runtime request, and of a timeline row. Only those: fields skips the rest
+// of an object once it has them all.
 var (
-	runKeys    = [...]string{"ordinal", "id", "userMessageId"}
-	filterKeys = [...]string{"id", "runId", "status"}
-	itemKeys   = [...]string{"runId", "requestId", ""}
+	runKeys     = [...]string{"ordinal", "id", "userMessageId"}
+	idRunKeys   = [...]string{"id", "runId", ""}
+	requestKeys = [...]string{"id", "", "status"}
+	itemKeys    = [...]string{"runId", "requestId", ""}
 )
 
 // contains reports whether b is one of ids (without converting b).
@@ -748,19 +750,38 @@ func (s *scanner) skipEscaped(i int) error {
 // (the key's own bytes decide whether it is one of keys) and through a block
 // with a backslash. Like skip, it checks brackets and strings; the kept
 // elements are checked by json.Valid of the output.
+//
+// Once every key of keys (but "") has its value, the rest of the object is
+// skipped as skipContainer skips (skipRest): T3 puts the keys that decide
+// in the first half of each object (a run's id, ordinal and userMessageId, a
+// checkpoint's or a message's id and runId), and walking the rest key by key
+// was more than half of the trim at 50,000 turn items (BenchmarkTrimBounded). So
+// a key that comes again after all were found is not looked at: its first
+// value is the one taken (T3's objects have no key twice).
 func (s *scanner) fields(keys []string, at []span) error {
 	clear(at)
 	if s.ws(); s.i >= len(s.b) || s.b[s.i] != '{' {
 		return errShape
 	}
 	f := fieldState{want: -1, lit: -1}
+	for k, key := range keys {
+		if key != "" {
+			f.all |= 1 << k
+		}
+	}
 	for {
 		done, stop, err := s.fieldsMasked(&f, keys, at)
 		if done || err != nil {
 			return err
 		}
+		if f.found == f.all {
+			return s.skipRest()
+		}
 		if done, err = s.fieldsBytes(&f, keys, at, stop); done || err != nil {
 			return err
+		}
+		if f.found == f.all {
+			return s.skipRest()
 		}
 	}
 }
@@ -768,11 +789,21 @@ func (s *scanner) fields(keys []string, at []span) error {
 // fieldState is where fields is in the object: its depth (the object's own
 // keys are at 1), whether the next string at depth 1 is a key, the index in
 // keys of the key whose value comes next (-1: none) and the body position of
-// a wanted number or literal being read (-1: none).
+// a wanted number or literal being read (-1: none); and which keys have their
+// value (bit k for keys[k]) of all those fields looks for.
 type fieldState struct {
-	depth     int
-	expectKey bool
-	want, lit int
+	depth      int
+	expectKey  bool
+	want, lit  int
+	found, all uint8
+}
+
+// got records that keys[k] has its value, and reports whether every key
+// fields looks for has one now: its caller then stops at the value's end
+// (outside any string, at depth 1) and fields skips the rest.
+func (f *fieldState) got(k int) bool {
+	f.found |= 1 << k
+	return f.found == f.all
 }
 
 // fieldsMasked walks the object from s.i by 64-byte blocks (blockState's
@@ -833,7 +864,12 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 				}
 				end := s.base + i + bits.TrailingZeros64(quote) // its closing quote
 				if pendVal >= 0 {
-					at[pendVal], pendVal = span{opened, end + 1}, -1
+					at[pendVal] = span{opened, end + 1}
+					if f.got(pendVal) {
+						s.i = end + 1 - s.base
+						return false, 0, nil
+					}
+					pendVal = -1
 				} else if pendKey = false; keyIndex(keys, s.b[opened+1-s.base:end-s.base]) < 0 {
 					f.expectKey = false
 				} else { // one of keys: byte by byte from the key
@@ -871,6 +907,10 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 							f.expectKey = false
 							if end := quote &^ (2<<v - 1); end != 0 {
 								at[want] = span{s.base + i + v, s.base + i + bits.TrailingZeros64(end) + 1}
+								if f.got(want) {
+									s.i = at[want].end - s.base
+									return false, 0, nil
+								}
 							} else { // the value ends in a later block
 								pendVal = want
 							}
@@ -878,6 +918,10 @@ func (s *scanner) fieldsMasked(f *fieldState, keys []string, at []span) (done bo
 						} else if e := literalEnd(p, v, events&^(2<<v-1)); e > v {
 							f.expectKey = false
 							at[want] = span{s.base + i + v, s.base + i + e}
+							if f.got(want) {
+								s.i = i + e
+								return false, 0, nil
+							}
 							break
 						}
 					}
@@ -994,6 +1038,10 @@ func (s *scanner) fieldsBytes(f *fieldState, keys []string, at []span, stop int)
 					want = keyIndex(keys, key)
 				} else if want >= 0 {
 					at[want] = span{s.base + start, s.base + i}
+					if f.got(want) {
+						s.i, want = i, -1
+						return false, nil
+					}
 					want = -1
 				}
 				continue
@@ -1004,6 +1052,10 @@ func (s *scanner) fieldsBytes(f *fieldState, keys []string, at []span, stop int)
 			case '}', ']', ',', ' ', '\t', '\n', '\r':
 				if lit >= 0 { // lit is only ever set at depth 1 for a wanted key
 					at[want] = span{lit, s.base + i}
+					if f.got(want) {
+						s.i, lit, want = i, -1, -1
+						return false, nil
+					}
 					lit, want = -1, -1
 				}
 				switch c {
