@@ -3,11 +3,13 @@ package outbox
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"reflect"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 )
@@ -28,7 +30,8 @@ func writeSchema1(t *testing.T, dir string, evs []store.Event) {
 	defer db.Close()
 	key := func(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 	err = db.Update(func(tx *bolt.Tx) error {
-		if err := tx.DeleteBucket([]byte("ev_bodies")); err != nil {
+		// Schema 1 had no ev_bodies (schemas 2–4 had; 5 has none again).
+		if err := tx.DeleteBucket([]byte("ev_bodies")); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return err
 		}
 		if err := tx.Bucket([]byte("meta")).Put([]byte("version"), key(1)); err != nil {

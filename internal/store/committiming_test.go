@@ -42,9 +42,15 @@ func TestObserveCommitsTakesEachTransactionApart(t *testing.T) {
 	if c.Batches != 1 || c.Ops != 0 || c.Events != 1 || r.Batches != 0 || r.Ops != 1 || r.Events != 0 {
 		t.Errorf("requests: commit %d/%d/%d, record %d/%d/%d", c.Batches, c.Ops, c.Events, r.Batches, r.Ops, r.Events)
 	}
-	for _, b := range []string{"detector_journal", "ev_ids_journal", "ev_pending", "ev_bodies", "ev_streams"} {
+	for _, b := range []string{"detector_journal", "ev_ids_journal", "ev_pending", "ev_streams"} {
 		if c.Nodes[b] < 1 {
 			t.Errorf("the commit's dirty nodes %v: none in %s", c.Nodes, b)
+		}
+	}
+	// The event's body is in its record (ev_pending): no other bucket is written for it.
+	for b := range c.Nodes {
+		if !strings.Contains(" detector_journal ev_ids_journal ev_pending ev_streams ", " "+b+" ") && b != "" {
+			t.Errorf("the commit's dirty nodes %v: %s is none of the four buckets a commit writes", c.Nodes, b)
 		}
 	}
 	for _, b := range []string{"ev_pending", "ev_delivered", "ev_delivered_at", "ev_streams"} {
@@ -141,8 +147,8 @@ func waitWriterIdle(t *testing.T, g *Group) {
 // The buckets written in key order and never rewritten fill their pages: appended one small
 // transaction at a time (the event-id journal at every commit, the delivered records at every
 // delivery), their leaves end up nearly full instead of half full (bbolt's default split), so the
-// tail page splits half as often. So do the events' bodies (rewritten only by an enrichment); the
-// pending events' headers keep the default (rewritten in place by retries, moved by deliveries).
+// tail page splits half as often. The pending events' records keep the default (rewritten in
+// place by retries, moved by deliveries).
 func TestAppendBucketsFillTheirPages(t *testing.T) {
 	s, err := Open(t.TempDir())
 	if err != nil {
@@ -174,7 +180,7 @@ func TestAppendBucketsFillTheirPages(t *testing.T) {
 	}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		// The tail page is as full as the appends left it; every other one was split full.
-		for _, name := range [][]byte{bIDJournal, bDelivered, bDeliveredAt, bBodies} {
+		for _, name := range [][]byte{bIDJournal, bDelivered, bDeliveredAt} {
 			if f := fill(tx, name); f < 0.8 {
 				t.Errorf("%s: leaves %.0f %% full, want ≥ 80 %%", name, 100*f)
 			}
@@ -186,9 +192,9 @@ func TestAppendBucketsFillTheirPages(t *testing.T) {
 	}
 }
 
-// A body is rewritten in place only by an enrichment, which makes it larger: on the full pages of
-// ev_bodies that splits the page, and every body, the rewritten one and its neighbours on that
-// page, must read back as written, also after the file is reopened.
+// A body is rewritten in place only by an enrichment, which makes its record larger: that may
+// split the record's page, and every body, the rewritten one and its neighbours on that page, must
+// read back as written, also after the file is reopened.
 func TestEnrichedBodyOnAFullPage(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(dir)

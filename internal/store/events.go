@@ -19,7 +19,7 @@ const (
 )
 
 // Event is one outbox record: a webhook body waiting for, or done with, delivery. Its JSON
-// encoding is the stored header; the body is stored raw beside it (ev_bodies).
+// encoding is the stored header; the body is stored raw after it, in the same value (header.go).
 type Event struct {
 	ID     string `json:"id"`     // unique; the webhook-id; a repeated insert is ignored
 	Stream string `json:"stream"` // ordering key (machine/thread): delivered in insertion order
@@ -87,7 +87,7 @@ func checkEvents(evs []Event) error {
 // appendEvents appends evs (checked by checkEvents) to the outbox; an id already stored is skipped.
 // appended, when not nil, gets each event appended, as stored.
 func (s *Bolt) appendEvents(tx *bolt.Tx, evs []Event, d *countDelta, appended func(Event)) error {
-	pending, bodies, heads := tx.Bucket(bPending), tx.Bucket(bBodies), tx.Bucket(bHeads)
+	pending, heads := tx.Bucket(bPending), tx.Bucket(bHeads)
 	for _, e := range evs {
 		if s.ids.getTx(tx, e.ID) != nil {
 			continue // already stored: idempotent
@@ -103,10 +103,7 @@ func (s *Bolt) appendEvents(tx *bolt.Tx, evs []Event, d *countDelta, appended fu
 		e.State, e.Attempts, e.NextAttempt, e.LastError = StatePending, 0, time.Time{}, ""
 		e.DeliveredAt, e.DeadAt = time.Time{}, time.Time{}
 		e.Seq = seq
-		if err := putHeader(pending, e); err != nil {
-			return err
-		}
-		if err := bodies.Put(seqKey(seq), e.Body); err != nil {
+		if err := putRecord(pending, e, e.Body); err != nil {
 			return err
 		}
 		if err := s.ids.set(tx, e.ID, seqKey(seq)); err != nil {
@@ -208,11 +205,10 @@ func pendingAt(tx *bolt.Tx, seq uint64, withBody bool) (Event, error) {
 	if v == nil {
 		return Event{}, fmt.Errorf("store: event #%d: %w", seq, ErrNotPending)
 	}
-	e, err := decodeHeader(k, v)
-	if err != nil || !withBody {
-		return e, err
+	e, b, err := decodeRecord(k, v)
+	if err == nil && withBody {
+		e.Body = bytes.Clone(b) // bbolt memory is only valid inside the transaction
 	}
-	e.Body, err = body(tx, k)
 	return e, err
 }
 
@@ -227,11 +223,12 @@ func (s *Bolt) Get(id string) (Event, error) {
 			sk = nil
 		}
 		var err error
-		if e, _, err = findSeq(tx, id, sk); err != nil {
+		var b []byte
+		if e, b, _, err = findSeq(tx, id, sk); err != nil {
 			return err
 		}
-		e.Body, err = body(tx, seqKey(e.Seq))
-		return err
+		e.Body = bytes.Clone(b) // bbolt memory is only valid inside the transaction
+		return nil
 	})
 	return e, err
 }
@@ -300,7 +297,7 @@ func (s *Bolt) applyOps(tx *bolt.Tx, ops []Op, d *countDelta) (errs []error, fat
 
 // apply applies one op; opErr concerns only this op, fatal the transaction.
 func (s *Bolt) apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
-	e, b, err := s.findOp(tx, op)
+	e, body, b, err := s.findOp(tx, op)
 	if err != nil {
 		return err, nil
 	}
@@ -312,18 +309,15 @@ func (s *Bolt) apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
 		if !json.Valid(op.Body) {
 			return fmt.Errorf("store: event %q: the new body is not valid JSON", op.ID), nil
 		}
-		if err := tx.Bucket(bBodies).Put(k, op.Body); err != nil {
-			return nil, err
-		}
-		e.Enrich = false
+		body, e.Enrich = op.Body, false
 	}
 	switch op.Kind {
 	case OpBody:
-		return nil, putHeader(b, e)
+		return nil, putRecord(b, e, body)
 	case OpRetry:
 		e.Attempts++
 		e.NextAttempt, e.LastError = op.Next, op.Error
-		return nil, putHeader(b, e)
+		return nil, putRecord(b, e, body)
 	case OpDelivered:
 		e.Attempts++
 		e.State, e.DeliveredAt, e.NextAttempt = StateDelivered, op.At, time.Time{}
@@ -333,7 +327,12 @@ func (s *Bolt) apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
 	default:
 		return fmt.Errorf("store: event %q: unknown op %d", op.ID, op.Kind), nil
 	}
-	// Moved to a final state: out of the pending bucket and the stream index.
+	// Moved to a final state: out of the pending bucket and the stream index. The record is
+	// encoded before the delete: body is the pending record's memory.
+	rec, err := encodeRecord(e, body)
+	if err != nil {
+		return nil, err
+	}
 	if err := b.Delete(k); err != nil {
 		return nil, err
 	}
@@ -347,7 +346,7 @@ func (s *Bolt) apply(tx *bolt.Tx, op Op, d *countDelta) (opErr, fatal error) {
 			return nil, err
 		}
 	}
-	return nil, putHeader(tx.Bucket(bucketOf(e.State)), e)
+	return nil, tx.Bucket(bucketOf(e.State)).Put(k, rec)
 }
 
 // ---- operator actions and housekeeping ----
@@ -374,7 +373,7 @@ func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 		var evs []Event
 		if len(ids) == 0 {
 			err := dead.ForEach(func(k, v []byte) error {
-				e, err := decodeHeader(k, v)
+				e, _, err := decodeRecord(k, v)
 				evs = append(evs, e)
 				return err
 			})
@@ -383,7 +382,7 @@ func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 			}
 		}
 		for _, id := range ids {
-			e, _, err := s.find(tx, id)
+			e, _, _, err := s.find(tx, id)
 			if err != nil {
 				return err
 			}
@@ -392,15 +391,25 @@ func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 			}
 		}
 		for _, e := range evs {
-			if dead.Get(seqKey(e.Seq)) == nil {
+			v := dead.Get(seqKey(e.Seq))
+			if v == nil {
 				continue // the same id given twice
 			}
-			if err := dead.Delete(seqKey(e.Seq)); err != nil {
+			_, body, err := decodeRecord(seqKey(e.Seq), v)
+			if err != nil {
 				return err
 			}
 			e.State, e.EnqueuedAt, e.Attempts = StatePending, at, 0
 			e.NextAttempt, e.DeadAt = time.Time{}, time.Time{}
-			if err := putHeader(tx.Bucket(bPending), e); err != nil {
+			// Encoded before the delete: body is the dead record's memory.
+			rec, err := encodeRecord(e, body)
+			if err != nil {
+				return err
+			}
+			if err := dead.Delete(seqKey(e.Seq)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bPending).Put(seqKey(e.Seq), rec); err != nil {
 				return err
 			}
 			if err := tx.Bucket(bHeads).Put(headKey(e.Stream, e.Seq), nil); err != nil {
@@ -418,16 +427,16 @@ func (s *Bolt) RequeueEvents(at time.Time, ids ...string) ([]Event, error) {
 	return out, nil
 }
 
-// Prune deletes delivered events delivered before the cutoff, with their bodies and ids (a later
-// insert of a pruned id is then new again: keep the cutoff longer than any replay window). Dead
-// letters are never pruned: they wait for an operator. It returns how many were deleted. It walks
-// the delivery-time index from the oldest entry to the cutoff, so its cost is that of the events
-// it deletes, however many delivered events are kept.
+// Prune deletes delivered events delivered before the cutoff (their records, bodies with them)
+// and their ids (a later insert of a pruned id is then new again: keep the cutoff longer than any
+// replay window). Dead letters are never pruned: they wait for an operator. It returns how many
+// were deleted. It walks the delivery-time index from the oldest entry to the cutoff, so its cost
+// is that of the events it deletes, however many delivered events are kept.
 func (s *Bolt) Prune(deliveredBefore time.Time) (int, error) {
 	n := 0
 	err := s.update(func(tx *bolt.Tx, d *countDelta) error {
 		n = 0
-		delivered, bodies, at := tx.Bucket(bDelivered), tx.Bucket(bBodies), tx.Bucket(bDeliveredAt)
+		delivered, at := tx.Bucket(bDelivered), tx.Bucket(bDeliveredAt)
 		// Collect first, delete after: deleting under a live bbolt cursor can skip keys.
 		type victim struct{ key, id []byte }
 		var victims []victim
@@ -442,9 +451,6 @@ func (s *Bolt) Prune(deliveredBefore time.Time) (int, error) {
 				return err
 			}
 			if err := delivered.Delete(seq); err != nil {
-				return err
-			}
-			if err := bodies.Delete(seq); err != nil {
 				return err
 			}
 			if err := at.Delete(v.key); err != nil {
@@ -496,19 +502,9 @@ func splitHeadKey(k []byte) (string, uint64, bool) {
 	return string(k[:len(k)-9]), binary.BigEndian.Uint64(k[len(k)-8:]), true
 }
 
-// body returns a copy of the body stored under key k (bbolt memory is only valid inside the
-// transaction).
-func body(tx *bolt.Tx, k []byte) ([]byte, error) {
-	v := tx.Bucket(bBodies).Get(k)
-	if v == nil {
-		return nil, fmt.Errorf("store: event #%d has no body", binary.BigEndian.Uint64(k))
-	}
-	return append([]byte(nil), v...), nil
-}
-
-// find looks an event up by id in a write transaction (update) and returns its header with the
-// bucket holding it.
-func (s *Bolt) find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
+// find looks an event up by id in a write transaction (update) and returns its header and body
+// (bbolt memory) with the bucket holding it.
+func (s *Bolt) find(tx *bolt.Tx, id string) (Event, []byte, *bolt.Bucket, error) {
 	return findSeq(tx, id, s.ids.getTx(tx, id))
 }
 
@@ -516,13 +512,13 @@ func (s *Bolt) find(tx *bolt.Tx, id string) (Event, *bolt.Bucket, error) {
 // get in the pending bucket instead of a read of the id index before it (the id index is a
 // B-tree of random keys beside its journal's overlay: the larger part of a delivery record's
 // look-up). The record there must be the op's event; anything else falls back to find.
-func (s *Bolt) findOp(tx *bolt.Tx, op Op) (Event, *bolt.Bucket, error) {
+func (s *Bolt) findOp(tx *bolt.Tx, op Op) (Event, []byte, *bolt.Bucket, error) {
 	if op.Seq != 0 {
 		b := tx.Bucket(bPending)
 		k := seqKey(op.Seq)
 		if v := b.Get(k); v != nil {
-			if e, err := decodeHeader(k, v); err == nil && e.ID == op.ID {
-				return e, b, nil
+			if e, body, err := decodeRecord(k, v); err == nil && e.ID == op.ID {
+				return e, body, b, nil
 			}
 		}
 	}
@@ -530,18 +526,18 @@ func (s *Bolt) findOp(tx *bolt.Tx, op Op) (Event, *bolt.Bucket, error) {
 }
 
 // findSeq is find of the event whose id the index maps to sk (nil: none).
-func findSeq(tx *bolt.Tx, id string, sk []byte) (Event, *bolt.Bucket, error) {
+func findSeq(tx *bolt.Tx, id string, sk []byte) (Event, []byte, *bolt.Bucket, error) {
 	if sk == nil {
-		return Event{}, nil, fmt.Errorf("store: event %q: %w", id, ErrNotFound)
+		return Event{}, nil, nil, fmt.Errorf("store: event %q: %w", id, ErrNotFound)
 	}
 	for _, name := range [][]byte{bPending, bDead, bDelivered} {
 		b := tx.Bucket(name)
 		if v := b.Get(sk); v != nil {
-			e, err := decodeHeader(sk, v)
-			return e, b, err
+			e, body, err := decodeRecord(sk, v)
+			return e, body, b, err
 		}
 	}
-	return Event{}, nil, fmt.Errorf("store: event %q: index points at a missing record", id)
+	return Event{}, nil, nil, fmt.Errorf("store: event %q: index points at a missing record", id)
 }
 
 // list returns up to limit events (limit <= 0: all) of a state's bucket from sequence number
@@ -551,14 +547,12 @@ func (s *Bolt) list(bucket []byte, from uint64, limit int, withBody bool) ([]Eve
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucket).Cursor()
 		for k, v := c.Seek(seqKey(from)); k != nil; k, v = c.Next() {
-			e, err := decodeHeader(k, v)
+			e, b, err := decodeRecord(k, v)
 			if err != nil {
 				return err
 			}
 			if withBody {
-				if e.Body, err = body(tx, k); err != nil {
-					return err
-				}
+				e.Body = bytes.Clone(b) // bbolt memory is only valid inside the transaction
 			}
 			out = append(out, e)
 			if limit > 0 && len(out) >= limit {

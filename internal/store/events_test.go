@@ -9,6 +9,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // TestMigrateFromSchema1 writes a file the way schema 1 did (one JSON record per event with the
@@ -48,7 +49,7 @@ func TestMigrateFromSchema1(t *testing.T) {
 		{bPending, 4, v1{ID: "p4", Stream: "m/a", Body: []byte(`{"n":4}`), CreatedAt: t0, EnqueuedAt: t0, State: StatePending}},
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		if err := tx.DeleteBucket(bBodies); err != nil {
+		if err := tx.DeleteBucket(bBodies); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return err
 		}
 		if err := tx.Bucket(bMeta).Put(kVersion, seqKey(1)); err != nil {
@@ -91,10 +92,13 @@ func TestMigrateFromSchema1(t *testing.T) {
 			t.Fatalf("%s after migration: %#v (body %s)", r.r.ID, e, e.Body)
 		}
 	}
-	// The raw body, not base64, is what is stored now.
+	// The raw body, not base64, is what is stored now, in the record.
 	_ = s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bBodies).Get(seqKey(1)); string(v) != `{"n":1}` {
-			t.Errorf("stored body = %q", v)
+		if _, body, err := decodeRecord(seqKey(1), tx.Bucket(bPending).Get(seqKey(1))); err != nil || string(body) != `{"n":1}` {
+			t.Errorf("stored body = %q (%v)", body, err)
+		}
+		if tx.Bucket(bBodies) != nil {
+			t.Error("ev_bodies is still there")
 		}
 		if v := tx.Bucket(bMeta).Get(kVersion); !reflect.DeepEqual(v, seqKey(schemaVersion)) {
 			t.Errorf("version = %v", v)
@@ -249,6 +253,32 @@ func TestCountsIncremental(t *testing.T) {
 	check("after reopen")
 }
 
+// splitRecords writes the events' records of tx the way schemas 2–4 stored them: the header in the
+// state's bucket, the body under the same key in ev_bodies.
+func splitRecords(tx *bolt.Tx) error {
+	bodies, err := tx.CreateBucket(bBodies)
+	if err != nil {
+		return err
+	}
+	for _, name := range [][]byte{bPending, bDead, bDelivered} {
+		b := tx.Bucket(name)
+		err := inChunks(b, func(k, v []byte) error {
+			e, body, err := decodeRecord(k, v)
+			if err != nil {
+				return err
+			}
+			if err := putHeader(b, e); err != nil {
+				return err
+			}
+			return bodies.Put(k, body)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // TestMigrateFromSchema2 opens a schema 2 file (delivered events, no delivery-time index): the
 // index is built at Open, so a prune finds the events delivered before its cutoff.
 func TestMigrateFromSchema2(t *testing.T) {
@@ -263,8 +293,11 @@ func TestMigrateFromSchema2(t *testing.T) {
 	if err := s.MarkDelivered("old", t0); err != nil {
 		t.Fatal(err)
 	}
-	// Back to schema 2: no index.
+	// Back to schema 2: no index, the bodies beside the headers.
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := splitRecords(tx); err != nil {
+			return err
+		}
 		if err := tx.DeleteBucket(bDeliveredAt); err != nil {
 			return err
 		}

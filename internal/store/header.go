@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,7 +18,65 @@ import (
 // in RFC 3339 with nanoseconds; only a control character may be escaped as \u000c where it
 // writes \f), so files written before and after read the same with either (FuzzHeader).
 
-// putHeader stores e's header under its sequence number in b.
+// An event's record (schema 5: the value under its sequence number in ev_pending, ev_dead or
+// ev_delivered) is its header and its body in one value: the header's length (4 bytes
+// big-endian), the header, then the body raw. A commit then writes one value per event into one
+// bucket where it wrote two values into two (the header, and the body into ev_bodies): every
+// transaction reads, grows and writes one B-tree path fewer (the tail of ev_bodies, the largest
+// bucket, its leaf and its branch nodes materialized in memory each time: ~5 kB of a small
+// transaction's ~31 kB per event, BenchmarkGroupCommitPerEventFew). The cost: a change of state
+// (a delivery moving the record to ev_delivered, a retry rewriting it) writes the body again, so
+// transactions of deliveries alone (a backlog's drain) allocate more per event than before
+// (BenchmarkRecord256BySeq ~3.8 → ~5.0 kB), while a commit's and a delivery's, together or not,
+// cost fewer pages and bytes per event (docs/benchmarks.md, issue 12, store 12-03).
+
+// recordLen is the size of a record's header length.
+const recordLen = 4
+
+// putRecord stores e's record, with body, under its sequence number in b.
+func putRecord(b *bolt.Bucket, e Event, body []byte) error {
+	rec, err := encodeRecord(e, body)
+	if err != nil {
+		return err
+	}
+	return b.Put(seqKey(e.Seq), rec)
+}
+
+// encodeRecord is e's record with body (a new slice: bbolt keeps it until the commit).
+func encodeRecord(e Event, body []byte) ([]byte, error) {
+	var w jx.Writer
+	w.Buf = make([]byte, recordLen, recordLen+224+len(e.ID)+len(e.Stream)+len(e.LastError)+len(body))
+	if err := appendHeader(&w, e); err != nil {
+		return nil, err
+	}
+	n := len(w.Buf) - recordLen
+	if n > bolt.MaxValueSize {
+		return nil, fmt.Errorf("store: event %q: header too large", e.ID)
+	}
+	binary.BigEndian.PutUint32(w.Buf, uint32(n))
+	return append(w.Buf, body...), nil
+}
+
+// decodeRecord reads the record stored under key k: its header and its body (a part of v, so
+// bbolt's memory when v is: valid only inside the transaction).
+func decodeRecord(k, v []byte) (Event, []byte, error) {
+	if len(v) < recordLen {
+		return Event{}, nil, errors.New("store: corrupt event record: too short")
+	}
+	n := binary.BigEndian.Uint32(v)
+	if uint64(n) > uint64(len(v)-recordLen) {
+		return Event{}, nil, errors.New("store: corrupt event record: header length past its end")
+	}
+	e, err := decodeHeader(k, v[recordLen:recordLen+n])
+	if err != nil {
+		return Event{}, nil, err
+	}
+	return e, v[recordLen+n:], nil
+}
+
+// putHeader stores e's header alone under its sequence number in b: the record of schemas 2–4
+// (the body in ev_bodies), which the migrations from schema 1 write before the one to schema 5
+// joins them.
 func putHeader(b *bolt.Bucket, e Event) error {
 	var w jx.Writer
 	w.Buf = make([]byte, 0, 256)
@@ -83,7 +142,7 @@ func timeField(w *jx.Writer, key string, t time.Time) error {
 	return nil
 }
 
-// decodeHeader reads the header stored under key k.
+// decodeHeader reads the header stored under key k (a record's, or schemas 2–4's value).
 func decodeHeader(k, v []byte) (Event, error) {
 	var e Event
 	d := jx.DecodeBytes(v)

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // migrateChunk bounds how many records a migration holds in memory at once.
@@ -27,7 +29,67 @@ func migrate(tx *bolt.Tx, from uint64) error {
 			return fmt.Errorf("bucket %s: %w", bDeliveredAt, err)
 		}
 	}
+	if from < 5 {
+		for _, name := range [][]byte{bPending, bDead, bDelivered} {
+			if err := joinBodies(tx, tx.Bucket(name)); err != nil {
+				return fmt.Errorf("bucket %s: %w", name, err)
+			}
+		}
+		if err := tx.DeleteBucket(bBodies); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
+			return fmt.Errorf("bucket %s: %w", bBodies, err)
+		}
+	}
 	return nil
+}
+
+// joinBodies rewrites the schema 2–4 headers of b, each with its body from ev_bodies, as records
+// (header.go), in chunks as splitBodies does.
+func joinBodies(tx *bolt.Tx, b *bolt.Bucket) error {
+	bodies := tx.Bucket(bBodies)
+	return inChunks(b, func(k, v []byte) error {
+		e, err := decodeHeader(k, v)
+		if err != nil {
+			return err
+		}
+		var body []byte
+		if bodies != nil {
+			body = bodies.Get(k)
+		}
+		if body == nil {
+			return fmt.Errorf("event #%d has no body", e.Seq)
+		}
+		return putRecord(b, e, body)
+	})
+}
+
+// inChunks calls fn with (copies of) every key and value of b, collected a chunk at a time, so
+// that fn may rewrite the key it is given: a bbolt cursor must not run over keys being rewritten.
+func inChunks(b *bolt.Bucket, fn func(k, v []byte) error) error {
+	var from []byte
+	for {
+		type kv struct{ k, v []byte }
+		var chunk []kv
+		c := b.Cursor()
+		k, v := c.First()
+		if from != nil {
+			k, v = c.Seek(from)
+			if k != nil && bytes.Equal(k, from) {
+				k, v = c.Next()
+			}
+		}
+		for ; k != nil && len(chunk) < migrateChunk; k, v = c.Next() {
+			chunk = append(chunk, kv{bytes.Clone(k), bytes.Clone(v)})
+		}
+		if len(chunk) == 0 {
+			return nil
+		}
+		for _, r := range chunk {
+			if err := fn(r.k, r.v); err != nil {
+				return err
+			}
+		}
+		from = chunk[len(chunk)-1].k
+	}
 }
 
 // indexDelivered fills the delivery-time index from the delivered events' headers (the only
@@ -50,43 +112,23 @@ type v1Record struct {
 	Body []byte `json:"body"`
 }
 
-// splitBodies rewrites the schema 1 records of b as a header in b and the raw body in ev_bodies.
-// It works in chunks (collect, then write, then seek on) because a bbolt cursor must not run over
-// keys being rewritten.
+// splitBodies rewrites the schema 1 records of b as a header in b and the raw body in ev_bodies
+// (schema 2's layout, which the later steps start from).
 func splitBodies(tx *bolt.Tx, b *bolt.Bucket) error {
-	bodies := tx.Bucket(bBodies)
-	var from []byte
-	for {
-		type kv struct{ k, v []byte }
-		var chunk []kv
-		c := b.Cursor()
-		k, v := c.First()
-		if from != nil {
-			k, v = c.Seek(from)
-			if k != nil && bytes.Equal(k, from) {
-				k, v = c.Next()
-			}
-		}
-		for ; k != nil && len(chunk) < migrateChunk; k, v = c.Next() {
-			chunk = append(chunk, kv{append([]byte(nil), k...), append([]byte(nil), v...)})
-		}
-		if len(chunk) == 0 {
-			return nil
-		}
-		for _, r := range chunk {
-			var old v1Record
-			if err := json.Unmarshal(r.v, &old); err != nil {
-				return fmt.Errorf("corrupt event record: %w", err)
-			}
-			e := old.Event
-			e.Seq = binary.BigEndian.Uint64(r.k)
-			if err := putHeader(b, e); err != nil {
-				return err
-			}
-			if err := bodies.Put(r.k, old.Body); err != nil {
-				return err
-			}
-		}
-		from = chunk[len(chunk)-1].k
+	bodies, err := tx.CreateBucketIfNotExists(bBodies)
+	if err != nil {
+		return err
 	}
+	return inChunks(b, func(k, v []byte) error {
+		var old v1Record
+		if err := json.Unmarshal(v, &old); err != nil {
+			return fmt.Errorf("corrupt event record: %w", err)
+		}
+		e := old.Event
+		e.Seq = binary.BigEndian.Uint64(k)
+		if err := putHeader(b, e); err != nil {
+			return err
+		}
+		return bodies.Put(k, old.Body)
+	})
 }

@@ -37,26 +37,28 @@ const FileName = "t3code-mcp.db"
 // record per event, the body base64 inside it). 3: delivered events are indexed by delivery time
 // (ev_delivered_at), so a prune reads only what it deletes. 4: detector states and event ids may
 // wait in their journals (detjournal.go) before they are in their buckets: a binary that does not
-// read the journals would see older states and miss ids.
-const schemaVersion = 4
+// read the journals would see older states and miss ids. 5: an event's record is its header and
+// its body in one value (header.go); ev_bodies is gone.
+const schemaVersion = 5
 
 // lockTimeout bounds how long Open waits for another process to release the file.
 const lockTimeout = 2 * time.Second
 
-// Bucket names. An event's header lives in exactly one of the three state buckets, keyed by its
-// sequence number (8 bytes big-endian, so cursor order is insertion order); its body lives in
-// ev_bodies under the same key, whatever the state, so that a change of state rewrites only the
-// small header.
+// Bucket names. An event's record (its header and its body, header.go) lives in exactly one of
+// the three state buckets, keyed by its sequence number (8 bytes big-endian, so cursor order is
+// insertion order).
 var (
 	bMeta      = []byte("meta")
 	bThreads   = []byte("threads")    // thread id → JSON Thread
 	bDetector  = []byte("detector")   // opaque key → opaque bytes
-	bPending   = []byte("ev_pending") // seq → JSON header
-	bDead      = []byte("ev_dead")    // seq → JSON header
+	bPending   = []byte("ev_pending") // seq → record: JSON header and raw body
+	bDead      = []byte("ev_dead")    // seq → record
 	bDelivered = []byte("ev_delivered")
-	bBodies    = []byte("ev_bodies")  // seq → the raw JSON body
-	bEventIDs  = []byte("ev_ids")     // event id → seq (idempotency and lookup by id)
-	bHeads     = []byte("ev_streams") // stream 0x00 seq → nil, pending only: the per-stream FIFO index
+	// bBodies (seq → the raw JSON body) held the bodies in schemas 2–4; migrate empties it into
+	// the records and deletes it.
+	bBodies   = []byte("ev_bodies")
+	bEventIDs = []byte("ev_ids")     // event id → seq (idempotency and lookup by id)
+	bHeads    = []byte("ev_streams") // stream 0x00 seq → nil, pending only: the per-stream FIFO index
 	// delivery time (8 bytes big-endian Unix nanoseconds) seq → event id, delivered only: Prune
 	// walks it from the oldest and stops at the cutoff.
 	bDeliveredAt = []byte("ev_delivered_at")
@@ -70,18 +72,11 @@ var (
 // bucket half full forever after, so its tail page splits again every half page of appends (a
 // page more in that transaction) and the tree has twice the leaves and branch pages it needs.
 // Filled to the full page (update sets it on every write transaction: bbolt does not store it), a
-// tail page splits half as often. Not the pending events' headers: a retry or a delivery
+// tail page splits half as often. Not the pending events' records: a retry or a delivery
 // rewrites or moves every one of them, and a full page would split at every such rewrite.
-//
-// The events' bodies (ev_bodies) are: appended under the same sequence numbers and, but for the
-// few events completed from T3 before their first delivery (Event.Enrich: a failure, a question,
-// an interrupted run; OpBody or an op's Body), never rewritten. Filled to half, their pages were
-// the most of those an event's append wrote (the largest records of the transaction). Full, a
-// body's rewrite, larger, splits its page once (a page more in that one transaction) where every
-// append paid twice the pages. The record layout does not change.
-var appendBuckets = [][]byte{bDetJournal, bIDJournal, bDelivered, bDeliveredAt, bBodies}
+var appendBuckets = [][]byte{bDetJournal, bIDJournal, bDelivered, bDeliveredAt}
 
-var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bBodies, bEventIDs, bIDJournal, bHeads, bDeliveredAt, bIdempotency}
+var allBuckets = [][]byte{bMeta, bThreads, bDetector, bDetJournal, bPending, bDead, bDelivered, bEventIDs, bIDJournal, bHeads, bDeliveredAt, bIdempotency}
 
 // Errors callers may test with errors.Is.
 var (
