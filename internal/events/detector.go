@@ -196,7 +196,7 @@ type Detector struct {
 	tracking sync.RWMutex
 
 	mu    sync.Mutex
-	cache map[string]cached
+	cache seenCache              // every watched thread's cached state: a few objects without pointers per machine
 	locks map[string]*sync.Mutex // per machine: Apply, Track and look-up commits
 
 	hooks testHooks
@@ -285,7 +285,7 @@ func New(o Options) *Detector {
 		o.PruneEvery = DefaultPruneEvery
 	}
 	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, prefetch: o.Prefetch, m: o.Metrics, log: o.Logger, now: o.Now,
-		retention: o.Retention, pruneIntv: o.PruneEvery, cache: map[string]cached{}, locks: map[string]*sync.Mutex{},
+		retention: o.Retention, pruneIntv: o.PruneEvery, cache: newSeenCache(), locks: map[string]*sync.Mutex{},
 		lease: o.Lease, rows: o.Rows, claim: o.ClaimRemoved, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
 	return d
@@ -346,9 +346,9 @@ func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShel
 	d.mu.Lock()
 	switch {
 	case t.Watch && !wasWatched:
-		d.cache[k] = cached{s, t.UpdatedAt}
+		d.cache.put(k, cached{s, t.UpdatedAt})
 	case !t.Watch:
-		delete(d.cache, k)
+		d.cache.delete(k)
 	}
 	d.mu.Unlock()
 	if !t.Watch {
@@ -404,7 +404,7 @@ func (d *Detector) machineLock(machine string) *sync.Mutex {
 // transaction as a new baseline: an entry is used only while the row is the one it went with.
 func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
 	d.mu.Lock()
-	c, ok := d.cache[k]
+	c, ok := d.cache.get(k)
 	d.mu.Unlock()
 	if ok && (d.lease == nil || c.rowAt.Equal(rowAt)) {
 		return c.s, true, nil
@@ -418,7 +418,7 @@ func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
 		return seen{}, false, fmt.Errorf("detector state %q: %w", k, err)
 	}
 	d.mu.Lock()
-	d.cache[k] = cached{s, rowAt}
+	d.cache.put(k, cached{s, rowAt})
 	d.mu.Unlock()
 	return s, true, nil
 }
@@ -426,12 +426,7 @@ func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
 // dropCacheLocked forgets the machine's cached states (replica mode: a tenure ends or begins).
 // Called with d.mu held.
 func (d *Detector) dropCacheLocked(machine string) {
-	prefix := key(machine, "")
-	for k := range d.cache {
-		if strings.HasPrefix(k, prefix) {
-			delete(d.cache, k)
-		}
-	}
+	d.cache.dropMachine(machine)
 }
 
 // Apply implements watch.Sink. It reads nothing from T3: a chunk's events are
@@ -636,7 +631,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		// make durable, and the chunk is acknowledged without waiting for a commit.
 		d.mu.Lock()
 		for k, n := range next {
-			d.cache[k] = n
+			d.cache.put(k, n)
 		}
 		d.mu.Unlock()
 		return nil
@@ -666,7 +661,7 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	}
 	d.mu.Lock()
 	for k, n := range next {
-		d.cache[k] = n
+		d.cache.put(k, n)
 	}
 	d.mu.Unlock()
 	for _, k := range lookup {
@@ -718,7 +713,7 @@ func (d *Detector) nothingToCommit(c watch.Change) bool {
 			var prev seen
 			if j >= 0 {
 				prev = seenNow[j].s
-			} else if hit, ok := d.cache[k]; ok {
+			} else if hit, ok := d.cache.get(k); ok {
 				prev = hit.s
 			} else {
 				return false
@@ -735,9 +730,9 @@ func (d *Detector) nothingToCommit(c watch.Change) bool {
 		}
 	}
 	for _, st := range seenNow {
-		hit := d.cache[st.k]
+		hit, _ := d.cache.get(st.k)
 		hit.s = st.s
-		d.cache[st.k] = hit
+		d.cache.put(st.k, hit)
 	}
 	return true
 }
@@ -765,7 +760,7 @@ func (d *Detector) quietThreads(machine string, rows []*t3rpc.ThreadShell) map[s
 		st, ok := states[row.ID]
 		if !ok {
 			d.mu.Lock()
-			st, ok = d.cache[key(machine, row.ID)]
+			st, ok = d.cache.get(key(machine, row.ID))
 			d.mu.Unlock()
 		}
 		if ok {

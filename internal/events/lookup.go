@@ -326,7 +326,7 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 		return lookupDone, err
 	}
 	d.mu.Lock()
-	d.cache[k] = cached{next, tr.UpdatedAt}
+	d.cache.put(k, cached{next, tr.UpdatedAt})
 	d.mu.Unlock()
 	if len(evs) > 0 {
 		for _, e := range evs {

@@ -113,7 +113,7 @@ func (d *Detector) Prune() (int, error) {
 	}
 	d.mu.Lock()
 	for k := range orphans {
-		delete(d.cache, k)
+		d.cache.delete(k)
 	}
 	d.mu.Unlock()
 	for k := range orphans {
