@@ -9,7 +9,7 @@ SHARED_FIXTURES ?= ../shared/fixtures
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: help sync generate gencheck fmtcheck vet staticcheck test check run build bench fuzz fuzz-short fixtures clean
+.PHONY: help sync generate gencheck fmtcheck vet staticcheck test scriptcheck check run build bench fuzz fuzz-short fixtures clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -50,7 +50,10 @@ test: ## all tests with the race detector (PostgreSQL tests included: scripts/pg
 	$(GO) build $(PKGS)
 	./scripts/pg run $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(PKGS)
 
-check: fmtcheck vet staticcheck gencheck test fuzz-short ## everything CI runs
+scriptcheck: ## tests of the shell scripts the tests and CI rely on (scripts/pgtest: scripts/pg)
+	@./scripts/pgtest
+
+check: fmtcheck vet staticcheck gencheck scriptcheck test fuzz-short ## everything CI runs
 
 # A fixed count, not a time: Go 1.26's fuzzer can end a timed run with "context deadline exceeded"
 # and no failing input (golang/go#75804); a count has no deadline to trip over.
