@@ -2,11 +2,11 @@ package events
 
 import (
 	"encoding/binary"
-	"hash/maphash"
 	"slices"
-	"strings"
 	"time"
 	"unsafe"
+
+	"github.com/t3code-mcp/t3code-mcp/internal/idindex"
 )
 
 // seenCache holds the detector's cached states (see cached) of every tracked thread, keyed as
@@ -22,9 +22,8 @@ import (
 // Guarded by Detector.mu, like the map it replaces.
 type seenCache struct {
 	machines map[string]*seenTable
-	// hashMask is and-ed to the hash of a thread id: all ones, but in tests that force
-	// collisions with it. (A hash function in a field would make every key passed to the cache
-	// escape to the heap: key's concatenation in the callers could no longer stay on the stack.)
+	// hashMask is each new table's index's hash mask (idindex.Index.SetHashMask): all ones, but
+	// in tests that force collisions with it.
 	hashMask uint64
 }
 
@@ -33,13 +32,9 @@ type seenCache struct {
 // hands out are views of it (no copy, no allocation) that stay valid however the table changes;
 // a compaction builds a new arena and leaves the old one to the views still holding it.
 type seenTable struct {
-	// index: a hash of the thread id → its entry; the id itself is checked in the arena on a hit.
-	// Neither key nor value holds a pointer, so the collector does not scan the map's slots.
-	index map[uint64]uint32
-	// clash: the entries of ids whose hash an entry of another id holds in index (a 64-bit
-	// collision, nearly always empty: nil); looked up by the id itself.
-	clash   map[string]uint32
-	seed    maphash.Seed
+	// ids: the thread id → its entry, without a pointer per id; a hit is checked against the id
+	// in the entry's record.
+	ids     idindex.Index
 	entries []seenEntry
 	free    []uint32 // indexes of entries deleted, for reuse
 	arena   []byte
@@ -88,7 +83,7 @@ func (c *seenCache) get(k string) (cached, bool) {
 	if t == nil {
 		return cached{}, false
 	}
-	i, ok := t.find(c.hashOf(t, thread), thread)
+	i, ok := t.find(thread)
 	if !ok {
 		return cached{}, false
 	}
@@ -101,13 +96,13 @@ func (c *seenCache) put(k string, v cached) {
 	machine, thread, _ := splitKey(k)
 	t := c.machines[machine]
 	if t == nil {
-		t = &seenTable{index: map[uint64]uint32{}, seed: maphash.MakeSeed()}
+		t = &seenTable{ids: idindex.Make(0)}
+		t.ids.SetHashMask(c.hashMask)
 		c.machines[machine] = t
 	}
-	h := c.hashOf(t, thread)
-	i, ok := t.find(h, thread)
+	i, ok := t.find(thread)
 	if !ok {
-		i = t.insert(h, thread)
+		i = t.insert(thread)
 	}
 	e := seenEntry{gen: v.s.Gen, rowSec: v.rowAt.Unix(), rowNsec: int32(v.rowAt.Nanosecond()), flags: entryUsed}
 	if v.s.Settled {
@@ -182,20 +177,15 @@ func (c *seenCache) delete(k string) {
 	if t == nil {
 		return
 	}
-	h := c.hashOf(t, thread)
-	i, ok := t.find(h, thread)
+	i, ok := t.find(thread)
 	if !ok {
 		return
 	}
-	if _, clashed := t.clash[thread]; clashed {
-		delete(t.clash, thread)
-	} else {
-		delete(t.index, h)
-	}
+	t.ids.Remove(thread, i)
 	t.live -= t.entries[i].size()
 	t.entries[i] = seenEntry{}
 	t.free = append(t.free, i)
-	if len(t.index) == 0 && len(t.clash) == 0 {
+	if t.ids.Len() == 0 {
 		delete(c.machines, machine) // its arena and entries with it
 	}
 }
@@ -207,27 +197,20 @@ func (c *seenCache) dropMachine(machine string) { delete(c.machines, machine) }
 func (c *seenCache) len() int {
 	n := 0
 	for _, t := range c.machines {
-		n += len(t.index) + len(t.clash)
+		n += t.ids.Len()
 	}
 	return n
 }
 
-func (c *seenCache) hashOf(t *seenTable, id string) uint64 {
-	return maphash.String(t.seed, id) & c.hashMask
-}
+// find returns the entry of thread id.
+func (t *seenTable) find(id string) (uint32, bool) { return t.ids.Find(id, t.idAt) }
 
-// find returns the entry of thread id, whose hash is h.
-func (t *seenTable) find(h uint64, id string) (uint32, bool) {
-	if i, ok := t.index[h]; ok && t.threadOf(&t.entries[i]) == id {
-		return i, true
-	}
-	i, ok := t.clash[id] // nil unless two ids ever collided: no cost
-	return i, ok
-}
+// idAt is the thread id of entry i.
+func (t *seenTable) idAt(i uint32) string { return t.threadOf(&t.entries[i]) }
 
 // insert adds an entry for thread id (not in the table), in a deleted one's slot if there is
 // one. put writes its record.
-func (t *seenTable) insert(h uint64, id string) uint32 {
+func (t *seenTable) insert(id string) uint32 {
 	var i uint32
 	if n := len(t.free); n > 0 {
 		i, t.free = t.free[n-1], t.free[:n-1]
@@ -236,14 +219,7 @@ func (t *seenTable) insert(h uint64, id string) uint32 {
 		i = uint32(len(t.entries) - 1)
 	}
 	t.entries[i] = seenEntry{flags: entryUsed}
-	if _, taken := t.index[h]; taken {
-		if t.clash == nil {
-			t.clash = map[string]uint32{}
-		}
-		t.clash[strings.Clone(id)] = i
-	} else {
-		t.index[h] = i
-	}
+	t.ids.Add(id, i)
 	return i
 }
 

@@ -1,13 +1,13 @@
 package watch
 
 import (
-	"hash/maphash"
 	"strings"
 	"unsafe"
 
 	"github.com/go-faster/jx"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
+	"github.com/t3code-mcp/t3code-mcp/internal/idindex"
 )
 
 // span is a string kept in a rowTable's arena: arena[off : off+n].
@@ -26,22 +26,18 @@ type span struct{ off, n uint32 }
 //     the row has already. When appending has made the arena more than twice what was live at
 //     the last compaction, the live strings are copied into a new arena (compact) and the old
 //     one is left to the collector once no handed-out string holds it;
-//   - index maps a hash of the thread id to its slot (map[uint64]uint32: no pointers), and a hit
-//     is checked against the slot's id; an id whose hash another id holds is in clash (rare);
+//   - ids maps the thread id to its slot without a pointer per id (internal/idindex), a hit
+//     checked against the slot's id;
 //   - the strings of small sets (interned) share one span each, and model selections without
 //     options one entry of models;
 //   - the pointerful parts only a few rows have are in extra, by slot.
 //
 // It is the Watcher's, under its mutex.
 type rowTable struct {
-	rows  []row
-	free  []uint32 // zeroed slots of rows, to reuse
-	live  int      // rows in use
-	index map[uint64]uint32
-	clash map[string]uint32
-	seed  maphash.Seed
-	// collide, when set, replaces maphash (tests make ids collide with it).
-	collide func(id string) uint64
+	rows []row
+	free []uint32 // zeroed slots of rows, to reuse
+	live int      // rows in use
+	ids  idindex.Index
 
 	arena []byte
 	// compactAt is the arena length past which the next put compacts it: twice what was live
@@ -64,7 +60,7 @@ const minCompactAt = 16 << 10
 const maxInterned = 4096
 
 func newRowTable() *rowTable {
-	t := &rowTable{seed: maphash.MakeSeed(), modelIdx: map[[2]string]uint32{}}
+	t := &rowTable{ids: idindex.Make(0), modelIdx: map[[2]string]uint32{}}
 	t.reset(0, 0)
 	return t
 }
@@ -75,8 +71,7 @@ func (t *rowTable) reset(n, arenaBytes int) {
 	t.rows = make([]row, 0, n)
 	t.free = nil
 	t.live = 0
-	t.index = make(map[uint64]uint32, n)
-	t.clash = nil
+	t.ids.Reset(n)
 	t.arena = make([]byte, 0, arenaBytes)
 	t.compactAt = max(2*arenaBytes, minCompactAt)
 	t.interned = map[string]span{}
@@ -159,25 +154,13 @@ func (t *rowTable) model(sel *t3rpc.ModelSelection) uint32 {
 	return i
 }
 
-// hash is the id's key in index.
-func (t *rowTable) hash(id string) uint64 {
-	if t.collide != nil {
-		return t.collide(id)
-	}
-	return maphash.String(t.seed, id)
-}
-
 // slot finds the thread's row.
 func (t *rowTable) slot(id string) (uint32, bool) {
-	if s, ok := t.index[t.hash(id)]; ok && t.str(t.rows[s].id) == id {
-		return s, true
-	}
-	if len(t.clash) > 0 {
-		s, ok := t.clash[id]
-		return s, ok
-	}
-	return 0, false
+	return t.ids.Find(id, t.idAt)
 }
+
+// idAt is the thread id of slot s.
+func (t *rowTable) idAt(s uint32) string { return t.str(t.rows[s].id) }
 
 func (t *rowTable) len() int { return t.live }
 
@@ -206,15 +189,7 @@ func (t *rowTable) newSlot(id string) uint32 {
 	}
 	t.rows[s] = row{id: t.add(id), flags: rowLive}
 	t.live++
-	h := t.hash(id)
-	if _, taken := t.index[h]; taken {
-		if t.clash == nil {
-			t.clash = map[string]uint32{}
-		}
-		t.clash[strings.Clone(id)] = s
-	} else {
-		t.index[h] = s
-	}
+	t.ids.Add(id, s)
 	return s
 }
 
@@ -227,22 +202,12 @@ func (t *rowTable) remove(id string) (projectID, title string, ok bool) {
 	}
 	r := &t.rows[s]
 	projectID, title = strings.Clone(t.str(r.projectID)), strings.Clone(t.str(r.title))
-	if h := t.hash(id); t.indexed(h, s) {
-		delete(t.index, h)
-	} else {
-		delete(t.clash, id)
-	}
+	t.ids.Remove(id, s)
 	delete(t.extra, s)
 	*r = row{}
 	t.free = append(t.free, s)
 	t.live--
 	return projectID, title, true
-}
-
-// indexed reports whether index maps h to slot s (else the slot's id is in clash).
-func (t *rowTable) indexed(h uint64, s uint32) bool {
-	v, ok := t.index[h]
-	return ok && v == s
 }
 
 // set fills slot s from th (the slot's id is th's already).

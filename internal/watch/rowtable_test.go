@@ -61,21 +61,22 @@ func checkTable(t *testing.T, tab *rowTable, want map[string]t3rpc.ThreadShell, 
 
 // TestRowTableMatchesAMap puts, replaces and removes rows of every recorded and synthetic kind
 // under a small set of ids, at random, and after every step compares the table with a plain map
-// of the rows put. It runs with the real hash and with hashes under which ids collide (all of
-// them, or a third each), so the clash map's inserts, lookups and removals in every order are
-// checked, and with enough steps that the arena is compacted many times.
+// of the rows put. It runs with the real hash and with hash masks under which ids collide (all
+// of them, or four hash values for the 40 ids), so the index's side map's inserts, lookups and
+// removals in every order are checked, and with enough steps that the arena is compacted many
+// times.
 func TestRowTableMatchesAMap(t *testing.T) {
 	rows := decodedRows(t)
-	hashes := map[string]func(string) uint64{
-		"maphash":  nil,
-		"all-same": func(string) uint64 { return 7 },
-		"by-len":   func(id string) uint64 { return uint64(len(id) % 3) },
+	masks := map[string]uint64{ // and-ed to the hash
+		"maphash":  ^uint64(0),
+		"all-same": 0,
+		"four":     3, // four hash values for 40 ids
 	}
-	for name, hash := range hashes {
+	for name, mask := range masks {
 		t.Run(name, func(t *testing.T) {
 			rnd := rand.New(rand.NewPCG(1, 2))
 			tab := newRowTable()
-			tab.collide = hash
+			tab.ids.SetHashMask(mask)
 			want := map[string]t3rpc.ThreadShell{}
 			compactions := 0
 			for step := range 2000 {
@@ -108,7 +109,7 @@ func TestRowTableMatchesAMap(t *testing.T) {
 			if compactions == 0 {
 				t.Fatal("the arena was never compacted")
 			}
-			if name != "maphash" && len(tab.clash) == 0 {
+			if name != "maphash" && tab.ids.Clashes() == 0 {
 				t.Fatal("no id went to the clash map")
 			}
 		})
