@@ -97,8 +97,9 @@ func measure(cpus []int, length, sleep, late time.Duration) []cpuResult {
 	var wg sync.WaitGroup
 	for i, c := range cpus {
 		wg.Go(func() {
+			// Locked and never unlocked: the thread, pinned below, ends with this goroutine
+			// instead of going back to run others on one CPU.
 			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
 			r := cpuResult{CPU: c}
 			var set unix.CPUSet
 			set.Set(c)
