@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 
@@ -338,7 +339,10 @@ var errJournalRecord = errors.New("corrupt record")
 // decodeJournal reads a journal record (a copy: bbolt memory is only valid in its transaction).
 func decodeJournal(rec []byte) (key string, val []byte, err error) {
 	n, w := binary.Uvarint(rec)
-	if w <= 0 || n == 0 || n > uint64(len(rec)-w) {
+	// The length as encodeJournal writes it, in its fewest bytes: binary.Uvarint also takes
+	// padded forms (0x81 0x00 for 1), which no record written here has, so such a record is
+	// corrupt rather than a second spelling of a valid one.
+	if w <= 0 || n == 0 || n > uint64(len(rec)-w) || w != (bits.Len64(n)+6)/7 {
 		return "", nil, errJournalRecord
 	}
 	key, rec = string(rec[w:w+int(n)]), rec[w+int(n):]
