@@ -2,15 +2,17 @@
 // thread pinned to each CPU sleeps -sleep in a loop (clock_nanosleep, its timer on its own
 // CPU) for -for, and it reports each CPU's oversleep and the stalls seen on every CPU at once.
 //
-//	go run ./scripts/wakefloor [-for 60s] [-sleep 1ms] [-late 3ms]
+//	go run ./scripts/wakefloor [-for 60s] [-sleep 1ms] [-late 3ms] [-fifo 50] [-list]
 //
 // Why: a wake-up the connector cannot make faster is a floor under its wake and first-call
 // latencies (docs/benchmarks.md, "The machine's own stalls"). On a virtual machine a vCPU
 // the host does not run sees no timer, no interrupt and no scheduler event until the host
 // runs it again, and the guest counts none of it as steal; sleepers late on every CPU at
 // the same moment, by about as much, are that stall's signature. Run it alone for the
-// idle floor, or beside `t3code-load` for what the machine adds under load (the sleepers
-// then also wait behind busy CPUs).
+// idle floor, or beside `t3code-load` for what the machine adds under load. Under load an
+// ordinary sleeper also waits behind a busy CPU; with -fifo the sleepers run at that
+// SCHED_FIFO priority, so they take the CPU from any ordinary thread the moment their timer
+// fires, and a late one means the CPU itself did not run (needs CAP_SYS_NICE: root).
 package main
 
 import (
@@ -31,12 +33,17 @@ func main() {
 	length := fs.Duration("for", 60*time.Second, "how long to measure")
 	sleep := fs.Duration("sleep", time.Millisecond, "each sleeper's sleep")
 	late := fs.Duration("late", 3*time.Millisecond, "an oversleep at least this long is a late wake-up (counted per CPU and joined across CPUs)")
+	fifo := fs.Int("fifo", 0, "run the sleepers at this SCHED_FIFO priority (1-99; 0: ordinary threads), so that under load a late one means the CPU did not run, not that it ran something else")
 	list := fs.Bool("list", false, "also print every late wake-up and every joined stall, at CLOCK_MONOTONIC times (ns), to join with other records (runtime traces carry that clock)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
 	if *length <= 0 || *sleep <= 0 || *late <= 0 {
 		fmt.Fprintln(os.Stderr, "wakefloor: -for, -sleep and -late must be above zero")
+		os.Exit(2)
+	}
+	if *fifo < 0 || *fifo > 99 {
+		fmt.Fprintln(os.Stderr, "wakefloor: -fifo is a SCHED_FIFO priority, 1 to 99, or 0 for none")
 		os.Exit(2)
 	}
 	cpus, err := allowedCPUs()
@@ -49,7 +56,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "wakefloor: reading CLOCK_MONOTONIC:", err)
 		os.Exit(1)
 	}
-	res := measure(cpus, *length, *sleep, *late)
+	res := measure(cpus, *length, *sleep, *late, *fifo)
 	report(os.Stdout, res, *length, *sleep, *late)
 	if *list {
 		listLate(os.Stdout, res, time.Duration(mono.Nano()))
@@ -81,12 +88,17 @@ type lateWake struct {
 type cpuResult struct {
 	CPU    int
 	Pinned bool
-	Over   []time.Duration // every wake-up's oversleep
-	Late   []lateWake
+	// FIFO is the SCHED_FIFO priority the sleeper ran at, 0 for an ordinary thread (none
+	// asked, or the kernel refused: FIFOErr says why).
+	FIFO    int
+	FIFOErr error
+	Over    []time.Duration // every wake-up's oversleep
+	Late    []lateWake
 }
 
-// measure runs one pinned sleeper per CPU for length.
-func measure(cpus []int, length, sleep, late time.Duration) []cpuResult {
+// measure runs one pinned sleeper per CPU for length, at SCHED_FIFO priority fifo when it
+// is above 0.
+func measure(cpus []int, length, sleep, late time.Duration, fifo int) []cpuResult {
 	// A P for every sleeper and the rest: a sleeper coming back from its syscall never
 	// waits for one.
 	if runtime.GOMAXPROCS(0) < len(cpus)+2 {
@@ -104,6 +116,11 @@ func measure(cpus []int, length, sleep, late time.Duration) []cpuResult {
 			var set unix.CPUSet
 			set.Set(c)
 			r.Pinned = unix.SchedSetaffinity(0, &set) == nil
+			if fifo > 0 {
+				if r.FIFOErr = setFIFO(fifo); r.FIFOErr == nil {
+					r.FIFO = fifo
+				}
+			}
 			ts := unix.NsecToTimespec(sleep.Nanoseconds())
 			for time.Since(start) < length {
 				t0 := time.Now()
@@ -120,6 +137,17 @@ func measure(cpus []int, length, sleep, late time.Duration) []cpuResult {
 	}
 	wg.Wait()
 	return res
+}
+
+// setFIFO puts the calling thread in SCHED_FIFO at priority prio. The thread must stay
+// locked to its goroutine for good: the runtime would otherwise run other goroutines on a
+// real-time thread.
+func setFIFO(prio int) error {
+	attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(prio)}
+	if err := unix.SchedSetAttr(0, &attr, 0); err != nil {
+		return fmt.Errorf("sched_setattr SCHED_FIFO %d: %w", prio, err)
+	}
+	return nil
 }
 
 // stall is a window in which every CPU's sleeper was late at once.
@@ -194,6 +222,12 @@ func report(w io.Writer, res []cpuResult, length, sleep, late time.Duration) {
 		pin := ""
 		if !r.Pinned {
 			pin = " (not pinned: sched_setaffinity refused)"
+		}
+		switch {
+		case r.FIFO > 0:
+			pin += fmt.Sprintf(" (SCHED_FIFO %d)", r.FIFO)
+		case r.FIFOErr != nil:
+			pin += fmt.Sprintf(" (an ordinary thread: %v)", r.FIFOErr)
 		}
 		fmt.Fprintf(w, "cpu %d%s: %d wake-ups, oversleep p50 %s p99 %s p99.9 %s max %s; %d late (%s in all)\n",
 			r.CPU, pin, len(o), ms(quantile(o, .5)), ms(quantile(o, .99)), ms(quantile(o, .999)), ms(quantile(o, 1)), len(r.Late), ms(lateSum))

@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -52,7 +55,7 @@ func TestMeasureAndReport(t *testing.T) {
 		t.Fatal("no CPU allowed")
 	}
 	length := 300 * ms
-	res := measure(cpus, length, ms, 3*ms)
+	res := measure(cpus, length, ms, 3*ms, 0)
 	if len(res) != len(cpus) {
 		t.Fatalf("%d results for %d CPUs", len(res), len(cpus))
 	}
@@ -75,7 +78,7 @@ func TestMeasureAndReport(t *testing.T) {
 	out := b.String()
 	for _, c := range cpus {
 		name := "cpu " + strconv.Itoa(c)
-		if !strings.Contains(out, name+":") && !strings.Contains(out, name+" (not pinned") {
+		if !strings.Contains(out, name+":") && !strings.Contains(out, name+" (") {
 			t.Fatalf("report does not name CPU %d:\n%s", c, out)
 		}
 	}
@@ -97,5 +100,61 @@ func TestListLate(t *testing.T) {
 		"stall from 5101000000 to 5110000000 (9.00 ms)\n"
 	if b.String() != want {
 		t.Fatalf("got\n%swant\n%s", b.String(), want)
+	}
+}
+
+// -fifo: the sleeper's thread is a SCHED_FIFO thread at the asked priority when the kernel
+// lets this process have one, and the report says which it was either way.
+func TestFIFOSleepers(t *testing.T) {
+	cpus, err := allowedCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// setFIFO itself, read back with sched_getattr on a thread that is then let go with its
+	// goroutine (locked for good, as the sleepers are).
+	got := make(chan error, 1)
+	var policy, prio uint32
+	go func() {
+		runtime.LockOSThread()
+		if err := setFIFO(7); err != nil {
+			got <- err
+			return
+		}
+		a, err := unix.SchedGetAttr(0, 0)
+		if err == nil {
+			policy, prio = a.Policy, a.Priority
+		}
+		got <- err
+	}()
+	canFIFO := true
+	if err := <-got; err != nil {
+		if !errors.Is(err, unix.EPERM) {
+			t.Fatalf("setFIFO: %v", err)
+		}
+		canFIFO = false // not root, no CAP_SYS_NICE: the refusal path below
+	} else if policy != unix.SCHED_FIFO || prio != 7 {
+		t.Fatalf("after setFIFO(7) the thread has policy %d priority %d", policy, prio)
+	}
+
+	res := measure(cpus, 100*ms, ms, 3*ms, 9)
+	var b bytes.Buffer
+	report(&b, res, 100*ms, ms, 3*ms)
+	for _, r := range res {
+		if canFIFO && (r.FIFO != 9 || r.FIFOErr != nil) {
+			t.Fatalf("CPU %d: FIFO %d, %v; want priority 9", r.CPU, r.FIFO, r.FIFOErr)
+		}
+		if !canFIFO && (r.FIFO != 0 || r.FIFOErr == nil) {
+			t.Fatalf("CPU %d: FIFO %d with the kernel refusing it", r.CPU, r.FIFO)
+		}
+		if len(r.Over) == 0 {
+			t.Fatalf("CPU %d: no wake-up", r.CPU)
+		}
+	}
+	want := "(SCHED_FIFO 9)"
+	if !canFIFO {
+		want = "(an ordinary thread: sched_setattr SCHED_FIFO 9"
+	}
+	if strings.Count(b.String(), want) != len(cpus) {
+		t.Fatalf("report should say %q for each of %d CPUs:\n%s", want, len(cpus), b.String())
 	}
 }
