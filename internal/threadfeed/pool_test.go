@@ -159,7 +159,7 @@ func TestFeedResubscribesAfterTheSocketDrops(t *testing.T) {
 	}
 	// The fake forgets the dropped socket (and its stream) when that socket's handler has
 	// wound down, which can come after the second socket's stream delivered the run: the
-	// count of open streams settles at one, never more.
+	// count of open streams settles at one (a third socket fails at once).
 	eventually(t, "the feed's stream again on the second socket, the first one gone", func() bool {
 		s := r.fake.Stats()
 		if s.WSConnections > 2 {

@@ -38,12 +38,8 @@ func main() {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	if *length <= 0 || *sleep <= 0 || *late <= 0 {
-		fmt.Fprintln(os.Stderr, "wakefloor: -for, -sleep and -late must be above zero")
-		os.Exit(2)
-	}
-	if *fifo < 0 || *fifo > 99 {
-		fmt.Fprintln(os.Stderr, "wakefloor: -fifo is a SCHED_FIFO priority, 1 to 99, or 0 for none")
+	if err := checkFlags(*length, *sleep, *late, *fifo); err != nil {
+		fmt.Fprintln(os.Stderr, "wakefloor:", err)
 		os.Exit(2)
 	}
 	cpus, err := allowedCPUs()
@@ -61,6 +57,24 @@ func main() {
 	if *list {
 		listLate(os.Stdout, res, time.Duration(mono.Nano()))
 	}
+}
+
+// minFIFOSleep is the shortest -sleep a real-time sleeper may have: it takes its CPU from every
+// ordinary thread each time it wakes, so a sleep much shorter than that would keep the CPU from
+// the rest of the machine (the kernel caps real-time threads at 95 % of each second only).
+const minFIFOSleep = 100 * time.Microsecond
+
+// checkFlags refuses flag values that measure nothing or that would hog the machine.
+func checkFlags(length, sleep, late time.Duration, fifo int) error {
+	switch {
+	case length <= 0 || sleep <= 0 || late <= 0:
+		return fmt.Errorf("-for, -sleep and -late must be above zero")
+	case fifo < 0 || fifo > 99:
+		return fmt.Errorf("-fifo is a SCHED_FIFO priority, 1 to 99, or 0 for none (got %d)", fifo)
+	case fifo > 0 && sleep < minFIFOSleep:
+		return fmt.Errorf("-sleep %v with -fifo: a real-time sleeper must sleep at least %v, or it takes the CPU from everything else", sleep, minFIFOSleep)
+	}
+	return nil
 }
 
 // allowedCPUs is the CPUs this process may run on.
@@ -219,18 +233,18 @@ func report(w io.Writer, res []cpuResult, length, sleep, late time.Duration) {
 		for _, l := range r.Late {
 			lateSum += l.Over
 		}
-		pin := ""
+		label := "" // how the sleeper ran, when not as asked or when real-time
 		if !r.Pinned {
-			pin = " (not pinned: sched_setaffinity refused)"
+			label = " (not pinned: sched_setaffinity refused)"
 		}
 		switch {
 		case r.FIFO > 0:
-			pin += fmt.Sprintf(" (SCHED_FIFO %d)", r.FIFO)
+			label += fmt.Sprintf(" (SCHED_FIFO %d)", r.FIFO)
 		case r.FIFOErr != nil:
-			pin += fmt.Sprintf(" (an ordinary thread: %v)", r.FIFOErr)
+			label += fmt.Sprintf(" (an ordinary thread: %v)", r.FIFOErr)
 		}
 		fmt.Fprintf(w, "cpu %d%s: %d wake-ups, oversleep p50 %s p99 %s p99.9 %s max %s; %d late (%s in all)\n",
-			r.CPU, pin, len(o), ms(quantile(o, .5)), ms(quantile(o, .99)), ms(quantile(o, .999)), ms(quantile(o, 1)), len(r.Late), ms(lateSum))
+			r.CPU, label, len(o), ms(quantile(o, .5)), ms(quantile(o, .99)), ms(quantile(o, .999)), ms(quantile(o, 1)), len(r.Late), ms(lateSum))
 	}
 	if len(res) < 2 {
 		return

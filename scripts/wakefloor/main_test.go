@@ -158,3 +158,30 @@ func TestFIFOSleepers(t *testing.T) {
 		t.Fatalf("report should say %q for each of %d CPUs:\n%s", want, len(cpus), b.String())
 	}
 }
+
+// Flags that would measure nothing, name no priority, or let a real-time sleeper hog its CPU are
+// refused with a message naming the flag; the defaults and a real-time run at 1 ms pass.
+func TestCheckFlags(t *testing.T) {
+	for _, c := range []struct {
+		length, sleep, late time.Duration
+		fifo                int
+		want                string // "" for no error
+	}{
+		{60 * time.Second, ms, 3 * ms, 0, ""},
+		{60 * time.Second, ms, 3 * ms, 50, ""},
+		{60 * time.Second, 10 * time.Microsecond, 3 * ms, 0, ""},
+		{0, ms, 3 * ms, 0, "-for, -sleep and -late"},
+		{time.Second, ms, 0, 0, "-for, -sleep and -late"},
+		{time.Second, ms, 3 * ms, 100, "-fifo is a SCHED_FIFO priority"},
+		{time.Second, ms, 3 * ms, -1, "-fifo is a SCHED_FIFO priority"},
+		{time.Second, 10 * time.Microsecond, 3 * ms, 50, "-sleep 10µs with -fifo"},
+	} {
+		err := checkFlags(c.length, c.sleep, c.late, c.fifo)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%+v: %v", c, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%+v: error %v, want one containing %q", c, err, c.want)
+		}
+	}
+}
