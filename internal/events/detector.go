@@ -195,9 +195,17 @@ type Detector struct {
 	// any machine lock.
 	tracking sync.RWMutex
 
-	mu    sync.Mutex
-	cache seenCache              // every watched thread's cached state: a few objects without pointers per machine
-	locks map[string]*sync.Mutex // per machine: Apply, Track and look-up commits
+	mu sync.Mutex // guards tenure; nothing a chunk of a machine's needs in one process
+
+	// cache: every watched thread's cached state, a few objects without pointers per machine,
+	// each machine's states under that machine's lock (seenCache).
+	cache *seenCache
+	// locks: machine name → *sync.Mutex, per machine: Apply, Track and look-up commits. Neither
+	// the locks nor the cache are under a lock all machines share: every machine's read loop
+	// takes both for every chunk (ApplyQuick), and behind such a lock they all queued whenever
+	// its holder's thread was off the CPU ("One lock for every machine's chunks" in
+	// docs/benchmarks.md).
+	locks sync.Map
 
 	hooks testHooks
 }
@@ -213,9 +221,10 @@ type cached struct {
 
 // testHooks are seams for tests to interleave calls; nil outside tests.
 type testHooks struct {
-	pruneListed func() // Prune: candidates found, no lock taken yet
-	pruneLocked func() // Prune: candidates decided under the locks, before the commit
-	trackWaits  func() // Track: the tracking lock is held elsewhere; Track waits for it
+	pruneListed func()               // Prune: candidates found, no lock taken yet
+	pruneLocked func()               // Prune: candidates decided under the locks, before the commit
+	trackWaits  func()               // Track: the tracking lock is held elsewhere; Track waits for it
+	quickJudged func(machine string) // nothingToCommit: a row judged, the states not yet put
 }
 
 // Options for a Detector.
@@ -285,7 +294,7 @@ func New(o Options) *Detector {
 		o.PruneEvery = DefaultPruneEvery
 	}
 	d := &Detector{store: o.Store, tracked: o.Tracked, read: o.Read, notify: o.Notify, prefetch: o.Prefetch, m: o.Metrics, log: o.Logger, now: o.Now,
-		retention: o.Retention, pruneIntv: o.PruneEvery, cache: newSeenCache(), locks: map[string]*sync.Mutex{},
+		retention: o.Retention, pruneIntv: o.PruneEvery, cache: newSeenCache(),
 		lease: o.Lease, rows: o.Rows, claim: o.ClaimRemoved, tenure: map[string]int64{}}
 	d.lookups = newLookups(o.Lookup)
 	return d
@@ -343,14 +352,12 @@ func (d *Detector) Track(machine string, t store.Thread, shell *t3rpc.ThreadShel
 	if err := d.store.Commit(b); err != nil {
 		return err
 	}
-	d.mu.Lock()
 	switch {
 	case t.Watch && !wasWatched:
 		d.cache.put(k, cached{s, t.UpdatedAt})
 	case !t.Watch:
 		d.cache.delete(k)
 	}
-	d.mu.Unlock()
 	if !t.Watch {
 		d.lookups.drop(k)
 	}
@@ -384,14 +391,11 @@ func baselineOf(shell *t3rpc.ThreadShell) seen {
 // machineLock serialises one machine's chunk application with Track and the
 // look-ups' commits.
 func (d *Detector) machineLock(machine string) *sync.Mutex {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	mu, ok := d.locks[machine]
-	if !ok {
-		mu = &sync.Mutex{}
-		d.locks[machine] = mu
+	if mu, ok := d.locks.Load(machine); ok {
+		return mu.(*sync.Mutex)
 	}
-	return mu
+	mu, _ := d.locks.LoadOrStore(machine, &sync.Mutex{})
+	return mu.(*sync.Mutex)
 }
 
 // load returns thread k's seen state; rowAt is the UpdatedAt of its tracked row as the caller
@@ -403,9 +407,7 @@ func (d *Detector) machineLock(machine string) *sync.Mutex {
 // Track, on any replica, which rewrites the tracked row (its UpdatedAt) in the same
 // transaction as a new baseline: an entry is used only while the row is the one it went with.
 func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
-	d.mu.Lock()
 	c, ok := d.cache.get(k)
-	d.mu.Unlock()
 	if ok && (d.lease == nil || c.rowAt.Equal(rowAt)) {
 		return c.s, true, nil
 	}
@@ -417,16 +419,8 @@ func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return seen{}, false, fmt.Errorf("detector state %q: %w", k, err)
 	}
-	d.mu.Lock()
 	d.cache.put(k, cached{s, rowAt})
-	d.mu.Unlock()
 	return s, true, nil
-}
-
-// dropCacheLocked forgets the machine's cached states (replica mode: a tenure ends or begins).
-// Called with d.mu held.
-func (d *Detector) dropCacheLocked(machine string) {
-	d.cache.dropMachine(machine)
 }
 
 // Apply implements watch.Sink. It reads nothing from T3: a chunk's events are
@@ -497,9 +491,7 @@ func (d *Detector) fenceLocked(machine string) (*store.Fence, bool, error) {
 	// A new tenure: forget the states cached and the look-ups queued under an earlier one (the
 	// previous holder may have advanced both), judge the watcher's rows as a snapshot against the
 	// stored state, then take over the look-ups the previous holder left noted in the store.
-	d.mu.Lock()
-	d.dropCacheLocked(machine)
-	d.mu.Unlock()
+	d.cache.dropMachine(machine)
 	d.lookups.dropMachine(machine)
 	if rows := d.rows(machine); len(rows) > 0 {
 		if err := d.applyLocked(watch.Change{Machine: machine, Snapshot: true, Threads: watch.RowsOf(rows)}, fence); err != nil {
@@ -530,7 +522,10 @@ func (d *Detector) passOver(machine string) {
 	d.mu.Lock()
 	if _, had := d.tenure[machine]; had {
 		delete(d.tenure, machine)
-		d.dropCacheLocked(machine) // stale from now on; the next tenure drops them anyway
+		// Stale from now on. The machine's lock may not be held here (a look-up passing over):
+		// states its holder puts meanwhile are dropped again when the next tenure begins
+		// (fenceLocked, under the lock), before anything reads them.
+		d.cache.dropMachine(machine)
 	}
 	d.mu.Unlock()
 }
@@ -629,11 +624,9 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 	if len(dirty) == 0 && len(evs) == 0 {
 		// Only rows' updatedAt moved (a run's steps between its start and its end): nothing to
 		// make durable, and the chunk is acknowledged without waiting for a commit.
-		d.mu.Lock()
 		for k, n := range next {
 			d.cache.put(k, n)
 		}
-		d.mu.Unlock()
 		return nil
 	}
 	if d.prefetch != nil {
@@ -659,11 +652,9 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 		}
 		return err
 	}
-	d.mu.Lock()
 	for k, n := range next {
 		d.cache.put(k, n)
 	}
-	d.mu.Unlock()
 	for _, k := range lookup {
 		d.lookups.add(k)
 	}
@@ -692,47 +683,50 @@ func (d *Detector) applyLocked(c watch.Change, fence *store.Fence) error {
 // replica mode a cached state is used only with its tracked row (load).
 //
 // Only a chunk of a few rows (nothingToCommitRows) is tried: that is what a machine sends while the
-// connector keeps up, and the states are looked up among its rows one by one under d.mu (which
-// every machine's detector work takes); a larger chunk goes through applyLocked's read.
+// connector keeps up, and each row's state is looked up among the chunk's rows one by one; a
+// larger chunk goes through applyLocked's read. Called with the machine's lock held (ApplyQuick,
+// applyLocked): no other goroutine changes its cached states meanwhile.
 func (d *Detector) nothingToCommit(c watch.Change) bool {
 	if len(c.Passed)+len(c.Threads) > nothingToCommitRows {
 		return false
 	}
 	type state struct {
 		k string
-		s seen
+		s cached
 	}
 	var states [nothingToCommitRows]state
 	seenNow := states[:0]
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	for _, rs := range [][]*t3rpc.ThreadShell{c.Passed, c.Threads} {
 		for _, row := range rs {
 			k := key(c.Machine, row.ID)
 			j := slices.IndexFunc(seenNow, func(st state) bool { return st.k == k })
-			var prev seen
+			var prev cached
 			if j >= 0 {
 				prev = seenNow[j].s
-			} else if hit, ok := d.cache.get(k); ok {
-				prev = hit.s
 			} else {
+				hit, ok := d.cache.get(k)
+				if !ok {
+					return false
+				}
+				prev = hit
+			}
+			cur, out := d.observe(prev.s, row, store.Thread{}, c.Machine, false)
+			if len(out) > 0 || d.mustCommit(prev.s, cur) {
 				return false
 			}
-			cur, out := d.observe(prev, row, store.Thread{}, c.Machine, false)
-			if len(out) > 0 || d.mustCommit(prev, cur) {
-				return false
+			if d.hooks.quickJudged != nil {
+				d.hooks.quickJudged(c.Machine)
 			}
+			prev.s = cur
 			if j >= 0 {
-				seenNow[j].s = cur
+				seenNow[j].s = prev
 			} else {
-				seenNow = append(seenNow, state{k, cur})
+				seenNow = append(seenNow, state{k, prev})
 			}
 		}
 	}
 	for _, st := range seenNow {
-		hit, _ := d.cache.get(st.k)
-		hit.s = st.s
-		d.cache.put(st.k, hit)
+		d.cache.put(st.k, st.s)
 	}
 	return true
 }
@@ -748,8 +742,7 @@ const nothingToCommitRows = 8
 // record read is a B-tree search and a decode on the Ack path. A thread with no cached state,
 // or one row that would commit or report something, is left out whole (applyLocked judges all
 // of its rows again from the start). Called with the machine's lock held: no other goroutine
-// changes this machine's cached states meanwhile, so each is read under d.mu once and judged
-// outside it.
+// changes this machine's cached states meanwhile, so each is read once and judged.
 func (d *Detector) quietThreads(machine string, rows []*t3rpc.ThreadShell) map[string]cached {
 	var states map[string]cached
 	var loud map[string]struct{}
@@ -759,9 +752,7 @@ func (d *Detector) quietThreads(machine string, rows []*t3rpc.ThreadShell) map[s
 		}
 		st, ok := states[row.ID]
 		if !ok {
-			d.mu.Lock()
 			st, ok = d.cache.get(key(machine, row.ID))
-			d.mu.Unlock()
 		}
 		if ok {
 			cur, out := d.observe(st.s, row, store.Thread{}, machine, false)

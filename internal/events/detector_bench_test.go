@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +23,17 @@ import (
 
 const benchThreads = 1000
 
+// openBenchStore opens a store in b.TempDir(), closed when the benchmark ends.
+func openBenchStore(b *testing.B) store.Store {
+	b.Helper()
+	st, err := store.Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st
+}
+
 type detectorBench struct {
 	d       *events.Detector
 	st      store.Store
@@ -29,11 +42,7 @@ type detectorBench struct {
 
 func newDetectorBench(b *testing.B) *detectorBench {
 	b.Helper()
-	st, err := store.Open(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
+	st := openBenchStore(b)
 	now := time.Now()
 	db := &detectorBench{st: st}
 	var tracked []store.Thread
@@ -182,11 +191,7 @@ func BenchmarkDetectorUnwatched64(b *testing.B) {
 // store.Group (every waiting chunk of every machine in one transaction, one fsync); without, each
 // chunk is its own fsynced transaction and the machines queue for the file.
 func benchMachines(b *testing.B, grouped bool) {
-	st, err := store.Open(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
+	st := openBenchStore(b)
 	const machines = 100
 	var committer events.Committer = st
 	var g *store.Group
@@ -302,3 +307,75 @@ func BenchmarkDetectorMixedChunk16(b *testing.B) {
 type dropCommits struct{ store.Store }
 
 func (dropCommits) Commit(store.Batch) error { return nil }
+
+// BenchmarkQuickChunks100Machines is what 100 machines' read loops do most at 1,000
+// transitions/s: each takes a run's step of one of its threads (only the row's updatedAt moved:
+// nothing to commit) on its own goroutine, ApplyQuick, all at once; 100 goroutines on however
+// many Ps the machine has, as the connector's read loops are. One op is one chunk.
+// mutex-wait-ns/op is the runtime's count of time goroutines spent blocked on a sync.Mutex
+// (/sync/mutex/wait/total:seconds) per chunk: a lock every machine takes shows there.
+func BenchmarkQuickChunks100Machines(b *testing.B) {
+	const machines, threads = 100, 10
+	st := openBenchStore(b)
+	d := events.New(events.Options{Store: store.NewGroup(st), Tracked: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx := context.Background()
+	now := time.Now()
+	at := func(n int64) t3rpc.OptString {
+		return t3rpc.NewOptString(now.Add(time.Duration(n) * time.Microsecond).UTC().Format("2006-01-02T15:04:05.000000Z"))
+	}
+	step := func(id string, n int64) t3rpc.ThreadShell {
+		s := benchShell(id, "running", "run-1")
+		s.ActiveRunId = t3rpc.NewOptNilString("run-1")
+		s.UpdatedAt = at(n)
+		return s
+	}
+	for m := range machines {
+		machine := fmt.Sprintf("m%03d", m)
+		var tracked []store.Thread
+		var base, running []t3rpc.ThreadShell
+		for i := range threads {
+			id := fmt.Sprintf("%s-t%02d", machine, i)
+			tracked = append(tracked, store.Thread{ID: id, Machine: machine, ProjectID: "project-1", ProjectTitle: "payments", Watch: true, CreatedAt: now, UpdatedAt: now})
+			base = append(base, benchShell(id, "idle", ""))
+			running = append(running, step(id, 0))
+		}
+		if err := st.Commit(store.Batch{Threads: tracked}); err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range []watch.Change{{Machine: machine, Snapshot: true, Threads: watch.RowsOf(base)}, {Machine: machine, Threads: watch.RowsOf(running)}} {
+			if err := d.Apply(ctx, c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	var next, slow atomic.Int64
+	sample := []metrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}}
+	metrics.Read(sample)
+	wait0 := sample[0].Value.Float64()
+	b.ReportAllocs()
+	b.SetParallelism((machines + 1) / 2) // with -cpu 2: as many goroutines as machines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		m := int(next.Add(1)-1) % machines
+		machine := fmt.Sprintf("m%03d", m)
+		var n int64
+		for pb.Next() {
+			n++
+			row := step(fmt.Sprintf("%s-t%02d", machine, n%threads), n)
+			c := watch.Change{Machine: machine, Threads: watch.RowsOf([]t3rpc.ThreadShell{row})}
+			if !d.ApplyQuick(c) {
+				// Two goroutines on one machine (more goroutines than machines): as the watcher
+				// does, the chunk goes to Apply.
+				slow.Add(1)
+				if err := d.Apply(ctx, c); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}
+	})
+	b.StopTimer()
+	metrics.Read(sample)
+	b.ReportMetric((sample[0].Value.Float64()-wait0)*1e9/float64(b.N), "mutex-wait-ns/op")
+	b.ReportMetric(float64(slow.Load())/float64(b.N), "applied/op")
+}

@@ -29,11 +29,7 @@ import (
 //   - state-scan-B: of those bytes, what the collector must scan ("/gc/scan/heap:bytes").
 func BenchmarkGCMarkDetectorState(b *testing.B) {
 	const machines, threads = 100, 1000
-	st, err := store.Open(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
+	st := openBenchStore(b)
 	now := time.Now()
 	tracked := make([]store.Thread, 0, machines*threads)
 	for m := 0; m < machines; m++ {

@@ -268,7 +268,12 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 	if !found || !tr.Watch || tr.Machine != machine {
 		return lookupDone, nil
 	}
+	// The machine's cached states are read and written under its lock (seenCache), held here
+	// for the look-up of the state alone, not over the read of the thread below.
+	mu := d.machineLock(machine)
+	mu.Lock()
 	s, known, err := d.load(k, tr.UpdatedAt)
+	mu.Unlock()
 	if err != nil {
 		return lookupDone, err
 	}
@@ -286,7 +291,6 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 		return lookupDone, fmt.Errorf("read thread %q: %w", threadID, rerr)
 	}
 
-	mu := d.machineLock(machine)
 	mu.Lock()
 	defer mu.Unlock()
 	fence, mine, err := d.fenceLocked(machine)
@@ -325,9 +329,7 @@ func (d *Detector) lookup(ctx context.Context, k string) (lookupResult, error) {
 		}
 		return lookupDone, err
 	}
-	d.mu.Lock()
 	d.cache.put(k, cached{next, tr.UpdatedAt})
-	d.mu.Unlock()
 	if len(evs) > 0 {
 		for _, e := range evs {
 			d.log.Debug("event recorded", "id", e.ID, "stream", e.Stream, "from", "look-up")

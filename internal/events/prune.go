@@ -111,11 +111,9 @@ func (d *Detector) Prune() (int, error) {
 	if gone, orphans, err = d.commitPrune(names, gone, orphans, fresh); err != nil {
 		return 0, err
 	}
-	d.mu.Lock()
-	for k := range orphans {
+	for k := range orphans { // under their machines' locks, taken above
 		d.cache.delete(k)
 	}
-	d.mu.Unlock()
 	for k := range orphans {
 		d.lookups.drop(k)
 	}

@@ -3,6 +3,7 @@ package events
 import (
 	"encoding/binary"
 	"slices"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -19,9 +20,13 @@ import (
 // a latency run's events and wakes waited. Here each machine's states are a few objects without
 // pointers (seenTable), whatever the number of threads.
 //
-// Guarded by Detector.mu, like the map it replaces.
+// A machine's table is guarded by that machine's lock (Detector.machineLock), which every
+// reader and writer of its states holds; the tables' map is safe for concurrent use, so no
+// lock is shared by all machines. (Under Detector.mu, which every machine's read loop took for
+// every chunk, the loops queued behind whichever held it while its thread was off the CPU: a
+// second of goroutines blocked per second at 1,000 transitions/s on two cores.)
 type seenCache struct {
-	machines map[string]*seenTable
+	machines sync.Map // machine name → *seenTable
 	// hashMask is each new table's index's hash mask (idindex.Index.SetHashMask): all ones, but
 	// in tests that force collisions with it.
 	hashMask uint64
@@ -72,14 +77,22 @@ const (
 // whatever its share).
 const compactMinArena = 4 << 10
 
-func newSeenCache() seenCache {
-	return seenCache{machines: map[string]*seenTable{}, hashMask: ^uint64(0)}
+func newSeenCache() *seenCache {
+	return &seenCache{hashMask: ^uint64(0)}
+}
+
+// table is the machine's table, nil when it has no cached state.
+func (c *seenCache) table(machine string) *seenTable {
+	if t, ok := c.machines.Load(machine); ok {
+		return t.(*seenTable)
+	}
+	return nil
 }
 
 // get returns thread k's cached state. Its strings are views of the arena (see seenTable).
 func (c *seenCache) get(k string) (cached, bool) {
 	machine, thread, _ := splitKey(k)
-	t := c.machines[machine]
+	t := c.table(machine)
 	if t == nil {
 		return cached{}, false
 	}
@@ -94,11 +107,11 @@ func (c *seenCache) get(k string) (cached, bool) {
 // are those the entry has: their bytes are kept).
 func (c *seenCache) put(k string, v cached) {
 	machine, thread, _ := splitKey(k)
-	t := c.machines[machine]
+	t := c.table(machine)
 	if t == nil {
 		t = &seenTable{ids: idindex.Make(0)}
 		t.ids.SetHashMask(c.hashMask)
-		c.machines[machine] = t
+		c.machines.Store(machine, t) // the machine's lock is held: no other put races this one
 	}
 	i, ok := t.find(thread)
 	if !ok {
@@ -173,7 +186,7 @@ func appendField(b []byte, f string) []byte {
 // delete forgets thread k's cached state.
 func (c *seenCache) delete(k string) {
 	machine, thread, _ := splitKey(k)
-	t := c.machines[machine]
+	t := c.table(machine)
 	if t == nil {
 		return
 	}
@@ -186,19 +199,20 @@ func (c *seenCache) delete(k string) {
 	t.entries[i] = seenEntry{}
 	t.free = append(t.free, i)
 	if t.ids.Len() == 0 {
-		delete(c.machines, machine) // its arena and entries with it
+		c.machines.Delete(machine) // its arena and entries with it
 	}
 }
 
 // dropMachine forgets every cached state of the machine.
-func (c *seenCache) dropMachine(machine string) { delete(c.machines, machine) }
+func (c *seenCache) dropMachine(machine string) { c.machines.Delete(machine) }
 
 // len is the number of cached states.
 func (c *seenCache) len() int {
 	n := 0
-	for _, t := range c.machines {
-		n += t.ids.Len()
-	}
+	c.machines.Range(func(_, t any) bool {
+		n += t.(*seenTable).ids.Len()
+		return true
+	})
 	return n
 }
 

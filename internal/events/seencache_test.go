@@ -74,7 +74,7 @@ func TestSeenCacheReusesDeletedEntries(t *testing.T) {
 		id := fmt.Sprint("new-", i)
 		c.put(key("m", id), cachedState(id, 1))
 	}
-	tb := c.machines["m"]
+	tb := c.table("m")
 	if len(tb.entries) != 100 || len(tb.free) != 0 {
 		t.Fatalf("%d entries (%d free) for 100 threads, want the deleted ones reused", len(tb.entries), len(tb.free))
 	}
@@ -90,7 +90,7 @@ func TestSeenCacheReusesDeletedEntries(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		c.delete(key("m", fmt.Sprint("new-", i)))
 	}
-	if _, ok := c.machines["m"]; ok {
+	if c.table("m") != nil {
 		t.Fatal("a machine with no state left keeps its table")
 	}
 }
@@ -113,7 +113,7 @@ func TestSeenCacheCompactsAndKeepsViews(t *testing.T) {
 	compactions := 0
 	for n := 1; n < 5000; n++ {
 		id := fmt.Sprint("thread-", n%50)
-		tb := c.machines["m"]
+		tb := c.table("m")
 		before := len(tb.arena)
 		c.put(key("m", id), cachedState(id, n))
 		if len(tb.arena) < before {

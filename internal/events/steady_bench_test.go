@@ -50,11 +50,7 @@ func benchSteady(b *testing.B, active int) {
 		rate     = 1000 // runs per second, all machines
 		step     = 5 * time.Millisecond
 	)
-	st, err := store.Open(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
+	st := openBenchStore(b)
 	now := time.Now()
 	for m := range machines {
 		machine := fmt.Sprintf("m%03d", m)
