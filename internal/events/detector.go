@@ -195,7 +195,7 @@ type Detector struct {
 	// any machine lock.
 	tracking sync.RWMutex
 
-	mu sync.Mutex // guards tenure; nothing a chunk of a machine's needs in one process
+	mu sync.Mutex // guards tenure (replica mode); no chunk takes it in one process
 
 	// cache: every watched thread's cached state, a few objects without pointers per machine,
 	// each machine's states under that machine's lock (seenCache).
