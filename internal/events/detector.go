@@ -406,6 +406,7 @@ func (d *Detector) machineLock(machine string) *sync.Mutex {
 // replica may have advanced them meanwhile; fenceLocked). The one writer outside the lease is
 // Track, on any replica, which rewrites the tracked row (its UpdatedAt) in the same
 // transaction as a new baseline: an entry is used only while the row is the one it went with.
+// Called with the machine's lock held: its cached states are under it (seenCache).
 func (d *Detector) load(k string, rowAt time.Time) (seen, bool, error) {
 	c, ok := d.cache.get(k)
 	if ok && (d.lease == nil || c.rowAt.Equal(rowAt)) {

@@ -14,6 +14,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/store/storetest"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -23,17 +24,6 @@ import (
 
 const benchThreads = 1000
 
-// openBenchStore opens a store in b.TempDir(), closed when the benchmark ends.
-func openBenchStore(b *testing.B) store.Store {
-	b.Helper()
-	st, err := store.Open(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { st.Close() })
-	return st
-}
-
 type detectorBench struct {
 	d       *events.Detector
 	st      store.Store
@@ -42,7 +32,7 @@ type detectorBench struct {
 
 func newDetectorBench(b *testing.B) *detectorBench {
 	b.Helper()
-	st := openBenchStore(b)
+	st := storetest.OpenBolt(b)
 	now := time.Now()
 	db := &detectorBench{st: st}
 	var tracked []store.Thread
@@ -191,7 +181,7 @@ func BenchmarkDetectorUnwatched64(b *testing.B) {
 // store.Group (every waiting chunk of every machine in one transaction, one fsync); without, each
 // chunk is its own fsynced transaction and the machines queue for the file.
 func benchMachines(b *testing.B, grouped bool) {
-	st := openBenchStore(b)
+	st := storetest.OpenBolt(b)
 	const machines = 100
 	var committer events.Committer = st
 	var g *store.Group
@@ -316,7 +306,7 @@ func (dropCommits) Commit(store.Batch) error { return nil }
 // (/sync/mutex/wait/total:seconds) per chunk: a lock every machine takes shows there.
 func BenchmarkQuickChunks100Machines(b *testing.B) {
 	const machines, threads = 100, 10
-	st := openBenchStore(b)
+	st := storetest.OpenBolt(b)
 	d := events.New(events.Options{Store: store.NewGroup(st), Tracked: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ctx := context.Background()
 	now := time.Now()

@@ -13,6 +13,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/store/storetest"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -29,7 +30,7 @@ import (
 //   - state-scan-B: of those bytes, what the collector must scan ("/gc/scan/heap:bytes").
 func BenchmarkGCMarkDetectorState(b *testing.B) {
 	const machines, threads = 100, 1000
-	st := openBenchStore(b)
+	st := storetest.OpenBolt(b)
 	now := time.Now()
 	tracked := make([]store.Thread, 0, machines*threads)
 	for m := 0; m < machines; m++ {

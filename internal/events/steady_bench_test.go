@@ -14,6 +14,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/store/storetest"
 	"github.com/t3code-mcp/t3code-mcp/internal/watch"
 )
 
@@ -50,7 +51,7 @@ func benchSteady(b *testing.B, active int) {
 		rate     = 1000 // runs per second, all machines
 		step     = 5 * time.Millisecond
 	)
-	st := openBenchStore(b)
+	st := storetest.OpenBolt(b)
 	now := time.Now()
 	for m := range machines {
 		machine := fmt.Sprintf("m%03d", m)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
+	"github.com/t3code-mcp/t3code-mcp/internal/store/storetest"
 )
 
 // The store's hot paths under the connector's load: the detector's durable append of events
@@ -22,16 +23,6 @@ var benchBody = []byte(`{"id":"evt_0123456789abcdef01234567","type":"thread.comp
 	`loop so that it waits for the ledger to settle before asserting, ran go test ./... (exit 0) and updated ` +
 	`README.md (+3 -1)."}`)
 
-func openBench(b *testing.B) *store.Bolt {
-	b.Helper()
-	s, err := store.Open(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
-	return s
-}
-
 func benchEvent(i int) store.Event {
 	return store.Event{
 		ID:        "evt_" + strconv.Itoa(i),
@@ -44,7 +35,7 @@ func benchEvent(i int) store.Event {
 // benchCommit commits b.N events, perCommit per transaction, each transaction with the detector
 // state of every thread it touched (as events.Detector.Apply does).
 func benchCommit(b *testing.B, perCommit int) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	state := []byte(`{"run":"run:thread:thread-1:ordinal:1","settled":true}`)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -78,7 +69,7 @@ func BenchmarkCommitEvents64(b *testing.B) { benchCommit(b, 64) }
 // BenchmarkCommitStateOnly is the commit the detector makes when a watched thread starts a new
 // run (its last-seen run changes, no event): one fsync.
 func BenchmarkCommitStateOnly(b *testing.B) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -92,7 +83,7 @@ func BenchmarkCommitStateOnly(b *testing.B) {
 // BenchmarkMarkDelivered is the outbox's record of one delivered event: one fsynced transaction
 // per event, after every webhook 2xx.
 func BenchmarkMarkDelivered(b *testing.B) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	const chunk = 256
 	var batch []store.Event
 	for i := 0; i < b.N; i++ {
@@ -119,7 +110,7 @@ func BenchmarkMarkDelivered(b *testing.B) {
 // BenchmarkHeads1000 is the outbox loop's scan of every stream's head with 1,000 streams pending:
 // it runs on every wake-up of the delivery loop (each Notify and each finished delivery).
 func BenchmarkHeads1000(b *testing.B) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	var batch []store.Event
 	for i := 0; i < 1000; i++ {
 		batch = append(batch, benchEvent(i))
@@ -140,7 +131,7 @@ func BenchmarkHeads1000(b *testing.B) {
 // BenchmarkGetThread is the read the detector makes for every thread of every chunk (is it
 // tracked and watched?), with 100,000 tracked threads.
 func BenchmarkGetThread(b *testing.B) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	const n = 100_000
 	now := time.Now()
 	var threads []store.Thread
@@ -166,7 +157,7 @@ func BenchmarkGetThread(b *testing.B) {
 // watches 100,000 threads (their records and detector states written first): what each of the
 // detector's commits costs at that scale.
 func BenchmarkCommitEventLargeStore(b *testing.B) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	now := time.Now()
 	const n = 100_000
 	var threads []store.Thread
@@ -201,7 +192,7 @@ func benchRecord(b *testing.B, perTx int) { benchRecordOps(b, perTx, false) }
 // benchRecordOps is benchRecord, the ops giving each event's sequence number when bySeq (Op.Seq,
 // as the outbox records).
 func benchRecordOps(b *testing.B, perTx int, bySeq bool) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	var batch []store.Event
 	for i := 0; i < b.N; i++ {
 		batch = append(batch, benchEvent(i))
@@ -263,7 +254,7 @@ func BenchmarkRecord256BySeq(b *testing.B) { benchRecordOps(b, 256, true) }
 // index up to the cutoff, so its cost is that of what it deletes (here nothing) whatever is kept.
 // Before the index it decoded every delivered header.
 func BenchmarkPruneNothingDue100000Delivered(b *testing.B) {
-	s := openBench(b)
+	s := storetest.OpenBolt(b)
 	const n = 100_000
 	at := time.Now()
 	ops := make([]store.Op, 0, 1024)

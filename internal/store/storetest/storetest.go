@@ -23,6 +23,18 @@ type Opener func(t *testing.T) (s store.Store, reopen func(t *testing.T) store.S
 // T0 is the suite's clock origin. Times are whole microseconds: what every backend keeps.
 var T0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// OpenBolt opens a bbolt store in a new temporary directory of tb, closed when tb ends: the
+// store of benchmarks and tests that need a real file but no contract of their own.
+func OpenBolt(tb testing.TB) *store.Bolt {
+	tb.Helper()
+	s, err := store.Open(tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
 // Ev is an event of the suite: a body naming its id.
 func Ev(id, stream string) store.Event {
 	return store.Event{ID: id, Stream: stream, Body: fmt.Appendf(nil, `{"id":%q}`, id), CreatedAt: T0}
