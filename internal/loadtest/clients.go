@@ -32,9 +32,9 @@ func newAgents(ctx context.Context, base string, n, conns int) (*agents, error) 
 		MaxIdleConns:        conns,
 		MaxIdleConnsPerHost: conns,
 		IdleConnTimeout:     90 * time.Second,
-		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+		DialContext:         dialRx, // the answers' receive stamps: rxstamp.go
 	}}
-	hc := &http.Client{Transport: a.tr}
+	hc := &http.Client{Transport: rxTransport{base: a.tr}}
 	for i := 0; i < n; i++ {
 		c := mcp.NewClient(&mcp.Implementation{Name: "t3code-load", Version: "1"}, nil)
 		s, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: hc}, nil)
@@ -89,7 +89,8 @@ type waitResult struct {
 // delivery is one webhook the receiver accepted.
 type delivery struct {
 	id, typ, thread, run string
-	at                   time.Time
+	at                   time.Time // the handler took it
+	rx                   time.Time // its last bytes reached the receiver's socket, the kernel's stamp (zero: none)
 }
 
 // receiver is the local webhook endpoint (T3CODE_MCP_HOOK_URL): it answers 204 at once and keeps
@@ -150,6 +151,7 @@ func newForwardingReceiver(fwd *lineWriter) (*receiver, error) {
 	if err != nil {
 		return nil, err
 	}
+	ln = rxListener{ln} // each delivery's receive stamp: rxstamp.go
 	r := &receiver{ln: ln, url: "http://" + ln.Addr().String() + "/hook", served: make(chan struct{}), fwd: fwd}
 	r.reset(receiverHint)
 	r.srv = &fasthttp.Server{
@@ -199,7 +201,10 @@ func (r *receiver) serve(ctx *fasthttp.RequestCtx) {
 	if len(body) <= maxHookBody {
 		d, err = decodeDelivery(body)
 	}
-	d.at = at
+	// The request was read whole before this handler, and a client of HTTP/1.1 sends no other
+	// request on the connection before its answer: the connection's newest stamp is the
+	// delivery's last bytes'.
+	d.at, d.rx = at, rxTime(ctx.Conn())
 	if r.fwd != nil {
 		r.fwd.delivery(d, badDelivery(d, err, ctx.Request.Header.Peek("webhook-id")))
 	} else {

@@ -41,8 +41,8 @@ func sourcesSince(before, after map[string]float64) map[string]int64 {
 func (h *harness) threadTool(ctx context.Context) error {
 	tid, others := h.big.threads[0], h.big.threads[1:]
 	call := func(thread string) (time.Duration, error) {
-		_, t0, t1, err := h.agents.timedCall(ctx, 0, "t3_thread", map[string]any{"thread_id": thread})
-		return t1.Sub(t0), err
+		_, t, err := h.agents.timedCall(ctx, 0, "t3_thread", map[string]any{"thread_id": thread})
+		return t.end.Sub(t.start), err
 	}
 	tt := &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5)}
 	if len(others) > 0 {
@@ -165,8 +165,8 @@ func (h *harness) latency(ctx context.Context) error {
 	h.phaseRuns = append(h.phaseRuns, phaseRuns{"latency", runs})
 	h.drainEvents(ctx, runs)
 	rep.Stages = h.stagesSince(ctx, hist0)
-	lat, missing := h.eventLatencies(runs)
-	rep.Events, rep.MissingEvent = dist(lat), missing
+	lat, rx, missing := h.eventLatencies(runs)
+	rep.Events, rep.EventsRx, rep.MissingEvent = dist(lat), dist(rx), missing
 	h.wakeLatencies(rep, waitRuns, got)
 	ps, err := h.pipelineStats(ctx)
 	rep.Skipped, rep.Behind = ps.skipped, ps.behind
@@ -220,7 +220,7 @@ func collectWakes(ctx context.Context, wakes <-chan wake, n int, drain time.Dura
 // shell's, which waits for the previous chunk's Ack).
 func (h *harness) wakeLatencies(rep *Latency, waitRuns []*run, got []wake) {
 	sent := h.firstSendTimes(waitRuns)
-	var wl []time.Duration
+	var wl, rx []time.Duration
 	for _, w := range got {
 		rep.EarlyWakes += w.retries
 		s, ok := sent[w.r]
@@ -232,7 +232,10 @@ func (h *harness) wakeLatencies(rep *Latency, waitRuns []*run, got []wake) {
 			continue
 		}
 		wl = append(wl, w.at.Sub(s))
+		if !w.rx.IsZero() {
+			rx = append(rx, w.rx.Sub(s))
+		}
 	}
 	rep.MissingWake += len(waitRuns) - len(got)
-	rep.Wake = dist(wl)
+	rep.Wake, rep.WakeRx = dist(wl), dist(rx)
 }

@@ -418,7 +418,8 @@ func (h *harness) release(ctx context.Context, runs []*run, at func(i int) time.
 // wake is one t3_wait that returned.
 type wake struct {
 	r       *run
-	at      time.Time
+	at      time.Time // the answer read and decoded by the client
+	rx      time.Time // its last bytes at the client's socket, the kernel's stamp (zero: none)
 	reason  string
 	err     error
 	retries int
@@ -429,8 +430,8 @@ type wake struct {
 func (h *harness) awaitRun(ctx context.Context, session int, r *run) wake {
 	w := wake{r: r}
 	for {
-		raw, _, at, err := h.agents.timedCall(ctx, session, "t3_wait", map[string]any{"thread_id": r.thread, "timeout": 3000})
-		w.at = at // where the client runs: in the split child, its arrival there
+		raw, t, err := h.agents.timedCall(ctx, session, "t3_wait", map[string]any{"thread_id": r.thread, "timeout": 3000})
+		w.at, w.rx = t.end, t.rx // where the client runs: in the split child, its arrival there
 		if trace.IsEnabled() {
 			// The wake's arrival in a -trace (-harness-trace), joined by thread with the
 			// connector's t3_wait marks (T3CODE_MCP_TRACE).
@@ -517,10 +518,11 @@ func (h *harness) pipelineStats(ctx context.Context) (ps pipeStats, err error) {
 
 type pipeStats struct{ skipped, dropped, behind int }
 
-// eventLatencies joins watched runs with their webhooks: T3 frame sent → webhook received.
-func (h *harness) eventLatencies(runs []*run) (lat []time.Duration, missing int) {
+// eventLatencies joins watched runs with their webhooks: T3 frame sent → webhook received (lat),
+// and → its bytes at the receiver's socket (rx, the deliveries the kernel stamped).
+func (h *harness) eventLatencies(runs []*run) (lat, rx []time.Duration, missing int) {
 	if h.cfg.NoHook {
-		return nil, 0
+		return nil, nil, 0
 	}
 	sent := h.sendTimes(runs)
 	for _, r := range runs {
@@ -534,8 +536,11 @@ func (h *harness) eventLatencies(runs []*run) (lat []time.Duration, missing int)
 			continue
 		}
 		lat = append(lat, d.at.Sub(s))
+		if !d.rx.IsZero() {
+			rx = append(rx, d.rx.Sub(s))
+		}
 	}
-	return lat, missing
+	return lat, rx, missing
 }
 
 // drainEvents waits until every watched run in runs has its webhook, up to Drain.

@@ -122,6 +122,14 @@ func tinyRun(t *testing.T, bin string, split []string) {
 	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 || l.MissingEvent != 0 {
 		fail("latency phase: %+v", l)
 	}
+	// Every wake's answer came with the kernel's receive stamp (in the split child too), and a
+	// stamp is never after the client read the bytes: each order statistic is at most the read's.
+	if w, rx := l.Wake, l.WakeRx; rx.N != cfg.Waits || rx.P50 > w.P50 || rx.P99 > w.P99 || rx.Max > w.Max || rx.P50 <= 0 {
+		fail("wake at the socket: %+v against read %+v", rx, w)
+	}
+	if e, rx := l.Events, l.EventsRx; rx.N != e.N || rx.P50 > e.P50 || rx.P99 > e.P99 || rx.Max > e.Max || rx.P50 <= 0 {
+		fail("events at the socket: %+v against taken %+v", rx, e)
+	}
 	// The fakes wrote Chunks for the window's runs, and the harness's threads slept and were
 	// woken meanwhile (harness_chunks, harness_wakeups).
 	if u := l.Usage; u.HarnessChunks <= 0 || u.HarnessWakeups <= 0 {

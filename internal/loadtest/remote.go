@@ -28,9 +28,11 @@ import (
 //
 //	child → parent   R url                 the receiver listens (T3CODE_MCP_HOOK_URL)
 //	                 A err                 the agents connected (err empty) or not
-//	                 E at bad id type thread run   a delivery taken, at its arrival
+//	                 E at rx bad id type thread run   a delivery taken, at its arrival (and its
+//	                                       bytes' receive stamp, 0: none)
 //	                 X / C                 a delivery refused (down) / a connection accepted
-//	                 W id t0 t1 err raw    a tool call's answer: started, answered, error, result
+//	                 W id t0 t1 rx err raw a tool call's answer: started, answered, its bytes' receive
+//	                                       stamp (0: none; rxstamp.go), error, result
 //	parent → child   A base n conns        connect n MCP sessions to the connector
 //	                 K id session tool args  call a tool
 //	                 Z id                  cancel a call
@@ -52,14 +54,23 @@ type agentPool interface {
 	call(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, error)
 	// timedCall is call with when the call began and when its answer was received, taken where
 	// the client runs.
-	timedCall(ctx context.Context, i int, tool string, args map[string]any) (raw json.RawMessage, start, end time.Time, err error)
+	timedCall(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, callTimes, error)
 	close()
 }
 
-func (a *agents) timedCall(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, time.Time, time.Time, error) {
+// callTimes are a tool call's times, taken where its client runs.
+type callTimes struct {
+	start time.Time // the call began
+	end   time.Time // its answer was read and decoded
+	rx    time.Time // its answer's last bytes reached the client's socket (the kernel's stamp); zero: none
+}
+
+func (a *agents) timedCall(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, callTimes, error) {
+	ctx, m := withRxMark(ctx)
 	start := time.Now()
 	raw, err := a.call(ctx, i, tool, args)
-	return raw, start, time.Now(), err
+	end := time.Now()
+	return raw, callTimes{start: start, end: end, rx: m.time()}, err
 }
 
 // ---- the child ----
@@ -120,14 +131,14 @@ func ServeClients(in io.Reader, out io.Writer) error {
 			w.send("A\t" + msg)
 		case f[0] == "K" && len(f) == 5:
 			if ag == nil {
-				w.send(answerLine(f[1], time.Now(), time.Now(), nil, errors.New("no MCP sessions")))
+				w.send(answerLine(f[1], callTimes{start: time.Now(), end: time.Now()}, nil, errors.New("no MCP sessions")))
 				continue
 			}
 			id, tool := f[1], f[3]
 			session, _ := strconv.Atoi(f[2])
 			var args map[string]any
 			if err := json.Unmarshal([]byte(f[4]), &args); err != nil {
-				w.send(answerLine(id, time.Now(), time.Now(), nil, err))
+				w.send(answerLine(id, callTimes{start: time.Now(), end: time.Now()}, nil, err))
 				continue
 			}
 			ctx, cancel := context.WithCancel(context.Background())
@@ -137,7 +148,7 @@ func ServeClients(in io.Reader, out io.Writer) error {
 			calls.Add(1)
 			go func() {
 				defer calls.Done()
-				raw, start, end, err := ag.timedCall(ctx, session, tool, args)
+				raw, times, err := ag.timedCall(ctx, session, tool, args)
 				if tool == "t3_wait" && trace.IsEnabled() {
 					trace.Log(ctx, "loadtest.t3_wait", fmt.Sprint(args["thread_id"]))
 				}
@@ -145,7 +156,7 @@ func ServeClients(in io.Reader, out io.Writer) error {
 				delete(cancels, id)
 				mu.Unlock()
 				cancel()
-				w.send(answerLine(id, start, end, raw, err))
+				w.send(answerLine(id, times, raw, err))
 			}()
 		case f[0] == "Z" && len(f) == 2:
 			mu.Lock()
@@ -163,12 +174,16 @@ func ServeClients(in io.Reader, out io.Writer) error {
 	}
 }
 
-func answerLine(id string, start, end time.Time, raw json.RawMessage, err error) string {
+func answerLine(id string, t callTimes, raw json.RawMessage, err error) string {
 	msg := ""
 	if err != nil {
 		msg = strconv.Quote(err.Error())
 	}
-	return fmt.Sprintf("W\t%s\t%d\t%d\t%s\t%s", id, start.UnixNano(), end.UnixNano(), msg, raw)
+	var rx int64 // 0: no stamp
+	if !t.rx.IsZero() {
+		rx = t.rx.UnixNano()
+	}
+	return fmt.Sprintf("W\t%s\t%d\t%d\t%d\t%s\t%s", id, t.start.UnixNano(), t.end.UnixNano(), rx, msg, raw)
 }
 
 // lineWriter writes lines to the parent from any goroutine: queued, written by one goroutine,
@@ -207,7 +222,11 @@ func (w *lineWriter) delivery(d delivery, bad bool) {
 	if bad {
 		b = "1"
 	}
-	w.send(fmt.Sprintf("E\t%d\t%s\t%s\t%s\t%s\t%s", d.at.UnixNano(), b, clean(d.id), clean(d.typ), clean(d.thread), clean(d.run)))
+	var rx int64 // 0: no stamp
+	if !d.rx.IsZero() {
+		rx = d.rx.UnixNano()
+	}
+	w.send(fmt.Sprintf("E\t%d\t%d\t%s\t%s\t%s\t%s\t%s", d.at.UnixNano(), rx, b, clean(d.id), clean(d.typ), clean(d.thread), clean(d.run)))
 }
 
 // clean keeps a field on its line: no tab or newline (ids never have one; a bad delivery might).
@@ -238,9 +257,9 @@ type clients struct {
 }
 
 type answer struct {
-	raw        json.RawMessage
-	start, end time.Time
-	err        error
+	raw   json.RawMessage
+	times callTimes
+	err   error
 }
 
 // startClients starts the split child (argv) and waits for its receiver.
@@ -300,14 +319,18 @@ func (c *clients) read(br *bufio.Reader) {
 		line = line[:len(line)-1]
 		switch line[0] {
 		case 'E':
-			f := strings.SplitN(string(line), "\t", 7)
-			if len(f) != 7 {
+			f := strings.SplitN(string(line), "\t", 8)
+			if len(f) != 8 {
 				continue
 			}
 			ns, _ := strconv.ParseInt(f[1], 10, 64)
-			d := delivery{id: f[3], typ: f[4], thread: f[5], run: f[6], at: time.Unix(0, ns)}
+			rx, _ := strconv.ParseInt(f[2], 10, 64)
+			d := delivery{id: f[4], typ: f[5], thread: f[6], run: f[7], at: time.Unix(0, ns)}
+			if rx != 0 {
+				d.rx = time.Unix(0, rx)
+			}
 			var derr error
-			if f[2] == "1" {
+			if f[3] == "1" {
 				derr = errBadDelivery
 			}
 			c.rec.record(d, derr, []byte(d.id))
@@ -318,15 +341,19 @@ func (c *clients) read(br *bufio.Reader) {
 		case 'A':
 			c.agentsC <- unquoteErr(strings.TrimPrefix(string(line), "A\t"))
 		case 'W':
-			f := strings.SplitN(string(line), "\t", 6)
-			if len(f) != 6 {
+			f := strings.SplitN(string(line), "\t", 7)
+			if len(f) != 7 {
 				continue
 			}
 			t0, _ := strconv.ParseInt(f[2], 10, 64)
 			t1, _ := strconv.ParseInt(f[3], 10, 64)
-			a := answer{start: time.Unix(0, t0), end: time.Unix(0, t1), err: unquoteErr(f[4])}
+			rx, _ := strconv.ParseInt(f[4], 10, 64)
+			a := answer{times: callTimes{start: time.Unix(0, t0), end: time.Unix(0, t1)}, err: unquoteErr(f[5])}
+			if rx != 0 {
+				a.times.rx = time.Unix(0, rx)
+			}
 			if a.err == nil {
-				a.raw = json.RawMessage(f[5])
+				a.raw = json.RawMessage(f[6])
 			}
 			c.mu.Lock()
 			ch := c.pending[f[1]]
@@ -400,37 +427,37 @@ func (c *clients) stop() error {
 type remoteAgents struct{ c *clients }
 
 func (r remoteAgents) call(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, error) {
-	raw, _, _, err := r.timedCall(ctx, i, tool, args)
+	raw, _, err := r.timedCall(ctx, i, tool, args)
 	return raw, err
 }
 
-func (r remoteAgents) timedCall(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, time.Time, time.Time, error) {
+func (r remoteAgents) timedCall(ctx context.Context, i int, tool string, args map[string]any) (json.RawMessage, callTimes, error) {
 	b, err := json.Marshal(args)
 	if err != nil {
-		return nil, time.Time{}, time.Time{}, err
+		return nil, callTimes{}, err
 	}
 	id := strconv.FormatInt(r.c.nextID.Add(1), 10)
 	ch := make(chan answer, 1)
 	r.c.mu.Lock()
 	if r.c.readErr != nil {
 		r.c.mu.Unlock()
-		return nil, time.Time{}, time.Time{}, r.c.readErr
+		return nil, callTimes{}, r.c.readErr
 	}
 	r.c.pending[id] = ch
 	r.c.mu.Unlock()
 	if err := r.c.send(fmt.Sprintf("K\t%s\t%d\t%s\t%s", id, i, tool, b)); err != nil {
-		return nil, time.Time{}, time.Time{}, err
+		return nil, callTimes{}, err
 	}
 	select {
 	case a := <-ch:
-		return a.raw, a.start, a.end, a.err
+		return a.raw, a.times, a.err
 	case <-ctx.Done():
 		_ = r.c.send("Z\t" + id)
 		a := <-ch // the child answers a cancelled call at once
 		if a.err == nil {
 			a.err = ctx.Err()
 		}
-		return a.raw, a.start, a.end, a.err
+		return a.raw, a.times, a.err
 	}
 }
 

@@ -183,17 +183,24 @@ type ThreadTool struct {
 
 // Latency is the latency phase.
 type Latency struct {
-	Offered      float64 `json:"offered_per_s"`
-	Settled      float64 `json:"settled_per_s"` // runs that settled in T3 per second, pipeline and waits
-	Events       Dist    `json:"event_latency"` // T3 frame sent → webhook received
-	Wake         Dist    `json:"wake_latency"`  // first T3 frame showing the settle (shell row or thread stream) sent → t3_wait result received
-	MissingEvent int     `json:"missing_events"`
-	MissingWake  int     `json:"missing_wakes"`
-	EarlyWakes   int     `json:"early_wakes"` // waits re-issued: they returned before their run settled
-	ActiveWaits  int     `json:"active_waits"`
-	Usage        Usage   `json:"usage"`
-	Skipped      int     `json:"skipped"`
-	Behind       int     `json:"behind"` // offered runs the harness's fakes could not start in time
+	Offered float64 `json:"offered_per_s"`
+	Settled float64 `json:"settled_per_s"` // runs that settled in T3 per second, pipeline and waits
+	Events  Dist    `json:"event_latency"` // T3 frame sent → webhook received
+	// EventsRx is Events ending when the webhook's last bytes reached the receiver's socket, by
+	// the kernel's receive stamp (rxstamp.go). Empty when the kernel stamped none.
+	EventsRx Dist `json:"event_rx_latency"`
+	Wake     Dist `json:"wake_latency"` // first T3 frame showing the settle (shell row or thread stream) sent → t3_wait result received
+	// WakeRx is Wake ending when the result's last bytes reached the client's socket, by the
+	// kernel's receive stamp (rxstamp.go), not when the client had read them: the same wakes
+	// without the harness's own wait for a core. Empty when the kernel stamped none.
+	WakeRx       Dist  `json:"wake_rx_latency"`
+	MissingEvent int   `json:"missing_events"`
+	MissingWake  int   `json:"missing_wakes"`
+	EarlyWakes   int   `json:"early_wakes"` // waits re-issued: they returned before their run settled
+	ActiveWaits  int   `json:"active_waits"`
+	Usage        Usage `json:"usage"`
+	Skipped      int   `json:"skipped"`
+	Behind       int   `json:"behind"` // offered runs the harness's fakes could not start in time
 	// Stages are the connector's duration histograms over the phase and its drain (where an
 	// event's and a wake-up's time goes).
 	Stages []Stage `json:"stages,omitempty"`
@@ -324,7 +331,13 @@ func (r *Report) Text() string {
 	if l := r.Latency; l != nil {
 		p("latency    offered %.0f runs/s, settled %.0f/s; %d t3_wait blocked at once", l.Offered, l.Settled, l.ActiveWaits)
 		p("           event (T3 frame sent → webhook received): %s", l.Events)
+		if l.EventsRx.N > 0 {
+			p("           event (… → webhook at the receiver's socket): %s", l.EventsRx)
+		}
 		p("           wake  (T3 frame sent → t3_wait result):   %s", l.Wake)
+		if l.WakeRx.N > 0 {
+			p("           wake  (… → result at the client's socket): %s", l.WakeRx)
+		}
 		if l.MissingEvent+l.MissingWake+l.EarlyWakes+l.Skipped+l.Behind > 0 {
 			p("           events not delivered within the phase and its drain %d, missing wakes %d, waits re-issued %d, runs not started: no idle thread %d, harness behind %d",
 				l.MissingEvent, l.MissingWake, l.EarlyWakes, l.Skipped, l.Behind)

@@ -57,6 +57,8 @@ var reportFields = []string{
 	"latency", "latency.offered_per_s", "latency.settled_per_s",
 	"latency.event_latency", "latency.event_latency.n", "latency.event_latency.p50_ns", "latency.event_latency.p99_ns", "latency.event_latency.max_ns", "latency.event_latency.mean_ns",
 	"latency.wake_latency", "latency.wake_latency.n", "latency.wake_latency.p50_ns", "latency.wake_latency.p99_ns", "latency.wake_latency.max_ns", "latency.wake_latency.mean_ns",
+	"latency.event_rx_latency", "latency.event_rx_latency.n", "latency.event_rx_latency.p50_ns", "latency.event_rx_latency.p99_ns", "latency.event_rx_latency.max_ns", "latency.event_rx_latency.mean_ns",
+	"latency.wake_rx_latency", "latency.wake_rx_latency.n", "latency.wake_rx_latency.p50_ns", "latency.wake_rx_latency.p99_ns", "latency.wake_rx_latency.max_ns", "latency.wake_rx_latency.mean_ns",
 	"latency.missing_events", "latency.missing_wakes", "latency.early_wakes", "latency.active_waits",
 	"latency.usage", "latency.usage.wall_ns", "latency.usage.cpu_ns", "latency.usage.cores", "latency.usage.max_rss_kb", "latency.usage.harness_cores", "latency.usage.loadavg", "latency.usage.harness_cpu_ns", "latency.usage.harness_minor_faults", "latency.usage.harness_gc_cpu_ns", "latency.usage.harness_gc_cycles", "latency.usage.harness_heap_live_kb", "latency.usage.harness_chunks", "latency.usage.harness_wakeups", "latency.usage.harness_clients_cpu_ns", "latency.stages", "latency.stages[].name", "latency.stages[].n", "latency.stages[].mean_ns", "latency.stages[].p50_ns", "latency.stages[].p99_ns",
 	"latency.skipped", "latency.behind",

@@ -80,7 +80,7 @@ func (h *harness) throughput(ctx context.Context) error {
 	rep.Stages = h.stagesSince(ctx, hist0)
 	runs := h.settledSince(first)
 	h.phaseRuns = append(h.phaseRuns, phaseRuns{"throughput", runs})
-	lat, missing := h.eventLatencies(runs)
+	lat, _, missing := h.eventLatencies(runs)
 	rep.Events = dist(lat)
 	if missing > 0 && rep.Left == 0 {
 		h.warn("throughput phase: %d settled runs have no webhook", missing)
