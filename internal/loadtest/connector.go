@@ -172,7 +172,12 @@ func procCPU(pid int) (time.Duration, error) {
 
 // procStat reads utime+stime and the minor page faults (minflt) from /proc/<pid>/stat.
 func procStat(pid int) (cpu time.Duration, minflt int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return procStatFile(fmt.Sprintf("/proc/%d/stat", pid))
+}
+
+// procStatFile is procStat of the stat file at path (a process's or a thread's).
+func procStatFile(path string) (cpu time.Duration, minflt int64, err error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, 0, err
 	}

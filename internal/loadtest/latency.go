@@ -153,6 +153,7 @@ func (h *harness) latency(ctx context.Context) error {
 	inWindow := h.settledCount() - first
 	rep.Settled = float64(inWindow) / time.Since(start).Seconds()
 	rep.Usage = h.usageSince(u)
+	h.warnMonitor("latency", rep.Usage)
 	if err := h.idle(ctx); err != nil {
 		return err
 	}

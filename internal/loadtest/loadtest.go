@@ -263,13 +263,14 @@ type usageMark struct {
 	chunks   int64 // Chunks the fakes wrote
 	wakeups  int64 // the harness's voluntary context switches
 	clients  time.Duration
+	kdamond  time.Duration // the memory monitor's threads' CPU (damon.go)
 }
 
 func (h *harness) mark() usageMark {
 	cpu, _ := h.conn.cpu()
 	own, faults, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), cpu, own, faults, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU()}
+	return usageMark{time.Now(), cpu, own, faults, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU(), kdamondCPU("/proc")}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
@@ -278,7 +279,8 @@ func (h *harness) usageSince(m usageMark) Usage {
 	rss, _, _ := h.conn.memory()
 	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
 		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults,
-		HarnessChunks: h.chunksSent() - m.chunks, HarnessWakeups: ownWakeups() - m.wakeups}
+		HarnessChunks: h.chunksSent() - m.chunks, HarnessWakeups: ownWakeups() - m.wakeups,
+		KdamondCPU: max(0, kdamondCPU("/proc")-m.kdamond)}
 	if h.clients != nil {
 		u.ClientsCPU = h.clientsCPU() - m.clients
 		u.HarnessCPU += u.ClientsCPU

@@ -122,12 +122,14 @@ func tinyRun(t *testing.T, bin string, split []string) {
 	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 || l.MissingEvent != 0 {
 		fail("latency phase: %+v", l)
 	}
-	// Every wake's answer came with the kernel's receive stamp (in the split child too), and a
-	// stamp is never after the client read the bytes: each order statistic is at most the read's.
-	if w, rx := l.Wake, l.WakeRx; rx.N != cfg.Waits || rx.P50 > w.P50 || rx.P99 > w.P99 || rx.Max > w.Max || rx.P50 <= 0 {
+	// The wakes' answers and the webhooks came with the kernel's receive stamps (in the split
+	// child too; the kernel may leave a segment unstamped in a moment when stamps are being turned
+	// on, so not necessarily every one), and a stamp is never after the harness read the bytes:
+	// the slowest stamped one is at most the slowest read.
+	if w, rx := l.Wake, l.WakeRx; rx.N == 0 || rx.N > w.N || rx.Max > w.Max || rx.P50 <= 0 {
 		fail("wake at the socket: %+v against read %+v", rx, w)
 	}
-	if e, rx := l.Events, l.EventsRx; rx.N != e.N || rx.P50 > e.P50 || rx.P99 > e.P99 || rx.Max > e.Max || rx.P50 <= 0 {
+	if e, rx := l.Events, l.EventsRx; rx.N == 0 || rx.N > e.N || rx.Max > e.Max || rx.P50 <= 0 {
 		fail("events at the socket: %+v against taken %+v", rx, e)
 	}
 	// The fakes wrote Chunks for the window's runs, and the harness's threads slept and were

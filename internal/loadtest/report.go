@@ -53,10 +53,13 @@ type Host struct {
 	Model    string `json:"model"`
 	MemTotal string `json:"mem_total"`
 	Go       string `json:"go"`
+	// Damon is the state of the guest's memory monitor's workers at the start ("on", "off",
+	// several joined by commas; "" none): damon.go.
+	Damon string `json:"damon"`
 }
 
 func host() Host {
-	h := Host{CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	h := Host{CPUs: runtime.NumCPU(), Go: runtime.Version(), Damon: damonStates("/sys")}
 	scan := func(path string, f func(k, v string)) {
 		fh, err := os.Open(path)
 		if err != nil {
@@ -118,6 +121,9 @@ type Usage struct {
 	// (the webhook receiver and the MCP clients), included in HarnessCPU and HarnessCores; 0 in
 	// one process. The other harness_ figures (faults, GC, wake-ups) are the first process's.
 	ClientsCPU time.Duration `json:"harness_clients_cpu_ns"`
+	// KdamondCPU is the CPU the guest's memory monitor's kernel threads (DAMON's kdamond) took
+	// over the window: another tenant of the cores (damon.go).
+	KdamondCPU time.Duration `json:"kdamond_cpu_ns"`
 }
 
 func (u Usage) String() string {
@@ -125,9 +131,13 @@ func (u Usage) String() string {
 	if u.ClientsCPU > 0 && u.Wall > 0 {
 		split = fmt.Sprintf(", %.2f of them its receiver's and clients' process", u.ClientsCPU.Seconds()/u.Wall.Seconds())
 	}
-	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups); load average %s",
+	monitor := ""
+	if u.KdamondCPU > 0 && u.Wall > 0 {
+		monitor = fmt.Sprintf("; the memory monitor (kdamond) %.2f cores", u.KdamondCPU.Seconds()/u.Wall.Seconds())
+	}
+	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups)%s; load average %s",
 		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, split, u.HarnessFaults,
-		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.HarnessChunks, u.HarnessWakeups, u.LoadAvg)
+		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.HarnessChunks, u.HarnessWakeups, monitor, u.LoadAvg)
 }
 
 // Startup is the connector's start.
@@ -309,6 +319,9 @@ func (r *Report) Text() string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("t3code-load  %s", r.Date.UTC().Format(time.RFC3339))
 	p("host: %d CPUs, %s, %s memory, %s", r.Host.CPUs, r.Host.Model, r.Host.MemTotal, r.Host.Go)
+	if r.Host.Damon != "" {
+		p("host: the guest's memory monitor (DAMON) is %s", r.Host.Damon)
+	}
 	p("config: %s", r.Config)
 	p("")
 	s := r.Startup

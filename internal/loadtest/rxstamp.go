@@ -32,7 +32,7 @@ type rxConn struct {
 	*net.TCPConn
 	raw  syscall.RawConn
 	oob  []byte
-	last atomic.Int64 // unix nanoseconds of the newest segment read; 0: none stamped
+	last atomic.Int64 // unix nanoseconds of the newest segment read; 0: its read came unstamped
 }
 
 // stampReceives turns the kernel's receive stamps on for c and returns it as an rxConn; c
@@ -107,9 +107,10 @@ func (c *rxConn) Read(p []byte) (int, error) {
 	if n == 0 {
 		return 0, io.EOF
 	}
-	if at := rxStamp(c.oob[:oobn]); at != 0 {
-		c.last.Store(at)
-	}
+	// A read without a stamp (the kernel stamps nothing while no socket asks, and turns stamps
+	// back on in a work item of its own) leaves the newest bytes' time unknown: 0, not the
+	// stamp of older bytes, which would make their answer look early.
+	c.last.Store(rxStamp(c.oob[:oobn]))
 	return n, nil
 }
 
@@ -179,7 +180,9 @@ func (t rxTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // rxBody is an answer's body that stamps its call's mark on every read that returned bytes. The
 // stamp is the connection's newest: when the bytes read were already buffered by an earlier read,
-// it is that read's or a later one's, so the stamp is never earlier than the bytes' arrival.
+// it is that read's or a later one's, so the stamp is never earlier than the bytes' arrival. When
+// the connection's newest read came unstamped the mark is cleared (0), so that the answer is left
+// out of the _rx_ figures rather than given the time of its earlier bytes.
 type rxBody struct {
 	io.ReadCloser
 	conn *rxConn
@@ -189,9 +192,7 @@ type rxBody struct {
 func (b *rxBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
-		if at := b.conn.last.Load(); at != 0 {
-			b.mark.at.Store(at)
-		}
+		b.mark.at.Store(b.conn.last.Load())
 	}
 	return n, err
 }
