@@ -52,7 +52,7 @@ func kdamondCPU(proc string) time.Duration {
 }
 
 // kdamondWarnCores is the share of a core the memory monitor's threads may take in a window
-// before the report warns: with it on and settled, they took 0.08-0.14 cores of this machine's
+// before the report warns: with it on and settled, they took 0.10-0.15 cores of this machine's
 // two in the latency phase, and the phase's tails were 2-4× longer.
 const kdamondWarnCores = 0.02
 
