@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,7 +30,9 @@ import (
 // Reads on one connection are serial (net/http's read loop, fasthttp's serving goroutine), so
 // the control-message buffer is the connection's own.
 type rxConn struct {
-	*net.TCPConn
+	// net.Conn, not *net.TCPConn: the connection's other reads (TCPConn's WriteTo, which io.Copy
+	// would take) would bypass Read and its stamps.
+	net.Conn
 	raw  syscall.RawConn
 	oob  []byte
 	last atomic.Int64 // unix nanoseconds of the newest segment read; 0: its read came unstamped
@@ -53,7 +56,7 @@ func stampReceives(c net.Conn) net.Conn {
 	}); err != nil || serr != nil {
 		return c
 	}
-	return &rxConn{TCPConn: tc, raw: raw, oob: make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(unix.Timespec{}))))}
+	return &rxConn{Conn: tc, raw: raw, oob: make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(unix.Timespec{}))))}
 }
 
 // dialRx dials a TCP connection with receive stamps on (the MCP clients' transport).
@@ -94,15 +97,14 @@ func (c *rxConn) Read(p []byte) (int, error) {
 	}
 	var n, oobn int
 	var rerr error
-	err := c.raw.Read(func(fd uintptr) bool {
+	if err := c.raw.Read(func(fd uintptr) bool {
 		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), p, c.oob, 0)
 		return rerr != unix.EAGAIN
-	})
-	if err == nil {
-		err = rerr
+	}); err != nil {
+		return 0, err // the poller's: closed, or past the deadline (already a *net.OpError)
 	}
-	if err != nil {
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	if rerr != nil {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("recvmsg", rerr)}
 	}
 	if n == 0 {
 		return 0, io.EOF

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -144,7 +145,14 @@ func TestRxListenerStampsWhatItAccepts(t *testing.T) {
 		}
 		break
 	}
-	// The peer's close is an end of file, as on a plain connection.
+	// A read past its deadline fails as a plain connection's does, and the peer's close is an
+	// end of file.
+	sc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	var ne net.Error
+	if _, err := sc.Read(buf); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("past the deadline: %v, want a timeout", err)
+	}
+	sc.SetReadDeadline(time.Time{})
 	c.Close()
 	if _, err := sc.Read(buf); err != io.EOF {
 		t.Fatalf("after the peer closed: %v, want io.EOF", err)
