@@ -179,11 +179,7 @@ func answerLine(id string, t callTimes, raw json.RawMessage, err error) string {
 	if err != nil {
 		msg = strconv.Quote(err.Error())
 	}
-	var rx int64 // 0: no stamp
-	if !t.rx.IsZero() {
-		rx = t.rx.UnixNano()
-	}
-	return fmt.Sprintf("W\t%s\t%d\t%d\t%d\t%s\t%s", id, t.start.UnixNano(), t.end.UnixNano(), rx, msg, raw)
+	return fmt.Sprintf("W\t%s\t%d\t%d\t%d\t%s\t%s", id, t.start.UnixNano(), t.end.UnixNano(), stampNanos(t.rx), msg, raw)
 }
 
 // lineWriter writes lines to the parent from any goroutine: queued, written by one goroutine,
@@ -222,11 +218,7 @@ func (w *lineWriter) delivery(d delivery, bad bool) {
 	if bad {
 		b = "1"
 	}
-	var rx int64 // 0: no stamp
-	if !d.rx.IsZero() {
-		rx = d.rx.UnixNano()
-	}
-	w.send(fmt.Sprintf("E\t%d\t%d\t%s\t%s\t%s\t%s\t%s", d.at.UnixNano(), rx, b, clean(d.id), clean(d.typ), clean(d.thread), clean(d.run)))
+	w.send(fmt.Sprintf("E\t%d\t%d\t%s\t%s\t%s\t%s\t%s", d.at.UnixNano(), stampNanos(d.rx), b, clean(d.id), clean(d.typ), clean(d.thread), clean(d.run)))
 }
 
 // clean keeps a field on its line: no tab or newline (ids never have one; a bad delivery might).
@@ -325,10 +317,7 @@ func (c *clients) read(br *bufio.Reader) {
 			}
 			ns, _ := strconv.ParseInt(f[1], 10, 64)
 			rx, _ := strconv.ParseInt(f[2], 10, 64)
-			d := delivery{id: f[4], typ: f[5], thread: f[6], run: f[7], at: time.Unix(0, ns)}
-			if rx != 0 {
-				d.rx = time.Unix(0, rx)
-			}
+			d := delivery{id: f[4], typ: f[5], thread: f[6], run: f[7], at: time.Unix(0, ns), rx: stampTime(rx)}
 			var derr error
 			if f[3] == "1" {
 				derr = errBadDelivery
@@ -348,10 +337,7 @@ func (c *clients) read(br *bufio.Reader) {
 			t0, _ := strconv.ParseInt(f[2], 10, 64)
 			t1, _ := strconv.ParseInt(f[3], 10, 64)
 			rx, _ := strconv.ParseInt(f[4], 10, 64)
-			a := answer{times: callTimes{start: time.Unix(0, t0), end: time.Unix(0, t1)}, err: unquoteErr(f[5])}
-			if rx != 0 {
-				a.times.rx = time.Unix(0, rx)
-			}
+			a := answer{times: callTimes{start: time.Unix(0, t0), end: time.Unix(0, t1), rx: stampTime(rx)}, err: unquoteErr(f[5])}
 			if a.err == nil {
 				a.raw = json.RawMessage(f[6])
 			}

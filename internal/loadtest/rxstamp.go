@@ -82,11 +82,25 @@ func (l rxListener) Accept() (net.Conn, error) {
 // rxTime is the receive stamp of the newest bytes read on c; the zero time if c has none.
 func rxTime(c net.Conn) time.Time {
 	if rc, ok := c.(*rxConn); ok {
-		if ns := rc.last.Load(); ns != 0 {
-			return time.Unix(0, ns)
-		}
+		return stampTime(rc.last.Load())
 	}
 	return time.Time{}
+}
+
+// stampTime is a stamp in unix nanoseconds as a time, 0 (none) as the zero time; stampNanos is
+// its inverse. Stamps are held and sent between the split harness's processes as nanoseconds.
+func stampTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+func stampNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // Read reads as the connection's Read does (the poller waits, deadlines hold) with recvmsg, and
@@ -145,12 +159,7 @@ func withRxMark(ctx context.Context) (context.Context, *rxMark) {
 }
 
 // time is the stamp taken; the zero time if the answer came with none.
-func (m *rxMark) time() time.Time {
-	if ns := m.at.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
+func (m *rxMark) time() time.Time { return stampTime(m.at.Load()) }
 
 // rxTransport is an http.RoundTripper that, for a request whose context holds an rxMark, stamps
 // the mark with the receive time of each answer byte the caller reads: after the last read, the

@@ -20,6 +20,23 @@ import (
 // report counts the stamped answers (n of wake_rx_latency and event_rx_latency).
 const stampTries = 10
 
+// checkStamped runs exchange until it comes back stamped, at most stampTries times, and checks
+// that the stamp at fell after the bytes were written (before) and before they were read (readAt).
+func checkStamped(t *testing.T, exchange func() (at, before, readAt time.Time)) {
+	t.Helper()
+	for try := 1; try <= stampTries; try++ {
+		at, before, readAt := exchange()
+		if at.IsZero() {
+			continue
+		}
+		if at.Before(before) || !at.Before(readAt) {
+			t.Fatalf("stamp %s: want after the write began (%s) and before the read (%s)", at.Format(time.StampMicro), before.Format(time.StampMicro), readAt.Format(time.StampMicro))
+		}
+		return
+	}
+	t.Fatalf("no receive stamp in %d exchanges", stampTries)
+}
+
 // TestRxStampIsWhenTheBytesArrived: the server writes an answer's end, and the client reads it
 // only a while later. The mark holds when the bytes reached the client's socket: after the server
 // began writing them and before the client read them (the pause between is 200 ms, so the order
@@ -43,16 +60,16 @@ func TestRxStampIsWhenTheBytesArrived(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: rxTransport{base: tr}}
 
-	for try := 1; ; try++ {
+	checkStamped(t, func() (at, before, readAt time.Time) {
 		ctx, m := withRxMark(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
 		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := <-wrote
+		before = <-wrote
 		time.Sleep(200 * time.Millisecond)
-		readAt := time.Now()
+		readAt = time.Now()
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
@@ -61,18 +78,8 @@ func TestRxStampIsWhenTheBytesArrived(t *testing.T) {
 		if len(body) < len(end) || string(body[len(body)-len(end):]) != end {
 			t.Fatalf("body %q", body)
 		}
-		at := m.time()
-		if at.IsZero() {
-			if try == stampTries {
-				t.Fatalf("no receive stamp on %d answers", try)
-			}
-			continue
-		}
-		if at.Before(before) || !at.Before(readAt) {
-			t.Fatalf("stamp %s: want after the write began (%s) and before the read (%s)", at.Format(time.StampMicro), before.Format(time.StampMicro), readAt.Format(time.StampMicro))
-		}
-		return
-	}
+		return m.time(), before, readAt
+	})
 }
 
 // TestRxTransportPassesOthersThrough: a request without a mark is the base transport's, and its
@@ -122,29 +129,19 @@ func TestRxListenerStampsWhatItAccepts(t *testing.T) {
 		t.Fatal("a stamp before anything was read")
 	}
 	buf := make([]byte, 64)
-	for try := 1; ; try++ {
-		before := time.Now()
+	checkStamped(t, func() (at, before, readAt time.Time) {
+		before = time.Now()
 		if _, err := c.Write([]byte("POST /hook")); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(200 * time.Millisecond)
-		readAt := time.Now()
+		readAt = time.Now()
 		n, err := sc.Read(buf)
 		if err != nil || string(buf[:n]) != "POST /hook" {
 			t.Fatalf("read %q, %v", buf[:n], err)
 		}
-		at := rxTime(sc)
-		if at.IsZero() {
-			if try == stampTries {
-				t.Fatalf("no receive stamp in %d reads", try)
-			}
-			continue
-		}
-		if at.Before(before) || !at.Before(readAt) {
-			t.Fatalf("stamp %s: want after the write began (%s) and before the read (%s)", at.Format(time.StampMicro), before.Format(time.StampMicro), readAt.Format(time.StampMicro))
-		}
-		break
-	}
+		return rxTime(sc), before, readAt
+	})
 	// A read past its deadline fails as a plain connection's does, and the peer's close is an
 	// end of file.
 	sc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
