@@ -103,7 +103,8 @@ type Stats struct {
 	Head             int64 // the newest sequence
 }
 
-// ItemSentFunc observes every stream item when its Chunk has been written. kind is
+// ItemSentFunc observes every stream item when its Chunk has been written; at is when that
+// write began. kind is
 // "shell:<item kind>" (shell:snapshot, shell:thread.updated, …) or "thread:<event type>"
 // (thread:run.updated, …; thread:snapshot, thread:synchronized); sequence is the item's sequence
 // (a snapshot's snapshotSequence, 0 for synchronized).
@@ -394,7 +395,8 @@ func (s *Server) Stats() Stats {
 }
 
 // OnItemSent installs (or, with nil, removes) the hook called for every stream item sent. It runs
-// on the connection's writer goroutine, right after the write: keep it fast.
+// on the goroutine that wrote the item's Chunk, right after the write, and is given the time the
+// write began (a peer's answer can never come before it): keep it fast.
 func (s *Server) OnItemSent(fn func(kind string, sequence int64, at time.Time)) {
 	if fn == nil {
 		s.onItemSent.Store(nil)
