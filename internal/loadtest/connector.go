@@ -164,41 +164,53 @@ func (c *connector) status() (map[string]int64, error) {
 // cpu reads the connector's utime+stime.
 func (c *connector) cpu() (time.Duration, error) { return procCPU(c.pid) }
 
+// times reads the connector's utime+stime and stime alone.
+func (c *connector) times() (procTimes, error) { return procStat(c.pid) }
+
 // procCPU reads utime+stime from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, error) {
-	cpu, _, err := procStat(pid)
-	return cpu, err
+	t, err := procStat(pid)
+	return t.cpu, err
 }
 
-// procStat reads utime+stime and the minor page faults (minflt) from /proc/<pid>/stat.
-func procStat(pid int) (cpu time.Duration, minflt int64, err error) {
+// procTimes is what the harness reads from a /proc/<pid>/stat: utime+stime (cpu), stime alone
+// (sys: the kernel's work for the process, its socket reads and writes, poller and futex
+// wake-ups, page faults), and the minor page faults.
+type procTimes struct {
+	cpu, sys time.Duration
+	minflt   int64
+}
+
+// procStat reads procTimes from /proc/<pid>/stat.
+func procStat(pid int) (procTimes, error) {
 	return procStatFile(fmt.Sprintf("/proc/%d/stat", pid))
 }
 
 // procStatFile is procStat of the stat file at path (a process's or a thread's).
-func procStatFile(path string) (cpu time.Duration, minflt int64, err error) {
+func procStatFile(path string) (procTimes, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, 0, err
+		return procTimes{}, err
 	}
 	// The command name (field 2) is in parentheses and may hold spaces: split after it.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, 0, errors.New("malformed /proc/pid/stat")
+		return procTimes{}, errors.New("malformed /proc/pid/stat")
 	}
 	f := strings.Fields(s[i+1:])
 	// f[0] is field 3 (state); minflt is field 10, utime and stime are fields 14 and 15.
 	if len(f) < 13 {
-		return 0, 0, errors.New("short /proc/pid/stat")
+		return procTimes{}, errors.New("short /proc/pid/stat")
 	}
 	mf, err0 := strconv.ParseInt(f[7], 10, 64)
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err := errors.Join(err0, err1, err2); err != nil {
-		return 0, 0, err
+		return procTimes{}, err
 	}
-	return time.Duration(ut+st) * time.Second / clockTicks, mf, nil
+	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / clockTicks }
+	return procTimes{cpu: tick(ut + st), sys: tick(st), minflt: mf}, nil
 }
 
 type healthBody struct {

@@ -44,8 +44,8 @@ func kdamondCPU(proc string) time.Duration {
 		if err != nil || !strings.HasPrefix(string(comm), "kdamond") {
 			continue
 		}
-		if cpu, _, err := procStatFile(filepath.Join(proc, name, "stat")); err == nil {
-			sum += cpu
+		if t, err := procStatFile(filepath.Join(proc, name, "stat")); err == nil {
+			sum += t.cpu
 		}
 	}
 	return sum

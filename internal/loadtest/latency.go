@@ -64,6 +64,7 @@ func (h *harness) threadTool(ctx context.Context) error {
 		}
 		fu := h.usageSince(u)
 		tt.FirstLatency, tt.FirstCPUPerCall = dist(first), pc.of(fu.CPU)/time.Duration(len(others))
+		tt.FirstSysPerCall = fu.SysCPU / time.Duration(len(others))
 		tt.FirstSources = sourcesSince(src0, h.threadSources(ctx))
 	}
 	h.logf("t3_thread on a %d-item thread × %d", h.cfg.BigThreadItems, h.cfg.ThreadCalls)

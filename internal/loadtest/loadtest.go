@@ -258,7 +258,8 @@ func (h *harness) settledCount() int {
 type usageMark struct {
 	at       time.Time
 	cpu, own time.Duration
-	faults   int64 // the harness's minor page faults
+	sys      time.Duration // the connector's stime
+	faults   int64         // the harness's minor page faults
 	gc       gcSample
 	chunks   int64 // Chunks the fakes wrote
 	wakeups  int64 // the harness's voluntary context switches
@@ -267,18 +268,18 @@ type usageMark struct {
 }
 
 func (h *harness) mark() usageMark {
-	cpu, _ := h.conn.cpu()
-	own, faults, _ := procStat(os.Getpid())
+	ct, _ := h.conn.times()
+	own, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), cpu, own, faults, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU(), kdamondCPU("/proc")}
+	return usageMark{time.Now(), ct.cpu, own.cpu, ct.sys, own.minflt, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU(), kdamondCPU("/proc")}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
-	cpu, _ := h.conn.cpu()
-	own, faults, _ := procStat(os.Getpid())
+	ct, _ := h.conn.times()
+	own, _ := procStat(os.Getpid())
 	rss, _, _ := h.conn.memory()
-	u := Usage{Wall: time.Since(m.at), CPU: cpu - m.cpu, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
-		HarnessCPU: own - m.own, HarnessFaults: faults - m.faults,
+	u := Usage{Wall: time.Since(m.at), CPU: ct.cpu - m.cpu, SysCPU: ct.sys - m.sys, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
+		HarnessCPU: own.cpu - m.own, HarnessFaults: own.minflt - m.faults,
 		HarnessChunks: h.chunksSent() - m.chunks, HarnessWakeups: ownWakeups() - m.wakeups,
 		KdamondCPU: max(0, kdamondCPU("/proc")-m.kdamond)}
 	if h.clients != nil {
@@ -299,8 +300,8 @@ func (h *harness) clientsCPU() time.Duration {
 	if h.clients == nil {
 		return 0
 	}
-	cpu, _, _ := procStat(h.clients.pid())
-	return cpu
+	t, _ := procStat(h.clients.pid())
+	return t.cpu
 }
 
 // sendTimes finds, for each run, when the frame with its settling shell row was sent.

@@ -118,6 +118,10 @@ func tinyRun(t *testing.T, bin string, split []string) {
 	if tt := rep.ThreadTool; tt == nil || tt.Latency.N != cfg.ThreadCalls || tt.Items != cfg.BigThreadItems || tt.FirstLatency.N != cfg.ThreadFirst {
 		fail("t3_thread: %+v", rep.ThreadTool)
 	}
+	// The kernel's part of the connector's CPU is a part of it (both from the same stat line).
+	if u := rep.ThreadTool.Usage; u.SysCPU < 0 || u.SysCPU > u.CPU {
+		fail("t3_thread's connector CPU %s with %s of it in the kernel", u.CPU, u.SysCPU)
+	}
 	l := rep.Latency
 	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 || l.MissingEvent != 0 {
 		fail("latency phase: %+v", l)

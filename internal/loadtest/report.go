@@ -89,9 +89,12 @@ func host() Host {
 
 // Usage is the connector's resources over a window.
 type Usage struct {
-	Wall     time.Duration `json:"wall_ns"`
-	CPU      time.Duration `json:"cpu_ns"` // utime+stime
-	Cores    float64       `json:"cores"`  // CPU / Wall
+	Wall time.Duration `json:"wall_ns"`
+	CPU  time.Duration `json:"cpu_ns"` // utime+stime
+	// SysCPU is the part of CPU in the kernel (stime): the connector's socket reads and writes,
+	// poller and futex wake-ups, page faults. In 10 ms ticks, as CPU is.
+	SysCPU   time.Duration `json:"sys_cpu_ns"`
+	Cores    float64       `json:"cores"` // CPU / Wall
 	MaxRSSKB int64         `json:"max_rss_kb"`
 	// HarnessCores is the harness process (fake T3 machines, MCP clients, receiver, pollers)
 	// over the same window: it shares the machine's cores with the connector.
@@ -135,8 +138,8 @@ func (u Usage) String() string {
 	if u.KdamondCPU > 0 && u.Wall > 0 {
 		monitor = fmt.Sprintf("; the memory monitor (kdamond) %.2f cores", u.KdamondCPU.Seconds()/u.Wall.Seconds())
 	}
-	return fmt.Sprintf("CPU %.2f s over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups)%s; load average %s",
-		u.CPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, split, u.HarnessFaults,
+	return fmt.Sprintf("CPU %.2f s (%.2f s of it in the kernel) over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups)%s; load average %s",
+		u.CPU.Seconds(), u.SysCPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, split, u.HarnessFaults,
 		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.HarnessChunks, u.HarnessWakeups, monitor, u.LoadAvg)
 }
 
@@ -180,6 +183,11 @@ type ThreadTool struct {
 	// calls left running, such as a subscription's snapshot) per call.
 	FirstLatency    Dist          `json:"first_latency"`
 	FirstCPUPerCall time.Duration `json:"first_cpu_per_call_ns"`
+	// FirstSysPerCall is the kernel's part of it (stime over the same window, per call; counted
+	// in 10 ms ticks, so ±0.25 ms per call over 40 calls): receiving T3's bounded body, the
+	// poller's and the goroutines' wake-ups. On this machine it is the part that swings from run
+	// to run (docs/benchmarks.md, "The first call's CPU: half of it in the kernel").
+	FirstSysPerCall time.Duration `json:"first_sys_per_call_ns"`
 	// RepeatCPUPerCall is the connector's CPU per repeated call on the thread (Latency's calls),
 	// from the end of its first call on.
 	RepeatCPUPerCall time.Duration `json:"repeat_cpu_per_call_ns"`
@@ -334,7 +342,7 @@ func (r *Report) Text() string {
 		p("           the fake T3's GET of it alone:  %s", t.Direct)
 		p("           connector: %s; %s CPU per call", t.Usage, ms(t.CPUPerCall))
 		if t.FirstLatency.N > 0 {
-			p("           first calls (one on each of %d other threads): %s; %s CPU per call%s", t.FirstLatency.N, t.FirstLatency, ms(t.FirstCPUPerCall), sources(t.FirstSources))
+			p("           first calls (one on each of %d other threads): %s; %s CPU per call (%s of it in the kernel)%s", t.FirstLatency.N, t.FirstLatency, ms(t.FirstCPUPerCall), ms(t.FirstSysPerCall), sources(t.FirstSources))
 		}
 		p("           repeated calls on the thread: %s CPU per call", ms(t.RepeatCPUPerCall))
 		if len(t.Sources) > 0 {
