@@ -52,7 +52,16 @@ func TestItemSendTimeIsWhenItsWriteBegan(t *testing.T) {
 	client := &http.Client{Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			// A set receive buffer (64 KiB, the kernel doubles it) whatever the machine's default,
+			// far less than the snapshot.
+			d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) }); err != nil {
+					return err
+				}
+				return serr
+			}}
+			c, err := d.DialContext(ctx, network, addr)
 			if tc, ok := c.(*net.TCPConn); ok {
 				conns <- tc
 			}
