@@ -162,16 +162,13 @@ func (c *connector) status() (map[string]int64, error) {
 }
 
 // cpu reads the connector's utime+stime.
-func (c *connector) cpu() (time.Duration, error) { return procCPU(c.pid) }
+func (c *connector) cpu() (time.Duration, error) {
+	t, err := c.times()
+	return t.cpu, err
+}
 
 // times reads the connector's utime+stime and stime alone.
 func (c *connector) times() (procTimes, error) { return procStat(c.pid) }
-
-// procCPU reads utime+stime from /proc/<pid>/stat.
-func procCPU(pid int) (time.Duration, error) {
-	t, err := procStat(pid)
-	return t.cpu, err
-}
 
 // procTimes is what the harness reads from a /proc/<pid>/stat: utime+stime (cpu), stime alone
 // (sys: the kernel's work for the process, its socket reads and writes, poller and futex

@@ -33,7 +33,13 @@ func TestItemSendTimeIsWhenItsWriteBegan(t *testing.T) {
 		t.Fatalf("the fake's listener is a %T", s.hs.Listener)
 	}
 	// Accepted sockets inherit the listener's send buffer; a set size also stops its autotuning.
-	setSockInt(t, tl, unix.SO_SNDBUF, 4096)
+	raw, err := tl.SyscallConn()
+	if err == nil {
+		err = setSockInt(raw, unix.SO_SNDBUF, 4096)
+	}
+	if err != nil {
+		t.Fatalf("the listener's send buffer: %v", err)
+	}
 	pid := s.AddProject("api", "/srv/api")
 	for i := range 200 {
 		s.AddThread(pid, fmt.Sprintf("%03d %s", i, strings.Repeat("x", 2000)), "idle")
@@ -55,11 +61,7 @@ func TestItemSendTimeIsWhenItsWriteBegan(t *testing.T) {
 			// A set receive buffer (64 KiB, the kernel doubles it) whatever the machine's default,
 			// far less than the snapshot.
 			d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-				var serr error
-				if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) }); err != nil {
-					return err
-				}
-				return serr
+				return setSockInt(rc, unix.SO_RCVBUF, 64<<10)
 			}}
 			c, err := d.DialContext(ctx, network, addr)
 			if tc, ok := c.(*net.TCPConn); ok {
@@ -121,16 +123,13 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-func setSockInt(t *testing.T, c syscall.Conn, opt, v int) {
-	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
+// setSockInt sets the SOL_SOCKET option opt of raw's socket to v.
+func setSockInt(raw syscall.RawConn, opt, v int) error {
 	var serr error
-	if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, v) }); err != nil || serr != nil {
-		t.Fatalf("setsockopt: %v %v", err, serr)
+	if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, v) }); err != nil {
+		return err
 	}
+	return serr
 }
 
 // sockInq is how many bytes wait unread in c's receive queue.

@@ -104,10 +104,9 @@ type Stats struct {
 }
 
 // ItemSentFunc observes every stream item when its Chunk has been written; at is when that
-// write began. kind is
-// "shell:<item kind>" (shell:snapshot, shell:thread.updated, …) or "thread:<event type>"
-// (thread:run.updated, …; thread:snapshot, thread:synchronized); sequence is the item's sequence
-// (a snapshot's snapshotSequence, 0 for synchronized).
+// write began. kind is "shell:<item kind>" (shell:snapshot, shell:thread.updated, …) or
+// "thread:<event type>" (thread:run.updated, …; thread:snapshot, thread:synchronized); sequence
+// is the item's sequence (a snapshot's snapshotSequence, 0 for synchronized).
 type ItemSentFunc func(kind string, sequence int64, at time.Time)
 
 // Server is one fake T3 machine. All methods are safe for concurrent use.
