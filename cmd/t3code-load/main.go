@@ -131,6 +131,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&c.RunLength, "run-length", 0, "comparison runs settle uniformly within this (full 60s, short 5s)")
 	fs.IntVar(&c.BigThreadItems, "thread-items", 0, "turn items of the t3_thread thread, -1 for none (5000)")
 	fs.IntVar(&c.ThreadFirst, "thread-first", 0, "more threads of as many items, each called once before the repeated calls: first calls, reported apart; -1 for none (full 10, short 5)")
+	fs.BoolVar(&c.ThreadWarm, "thread-warm", false, "before the first calls, call t3_thread on a small thread until the connector's heap has settled (a collection, then fewer page faults than calls): first calls on a heap that has cycled, not on the pages start-up returned to the OS")
 	fs.BoolVar(&o.threadControlPlane, "thread-control-plane", true, "the big machine's thread reads also carry an attempt and a node per run, as T3's do: a body nearer T3's size; =false: the fake's smaller bodies of before 12-02")
 	fs.DurationVar(&c.Drain, "drain", 0, "longest wait for deliveries after a phase (full 60s, short 30s)")
 	fs.StringVar(&c.LogLevel, "log-level", "", "the connector's log level (info)")
@@ -212,6 +213,7 @@ func (o *options) config(stderr io.Writer) loadtest.Config {
 	override(&cfg.ThreadCalls, c.ThreadCalls)
 	override(&cfg.ThreadFirst, c.ThreadFirst)
 	cfg.ThreadControlPlane = o.threadControlPlane
+	cfg.ThreadWarm = c.ThreadWarm
 	override(&cfg.SeedRuns, c.SeedRuns)
 	override(&cfg.Rate, c.Rate)
 	override(&cfg.PeakRate, c.PeakRate)

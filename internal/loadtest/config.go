@@ -77,6 +77,12 @@ type Config struct {
 	// called once before the ThreadCalls calls: first calls, which read the thread from T3
 	// whatever the connector keeps of threads it has shown (its t3_thread feeds); negative: none.
 	ThreadFirst int
+	// ThreadWarm warms the connector up before the first calls: t3_thread calls on a small
+	// thread until its heap has settled (latency.go, warmHeap), so that the first calls are
+	// measured on a heap that has cycled, as a connector's that has run for a while has. Off by
+	// default: the first calls are then those right after start-up, when most pages a call
+	// allocates are new to the kernel.
+	ThreadWarm bool
 	// ThreadControlPlane makes the big machine's thread reads carry an attempt and a node per run
 	// as T3's do (t3fake.Options.ControlPlane): a body nearer T3's size for the same thread. On in
 	// Full and Short since 12-02 03:05 (t3code-load -thread-control-plane=false: as before).

@@ -306,6 +306,8 @@ func (c *connector) metrics(ctx context.Context) (map[string]float64, error) {
 				out[name] = m.GetCounter().GetValue()
 			case dto.MetricType_UNTYPED:
 				out[name] = m.GetUntyped().GetValue()
+			case dto.MetricType_SUMMARY: // its count, as the text format names it
+				out[name+"_count"] = float64(m.GetSummary().GetSampleCount())
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -46,6 +47,13 @@ func (h *harness) threadTool(ctx context.Context) error {
 	}
 	tt := &ThreadTool{Items: 5 * ((h.cfg.BigThreadItems + 4) / 5)}
 	if len(others) > 0 {
+		if h.cfg.ThreadWarm {
+			w, err := h.warmHeap(ctx)
+			if err != nil {
+				return err
+			}
+			tt.Warm = w
+		}
 		h.logf("t3_thread: first calls on %d threads of %d items", len(others), h.cfg.BigThreadItems)
 		src0 := h.threadSources(ctx)
 		u, pc := h.mark(), startPreciseCPU(h.conn.pid)
@@ -65,6 +73,7 @@ func (h *harness) threadTool(ctx context.Context) error {
 		fu := h.usageSince(u)
 		tt.FirstLatency, tt.FirstCPUPerCall = dist(first), pc.of(fu.CPU)/time.Duration(len(others))
 		tt.FirstSysPerCall = fu.SysCPU / time.Duration(len(others))
+		tt.FirstFaultsPerCall = float64(fu.MinorFaults) / float64(len(others))
 		tt.FirstSources = sourcesSince(src0, h.threadSources(ctx))
 	}
 	h.logf("t3_thread on a %d-item thread × %d", h.cfg.BigThreadItems, h.cfg.ThreadCalls)
@@ -109,6 +118,57 @@ func (h *harness) threadTool(ctx context.Context) error {
 	h.rep.ThreadTool = tt
 	h.logf("t3_thread: %s; the fake's GET alone: %s", h.rep.ThreadTool.Latency, h.rep.ThreadTool.Direct)
 	return nil
+}
+
+// The warm-up's bounds: it stops once the connector has settled, or at these.
+const (
+	warmMaxCalls = 10000
+	warmMaxWall  = time.Minute
+	warmBatch    = 25 // calls between two looks at the connector
+)
+
+// warmHeap calls t3_thread on a small thread until the connector's heap has settled: it has
+// collected garbage since the warm-up began and a batch of warmBatch calls made fewer minor page
+// faults than calls; at most warmMaxCalls calls or warmMaxWall. Why: once the machines'
+// snapshots are in, the connector returns its free memory to the OS (internal/watch/gate.go),
+// and the Go runtime hands out free pages lowest address first, whether it has returned them or
+// not; so for a while after start-up most pages a call allocates are new to the kernel, a minor
+// fault each. One collection does not end that (measured: ~35–48 faults per first call after
+// one, as before it); some thousands of calls and several collections later the heap's pages
+// are in use again and a first call makes 1–2 (docs/benchmarks.md, "The first call's kernel
+// time: page faults"). The thread is the first machine's last one: t3_thread only reads, so
+// sharing it with a later phase's role changes nothing in T3.
+func (h *harness) warmHeap(ctx context.Context) (*ThreadWarm, error) {
+	const gcCount = "go_gc_duration_seconds_count"
+	tid := h.machines[0].threads[len(h.machines[0].threads)-1]
+	gc0, err := h.conn.metric(ctx, gcCount)
+	if err != nil {
+		return nil, fmt.Errorf("thread warm-up: the connector's collections: %w", err)
+	}
+	h.logf("t3_thread: warm-up on %s until the connector's heap has settled", tid)
+	w, t0, u0 := &ThreadWarm{}, time.Now(), h.mark()
+	settled := false
+	for !settled && w.Calls < warmMaxCalls && time.Since(t0) < warmMaxWall {
+		b0, _ := h.conn.times()
+		for range warmBatch {
+			if _, _, err := h.agents.timedCall(ctx, 0, "t3_thread", map[string]any{"thread_id": tid}); err != nil {
+				return nil, fmt.Errorf("thread warm-up: %w", err)
+			}
+			w.Calls++
+		}
+		b1, _ := h.conn.times()
+		gc, err := h.conn.metric(ctx, gcCount)
+		if err != nil {
+			return nil, fmt.Errorf("thread warm-up: the connector's collections: %w", err)
+		}
+		w.GCCycles = int64(gc - gc0)
+		settled = w.GCCycles > 0 && b1.minflt-b0.minflt < warmBatch
+	}
+	w.Wall, w.MinorFaults, w.Settled = time.Since(t0), h.usageSince(u0).MinorFaults, settled
+	if !settled {
+		h.warn("thread warm-up: the connector's heap had not settled after %d calls (%s, %d collections): the first calls are measured on pages still new to the kernel", w.Calls, w.Wall.Round(time.Millisecond), w.GCCycles)
+	}
+	return w, nil
 }
 
 func (h *harness) latency(ctx context.Context) error {

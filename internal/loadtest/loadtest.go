@@ -259,6 +259,7 @@ type usageMark struct {
 	at       time.Time
 	cpu, own time.Duration
 	sys      time.Duration // the connector's stime
+	minflt   int64         // the connector's minor page faults
 	faults   int64         // the harness's minor page faults
 	gc       gcSample
 	chunks   int64 // Chunks the fakes wrote
@@ -271,14 +272,14 @@ func (h *harness) mark() usageMark {
 	ct, _ := h.conn.times()
 	own, _ := procStat(os.Getpid())
 	h.conn.resetRSSMax()
-	return usageMark{time.Now(), ct.cpu, own.cpu, ct.sys, own.minflt, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU(), kdamondCPU("/proc")}
+	return usageMark{time.Now(), ct.cpu, own.cpu, ct.sys, ct.minflt, own.minflt, readGC(), h.chunksSent(), ownWakeups(), h.clientsCPU(), kdamondCPU("/proc")}
 }
 
 func (h *harness) usageSince(m usageMark) Usage {
 	ct, _ := h.conn.times()
 	own, _ := procStat(os.Getpid())
 	rss, _, _ := h.conn.memory()
-	u := Usage{Wall: time.Since(m.at), CPU: ct.cpu - m.cpu, SysCPU: ct.sys - m.sys, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
+	u := Usage{Wall: time.Since(m.at), CPU: ct.cpu - m.cpu, SysCPU: ct.sys - m.sys, MinorFaults: ct.minflt - m.minflt, MaxRSSKB: max(rss, h.conn.rssMaxKB.Load()), LoadAvg: loadavg(),
 		HarnessCPU: own.cpu - m.own, HarnessFaults: own.minflt - m.faults,
 		HarnessChunks: h.chunksSent() - m.chunks, HarnessWakeups: ownWakeups() - m.wakeups,
 		KdamondCPU: max(0, kdamondCPU("/proc")-m.kdamond)}

@@ -98,6 +98,7 @@ func tinyRun(t *testing.T, bin string, split []string) {
 	cfg := Tiny()
 	cfg.Binary = bin
 	cfg.Split = split
+	cfg.ThreadWarm = len(split) > 0 // the warm-up in one of the two runs
 	cfg.WorkDir = t.TempDir()
 	cfg.Timeout = 2 * time.Minute
 	var progress strings.Builder
@@ -117,6 +118,12 @@ func tinyRun(t *testing.T, bin string, split []string) {
 	}
 	if tt := rep.ThreadTool; tt == nil || tt.Latency.N != cfg.ThreadCalls || tt.Items != cfg.BigThreadItems || tt.FirstLatency.N != cfg.ThreadFirst {
 		fail("t3_thread: %+v", rep.ThreadTool)
+	}
+	// The warm-up ran where asked, in whole batches, and ended either settled after a collection
+	// or at its cap.
+	if w := rep.ThreadTool.Warm; cfg.ThreadWarm != (w != nil) ||
+		w != nil && (w.Calls < warmBatch || w.Calls%warmBatch != 0 || w.Settled && w.GCCycles <= 0 || !w.Settled && w.Calls < warmMaxCalls && w.Wall < warmMaxWall) {
+		fail("t3_thread warm-up (asked: %v): %+v", cfg.ThreadWarm, w)
 	}
 	l := rep.Latency
 	if l == nil || l.ActiveWaits != cfg.Waits || l.Wake.N != cfg.Waits || l.MissingWake != 0 || l.Events.N == 0 || l.MissingEvent != 0 {
@@ -157,15 +164,21 @@ func tinyRun(t *testing.T, bin string, split []string) {
 	// The connector's kernel time is counted in each window, as a part of its CPU; over windows
 	// of socket work that took it a tenth of a second or more, some of it was the kernel's (10 ms
 	// ticks, each counted as user or kernel time).
+	// Its minor page faults too: a Go process that works for a tenth of a second allocates pages
+	// the kernel has not mapped for it yet.
 	var cpu, sys time.Duration
+	var faults int64
 	for _, u := range []Usage{l.Usage, rep.ThreadTool.Usage, rep.Throughput.Usage} {
-		if u.SysCPU < 0 || u.SysCPU > u.CPU {
-			fail("a window's connector CPU %s with %s of it in the kernel", u.CPU, u.SysCPU)
+		if u.SysCPU < 0 || u.SysCPU > u.CPU || u.MinorFaults < 0 {
+			fail("a window's connector CPU %s with %s of it in the kernel, %d minor faults", u.CPU, u.SysCPU, u.MinorFaults)
 		}
-		cpu, sys = cpu+u.CPU, sys+u.SysCPU
+		cpu, sys, faults = cpu+u.CPU, sys+u.SysCPU, faults+u.MinorFaults
 	}
-	if cpu >= 100*time.Millisecond && sys <= 0 {
-		fail("the connector's CPU over the latency, t3_thread and throughput windows: %s, none of it in the kernel", cpu)
+	if cpu >= 100*time.Millisecond && (sys <= 0 || faults <= 0) {
+		fail("the connector's CPU over the latency, t3_thread and throughput windows: %s, %s of it in the kernel, %d minor faults", cpu, sys, faults)
+	}
+	if rep.ThreadTool.FirstFaultsPerCall < 0 {
+		fail("t3_thread first calls: %.1f minor faults per call", rep.ThreadTool.FirstFaultsPerCall)
 	}
 	if o := rep.Outage; o == nil || o.Settled == 0 || o.Refused == 0 || o.Backlog < o.Settled || o.Delivered != o.Settled || o.Undelivered != 0 || o.OrderBroken != 0 || o.OrderChecked == 0 {
 		fail("outage phase: %+v", o)

@@ -93,9 +93,12 @@ type Usage struct {
 	CPU  time.Duration `json:"cpu_ns"` // utime+stime
 	// SysCPU is the part of CPU in the kernel (stime): the connector's socket reads and writes,
 	// poller and futex wake-ups, page faults. In 10 ms ticks, as CPU is.
-	SysCPU   time.Duration `json:"sys_cpu_ns"`
-	Cores    float64       `json:"cores"` // CPU / Wall
-	MaxRSSKB int64         `json:"max_rss_kb"`
+	SysCPU time.Duration `json:"sys_cpu_ns"`
+	// MinorFaults is the connector's minor page faults over the window: pages it touched that
+	// the kernel had to map (memory new to the process, or returned to the OS and taken again).
+	MinorFaults int64   `json:"minor_faults"`
+	Cores       float64 `json:"cores"` // CPU / Wall
+	MaxRSSKB    int64   `json:"max_rss_kb"`
 	// HarnessCores is the harness process (fake T3 machines, MCP clients, receiver, pollers)
 	// over the same window: it shares the machine's cores with the connector.
 	HarnessCores float64 `json:"harness_cores"`
@@ -138,8 +141,8 @@ func (u Usage) String() string {
 	if u.KdamondCPU > 0 && u.Wall > 0 {
 		monitor = fmt.Sprintf("; the memory monitor (kdamond) %.2f cores", u.KdamondCPU.Seconds()/u.Wall.Seconds())
 	}
-	return fmt.Sprintf("CPU %.2f s (%.2f s of it in the kernel) over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups)%s; load average %s",
-		u.CPU.Seconds(), u.SysCPU.Seconds(), u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, split, u.HarnessFaults,
+	return fmt.Sprintf("CPU %.2f s (%.2f s of it in the kernel, %d minor page faults) over %.1f s (%.2f cores), max RSS %.1f MB; the harness used %.2f cores meanwhile%s (%d minor page faults; GC %.2f s in %d cycles, live heap %.0f MB; %d Chunks written, %d wake-ups)%s; load average %s",
+		u.CPU.Seconds(), u.SysCPU.Seconds(), u.MinorFaults, u.Wall.Seconds(), u.Cores, float64(u.MaxRSSKB)/1024, u.HarnessCores, split, u.HarnessFaults,
 		u.HarnessGCCPU.Seconds(), u.HarnessGCCycles, float64(u.HarnessHeapLiveKB)/1024, u.HarnessChunks, u.HarnessWakeups, monitor, u.LoadAvg)
 }
 
@@ -188,6 +191,14 @@ type ThreadTool struct {
 	// poller's and the goroutines' wake-ups. On this machine it is the part that swings from run
 	// to run (docs/benchmarks.md, "The first call's CPU: half of it in the kernel").
 	FirstSysPerCall time.Duration `json:"first_sys_per_call_ns"`
+	// FirstFaultsPerCall is the connector's minor page faults over the same window, per call: pages
+	// the connector touched that the kernel had to map anew. Right after start-up nearly every
+	// page a call allocates is one (the connector has returned its free memory to the OS once the
+	// machines' snapshots were in, internal/watch/gate.go); on this guest each costs tens of µs
+	// of kernel time (docs/benchmarks.md, "The first call's kernel time: page faults").
+	FirstFaultsPerCall float64 `json:"first_faults_per_call"`
+	// Warm is the warm-up before the first calls (t3code-load -thread-warm); absent without it.
+	Warm *ThreadWarm `json:"warm,omitempty"`
 	// RepeatCPUPerCall is the connector's CPU per repeated call on the thread (Latency's calls),
 	// from the end of its first call on.
 	RepeatCPUPerCall time.Duration `json:"repeat_cpu_per_call_ns"`
@@ -197,6 +208,20 @@ type ThreadTool struct {
 	// them. (Scraped outside the CPU windows.)
 	FirstSources map[string]int64 `json:"first_sources,omitempty"`
 	Sources      map[string]int64 `json:"sources,omitempty"`
+}
+
+// ThreadWarm is the thread phase's warm-up (t3code-load -thread-warm): t3_thread calls on a
+// small thread until the connector's heap had settled (latency.go, warmHeap), so that the first
+// calls after it are measured on a connector whose heap has cycled, as one's that has run for a
+// while has, instead of on the pages its start-up returned to the OS.
+type ThreadWarm struct {
+	Calls    int   `json:"calls"`
+	GCCycles int64 `json:"gc_cycles"` // the connector's collections meanwhile (go_gc_duration_seconds_count)
+	// Settled: the warm-up ended because the heap had settled (a collection, then a batch of calls
+	// with fewer minor faults than calls); false: the cap (10,000 calls or 60 s) came first.
+	Settled     bool          `json:"settled"`
+	Wall        time.Duration `json:"wall_ns"`
+	MinorFaults int64         `json:"minor_faults"` // the connector's, during the warm-up
 }
 
 // Latency is the latency phase.
@@ -342,7 +367,10 @@ func (r *Report) Text() string {
 		p("           the fake T3's GET of it alone:  %s", t.Direct)
 		p("           connector: %s; %s CPU per call", t.Usage, ms(t.CPUPerCall))
 		if t.FirstLatency.N > 0 {
-			p("           first calls (one on each of %d other threads): %s; %s CPU per call (%s of it in the kernel)%s", t.FirstLatency.N, t.FirstLatency, ms(t.FirstCPUPerCall), ms(t.FirstSysPerCall), sources(t.FirstSources))
+			if w := t.Warm; w != nil {
+				p("           warm-up: %d calls on a small thread in %.1f s, %d collections by the connector, %d minor faults; settled %v", w.Calls, w.Wall.Seconds(), w.GCCycles, w.MinorFaults, w.Settled)
+			}
+			p("           first calls (one on each of %d other threads): %s; %s CPU per call (%s of it in the kernel, %.1f minor faults)%s", t.FirstLatency.N, t.FirstLatency, ms(t.FirstCPUPerCall), ms(t.FirstSysPerCall), t.FirstFaultsPerCall, sources(t.FirstSources))
 		}
 		p("           repeated calls on the thread: %s CPU per call", ms(t.RepeatCPUPerCall))
 		if len(t.Sources) > 0 {
