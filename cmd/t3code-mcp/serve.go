@@ -19,6 +19,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/app"
 	"github.com/t3code-mcp/t3code-mcp/internal/config"
 	"github.com/t3code-mcp/t3code-mcp/internal/demo"
+	"github.com/t3code-mcp/t3code-mcp/internal/memreturn"
 	"github.com/t3code-mcp/t3code-mcp/internal/plural"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
 	"github.com/t3code-mcp/t3code-mcp/internal/tools"
@@ -134,6 +135,10 @@ func (c *cli) serve(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); k.Run(runCtx) }()
+	// The heap's spare memory goes back to the OS when the process turns quiet after a busy
+	// spell (the snapshot gate does it after start-up): memory is the process's, so one here.
+	returned := make(chan struct{})
+	go func() { defer close(returned); (&memreturn.Returner{Log: c.log}).Run(runCtx) }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	var code error
@@ -147,6 +152,7 @@ func (c *cli) serve(ctx context.Context) error {
 	shutdown(srv, k.App, posts, stopCalls)
 	cancel()
 	<-done
+	<-returned
 	return code
 }
 

@@ -16,7 +16,8 @@ import (
 // together, and the Go heap kept the peak long after (docs/benchmarks.md: 171 MB idle, not
 // returned). Through the gate a few at a time go through, and once it has been idle for a
 // moment after such work, the garbage is returned to the OS (debug.FreeOSMemory) — once at the
-// end of start-up, and again after a reconnect storm, not after every machine.
+// end of start-up, and again after a reconnect storm, not after every machine. (After other busy
+// spells, internal/memreturn does it once the process has turned quiet.)
 //
 // The gate is one per process, not per Fleet: memory is the process's.
 var snapshots = newGate(4, 500*time.Millisecond, debug.FreeOSMemory)

@@ -1,0 +1,153 @@
+// Package memreturn gives the Go heap's spare memory back to the OS once the process has gone
+// quiet after a busy spell.
+//
+// Why: the Go runtime keeps the pages a busy spell touched (its heap grows to the collector's
+// goal, about twice the live heap) and its scavenger returns only what lies above that goal. After
+// a burst of t3_thread calls a connector watching 100 machines × 1,000 threads stayed at 255–284 MB
+// for the four minutes it then sat idle, against 211–225 MB right after start-up, when the
+// snapshot gate (internal/watch/gate.go) had just returned start-up's garbage
+// (docs/benchmarks.md, "Idle after a busy spell"). A Returner looks at the heap every little while
+// and, after a busy spell followed by a quiet one, returns what is spare (debug.FreeOSMemory).
+//
+// The price is paid by the calls after a return: the pages they allocate are new to the kernel
+// again, a minor fault each, which on some virtual machines costs milliseconds per call. So it
+// returns only after a busy spell, once the process has been quiet for a while, and only when there
+// is enough to return; while the process stays busy it never does.
+package memreturn
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+	"runtime/metrics"
+	"time"
+)
+
+// Sample is what a Returner reads of the heap at each look.
+type Sample struct {
+	// Allocs is the bytes allocated since the process began (cumulative).
+	Allocs uint64
+	// Spare is the heap memory the process holds that is neither live nor returned to the OS:
+	// garbage not yet collected, free space in spans and free spans not yet returned.
+	Spare uint64
+}
+
+// Defaults: a look every 10 s; quiet means under 8 MiB allocated between two looks (an idle
+// connector at 100 machines allocates ~2–3 MB in 10 s); three quiet looks in a row; and at least
+// 32 MiB spare.
+const (
+	DefaultEvery      = 10 * time.Second
+	DefaultQuietAlloc = 8 << 20
+	DefaultQuietLooks = 3
+	DefaultMinSpare   = 32 << 20
+)
+
+// Returner returns spare heap memory after a busy spell. The zero value of a field means its
+// default; Read and Return default to the Go runtime's (ReadRuntime, debug.FreeOSMemory).
+type Returner struct {
+	Every      time.Duration
+	QuietAlloc uint64 // at most this allocated between two looks: a quiet look
+	QuietLooks int    // quiet looks in a row before a return
+	MinSpare   uint64 // at least this spare for a return
+	Read       func() Sample
+	Return     func()
+	Log        *slog.Logger
+
+	// The state between looks; one goroutine (Run) owns it.
+	last   Sample
+	looked bool
+	busy   bool // a busy look since the last return (or since the start)
+	quiet  int  // quiet looks in a row
+}
+
+// Run looks every r.Every until ctx ends.
+func (r *Returner) Run(ctx context.Context) {
+	every := r.Every
+	if every <= 0 {
+		every = DefaultEvery
+	}
+	read, ret := r.Read, r.Return
+	if read == nil {
+		read = ReadRuntime
+	}
+	if ret == nil {
+		ret = debug.FreeOSMemory
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s := read()
+			if !r.look(s) {
+				continue
+			}
+			start := time.Now()
+			ret()
+			if r.Log != nil {
+				r.Log.Debug("returned spare heap memory to the OS after a busy spell", "spare_mb", s.Spare>>20, "ms", time.Since(start).Milliseconds())
+			}
+		}
+	}
+}
+
+// look takes in one sample and says whether to return memory now.
+func (r *Returner) look(s Sample) bool {
+	quietAlloc, quietLooks, minSpare := r.QuietAlloc, r.QuietLooks, r.MinSpare
+	if quietAlloc == 0 {
+		quietAlloc = DefaultQuietAlloc
+	}
+	if quietLooks <= 0 {
+		quietLooks = DefaultQuietLooks
+	}
+	if minSpare == 0 {
+		minSpare = DefaultMinSpare
+	}
+	prev, looked := r.last, r.looked
+	r.last, r.looked = s, true
+	if !looked {
+		return false // nothing to compare with yet
+	}
+	if s.Allocs-prev.Allocs > quietAlloc {
+		r.busy, r.quiet = true, 0
+		return false
+	}
+	r.quiet++
+	if !r.busy || r.quiet < quietLooks || s.Spare < minSpare {
+		return false
+	}
+	r.busy, r.quiet = false, 0
+	return true
+}
+
+// The runtime/metrics the runtime's Sample is made of.
+var runtimeMetrics = []string{
+	"/gc/heap/allocs:bytes",
+	"/gc/heap/live:bytes",
+	"/memory/classes/heap/objects:bytes",
+	"/memory/classes/heap/unused:bytes",
+	"/memory/classes/heap/free:bytes",
+}
+
+// ReadRuntime reads a Sample of this process's Go heap (runtime/metrics; no stop of the world).
+func ReadRuntime() Sample {
+	ms := make([]metrics.Sample, len(runtimeMetrics))
+	for i, name := range runtimeMetrics {
+		ms[i].Name = name
+	}
+	metrics.Read(ms)
+	v := func(i int) uint64 {
+		if ms[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return ms[i].Value.Uint64()
+	}
+	held := v(2) + v(3) + v(4) // objects (live and not yet collected), unused in spans, free spans
+	s := Sample{Allocs: v(0)}
+	if live := v(1); held > live {
+		s.Spare = held - live
+	}
+	return s
+}
