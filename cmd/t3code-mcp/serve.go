@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -42,6 +43,16 @@ func configPath(s app.Settings) string {
 type connector struct {
 	*app.App
 	demo *demo.Demo
+}
+
+// run runs the connector until ctx ends, and beside it the return of the heap's spare memory to
+// the OS when the process turns quiet after a busy spell (the snapshot gate does it after
+// start-up). Memory is the process's: one Returner per process, here, for serve and stdio alike.
+func (k *connector) run(ctx context.Context, log *slog.Logger) {
+	var wg sync.WaitGroup
+	wg.Go(func() { (&memreturn.Returner{Log: log}).Run(ctx) })
+	k.Run(ctx)
+	wg.Wait()
 }
 
 // Close closes the connector, then the demo (its state directory goes).
@@ -134,11 +145,7 @@ func (c *cli) serve(ctx context.Context) error {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); k.Run(runCtx) }()
-	// The heap's spare memory goes back to the OS when the process turns quiet after a busy
-	// spell (the snapshot gate does it after start-up): memory is the process's, so one here.
-	returned := make(chan struct{})
-	go func() { defer close(returned); (&memreturn.Returner{Log: c.log}).Run(runCtx) }()
+	go func() { defer close(done); k.run(runCtx, c.log) }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	var code error
@@ -152,7 +159,6 @@ func (c *cli) serve(ctx context.Context) error {
 	shutdown(srv, k.App, posts, stopCalls)
 	cancel()
 	<-done
-	<-returned
 	return code
 }
 
@@ -273,7 +279,7 @@ func (c *cli) stdio(ctx context.Context) error {
 	defer k.Close()
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); k.Run(runCtx) }()
+	go func() { defer close(done); k.run(runCtx, c.log) }()
 	defer context.AfterFunc(ctx, cancelOnStop(k.MCP))()
 	err = k.MCP.Run(ctx, &mcp.StdioTransport{})
 	cancel()
