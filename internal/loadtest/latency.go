@@ -146,10 +146,11 @@ func (h *harness) warmHeap(ctx context.Context) (*ThreadWarm, error) {
 		return nil, fmt.Errorf("thread warm-up: the connector's collections: %w", err)
 	}
 	h.logf("t3_thread: warm-up on %s until the connector's heap has settled", tid)
-	w, t0, u0 := &ThreadWarm{}, time.Now(), h.mark()
-	settled := false
+	w, t0 := &ThreadWarm{}, time.Now()
+	first, _ := h.conn.times()
+	last, settled := first, false
 	for !settled && w.Calls < warmMaxCalls && time.Since(t0) < warmMaxWall {
-		b0, _ := h.conn.times()
+		b0, _ := h.conn.times() // after the last look's scrape: its faults are not the calls'
 		for range warmBatch {
 			if _, _, err := h.agents.timedCall(ctx, 0, "t3_thread", map[string]any{"thread_id": tid}); err != nil {
 				return nil, fmt.Errorf("thread warm-up: %w", err)
@@ -157,6 +158,7 @@ func (h *harness) warmHeap(ctx context.Context) (*ThreadWarm, error) {
 			w.Calls++
 		}
 		b1, _ := h.conn.times()
+		last = b1
 		gc, err := h.conn.metric(ctx, gcCount)
 		if err != nil {
 			return nil, fmt.Errorf("thread warm-up: the connector's collections: %w", err)
@@ -164,7 +166,7 @@ func (h *harness) warmHeap(ctx context.Context) (*ThreadWarm, error) {
 		w.GCCycles = int64(gc - gc0)
 		settled = w.GCCycles > 0 && b1.minflt-b0.minflt < warmBatch
 	}
-	w.Wall, w.MinorFaults, w.Settled = time.Since(t0), h.usageSince(u0).MinorFaults, settled
+	w.Wall, w.MinorFaults, w.Settled = time.Since(t0), last.minflt-first.minflt, settled
 	if !settled {
 		h.warn("thread warm-up: the connector's heap had not settled after %d calls (%s, %d collections): the first calls are measured on pages still new to the kernel", w.Calls, w.Wall.Round(time.Millisecond), w.GCCycles)
 	}
