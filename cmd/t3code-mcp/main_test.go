@@ -481,6 +481,7 @@ func TestStdioRecordsTheOriginFromTheEnvironment(t *testing.T) {
 		"T3CODE_MCP_CONFIG="+cfg,
 		"T3CODE_MCP_STATE_DIR="+filepath.Join(t.TempDir(), "state"),
 		"T3CODE_MCP_ORIGIN="+origin,
+		"T3CODE_MCP_LOG_LEVEL=debug", // the most it ever says: still no token, no prompt
 		tokenEnv+"="+fk.Token(),
 	)
 	c := connect(t, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute})
@@ -533,6 +534,10 @@ func TestStdioRecordsTheOriginFromTheEnvironment(t *testing.T) {
 	}
 	if strings.Contains(logs, marker) || strings.Contains(logs, fk.Token()) {
 		t.Errorf("prompt or token in the logs:\n%s", logs)
+	}
+	// stdio runs the return of spare heap memory after busy spells too (no /metrics here).
+	if !strings.Contains(logs, `msg="memory return: looking at the heap" every=10s`) {
+		t.Errorf("stdio runs no memory return:\n%s", logs)
 	}
 }
 
@@ -875,6 +880,14 @@ func TestSIGTERMEndsAWaitInFlight(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// Beside the connector runs the return of spare heap memory after busy spells; it looks at
+	// the heap first when it starts (internal/memreturn).
+	for counter(t, get(t, metrics), "t3code_mcp_memory_return_looks_total") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("serve runs no memory return: t3code_mcp_memory_return_looks_total stays 0")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if code := s.stop(t); code != 0 {
 		t.Fatalf("exit %d\n%s", code, s.stderr)
 	}
@@ -901,6 +914,22 @@ func waitOnline(t *testing.T, c *client) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// counter reads one unlabelled metric's value from a /metrics page; a metric not there fails.
+func counter(t *testing.T, page, name string) float64 {
+	t.Helper()
+	for line := range strings.Lines(page) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics has no %s:\n%s", name, page)
+	return 0
 }
 
 func get(t *testing.T, url string) string {

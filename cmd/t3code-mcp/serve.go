@@ -47,10 +47,15 @@ type connector struct {
 
 // run runs the connector until ctx ends, and beside it the return of the heap's spare memory to
 // the OS when the process turns quiet after a busy spell (the snapshot gate does it after
-// start-up). Memory is the process's: one Returner per process, here, for serve and stdio alike.
+// start-up). Memory is the process's: one Returner per process, here, for serve and stdio alike;
+// its counters are on the connector's /metrics.
 func (k *connector) run(ctx context.Context, log *slog.Logger) {
 	var wg sync.WaitGroup
-	wg.Go(func() { (&memreturn.Returner{Log: log}).Run(ctx) })
+	r := &memreturn.Returner{Log: log}
+	if err := r.Register(k.Registry); err != nil {
+		log.Warn("memory return: its counters are not on /metrics", "err", err)
+	}
+	wg.Go(func() { r.Run(ctx) })
 	k.Run(ctx)
 	wg.Wait()
 }

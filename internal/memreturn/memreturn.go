@@ -20,7 +20,10 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Sample is what a Returner reads of the heap at each look.
@@ -53,6 +56,9 @@ type Returner struct {
 	Return     func()
 	Log        *slog.Logger
 
+	// What it did, for /metrics (read from any goroutine).
+	looks, returns, returned atomic.Uint64
+
 	// The state between looks; one goroutine (Run) owns it.
 	last   Sample
 	looked bool
@@ -60,7 +66,41 @@ type Returner struct {
 	quiet  int  // quiet looks in a row
 }
 
-// Run looks every r.Every until ctx ends.
+// Stats is what a Returner has done since it started.
+type Stats struct {
+	Looks    uint64 // looks at the heap, the first one at the start of Run
+	Returns  uint64 // returns of spare memory to the OS
+	Returned uint64 // the spare bytes those returns found (the OS may take back somewhat less)
+}
+
+// Stats reads what r has done so far; safe while Run runs.
+func (r *Returner) Stats() Stats {
+	return Stats{Looks: r.looks.Load(), Returns: r.returns.Load(), Returned: r.returned.Load()}
+}
+
+// Register puts r's counters on reg: t3code_mcp_memory_return_looks_total,
+// t3code_mcp_memory_returns_total and t3code_mcp_memory_returned_bytes_total.
+func (r *Returner) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_return_looks_total",
+			Help: "Looks at the Go heap by the return of spare memory after busy spells (one at start, then every 10 s)."},
+			func() float64 { return float64(r.looks.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_returns_total",
+			Help: "Returns of the heap's spare memory to the OS once the process turned quiet after a busy spell."},
+			func() float64 { return float64(r.returns.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_returned_bytes_total",
+			Help: "The spare heap bytes those returns found (the OS may take back somewhat less)."},
+			func() float64 { return float64(r.returned.Load()) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run looks at once (the first look is the baseline for the next), then every r.Every until ctx
+// ends.
 func (r *Returner) Run(ctx context.Context) {
 	every := r.Every
 	if every <= 0 {
@@ -73,6 +113,24 @@ func (r *Returner) Run(ctx context.Context) {
 	if ret == nil {
 		ret = debug.FreeOSMemory
 	}
+	if r.Log != nil {
+		r.Log.Debug("memory return: looking at the heap", "every", every.String())
+	}
+	lookOnce := func() {
+		s := read()
+		r.looks.Add(1)
+		if !r.look(s) {
+			return
+		}
+		start := time.Now()
+		ret()
+		r.returns.Add(1)
+		r.returned.Add(s.Spare)
+		if r.Log != nil {
+			r.Log.Debug("returned spare heap memory to the OS after a busy spell", "spare_mb", s.Spare>>20, "ms", time.Since(start).Milliseconds())
+		}
+	}
+	lookOnce()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -80,15 +138,7 @@ func (r *Returner) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s := read()
-			if !r.look(s) {
-				continue
-			}
-			start := time.Now()
-			ret()
-			if r.Log != nil {
-				r.Log.Debug("returned spare heap memory to the OS after a busy spell", "spare_mb", s.Spare>>20, "ms", time.Since(start).Milliseconds())
-			}
+			lookOnce()
 		}
 	}
 }

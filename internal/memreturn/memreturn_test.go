@@ -2,12 +2,16 @@ package memreturn
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 )
 
@@ -155,5 +159,53 @@ func TestRunReturnsAndStops(t *testing.T) {
 	<-done
 	if got := n.Load(); got != 1 {
 		t.Fatalf("Run returned memory %d times for one busy spell", got)
+	}
+	// The stats count what Run did: every sample read was a look, one return of 64 MiB spare.
+	st := r.Stats()
+	if st.Looks != uint64(i.Load()) || st.Returns != 1 || st.Returned != 64*mib {
+		t.Fatalf("stats %+v after %d reads, want every read a look, 1 return of %d bytes", st, i.Load(), 64*mib)
+	}
+	// /metrics shows the same.
+	reg := prometheus.NewRegistry()
+	if err := r.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`
+# HELP t3code_mcp_memory_return_looks_total Looks at the Go heap by the return of spare memory after busy spells (one at start, then every 10 s).
+# TYPE t3code_mcp_memory_return_looks_total counter
+t3code_mcp_memory_return_looks_total %d
+# HELP t3code_mcp_memory_returned_bytes_total The spare heap bytes those returns found (the OS may take back somewhat less).
+# TYPE t3code_mcp_memory_returned_bytes_total counter
+t3code_mcp_memory_returned_bytes_total %d
+# HELP t3code_mcp_memory_returns_total Returns of the heap's spare memory to the OS once the process turned quiet after a busy spell.
+# TYPE t3code_mcp_memory_returns_total counter
+t3code_mcp_memory_returns_total 1
+`, st.Looks, 64*mib)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Run's first look is at its start, not a period later: /metrics shows a running Returner at
+// once, and the first period is already measured against a baseline.
+func TestRunLooksAtOnce(t *testing.T) {
+	var reads atomic.Int64
+	r := &Returner{Every: time.Hour, Read: func() Sample { reads.Add(1); return Sample{} }, Return: func() {}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	deadline := time.After(10 * time.Second)
+	for r.Stats().Looks == 0 {
+		select {
+		case <-deadline:
+			cancel()
+			t.Fatal("Run did not look at its start")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cancel()
+	<-done
+	if st := r.Stats(); st.Looks != 1 || reads.Load() != 1 || st.Returns != 0 {
+		t.Fatalf("stats %+v, %d reads: want one look and no return within an hour's period", st, reads.Load())
 	}
 }
