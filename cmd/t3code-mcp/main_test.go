@@ -23,6 +23,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/spf13/cobra"
 
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
@@ -916,20 +919,20 @@ func waitOnline(t *testing.T, c *client) {
 	}
 }
 
-// counter reads one unlabelled metric's value from a /metrics page; a metric not there fails.
+// counter reads one unlabelled counter's value from a /metrics page (parsed by prometheus/common's
+// expfmt, as the load harness does); a counter not there fails.
 func counter(t *testing.T, page, name string) float64 {
 	t.Helper()
-	for line := range strings.Lines(page) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return f
-		}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(page))
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
 	}
-	t.Fatalf("/metrics has no %s:\n%s", name, page)
-	return 0
+	fam := families[name]
+	if fam == nil || fam.GetType() != dto.MetricType_COUNTER || len(fam.GetMetric()) != 1 {
+		t.Fatalf("/metrics has no unlabelled counter %s:\n%s", name, page)
+	}
+	return fam.GetMetric()[0].GetCounter().GetValue()
 }
 
 func get(t *testing.T, url string) string {
