@@ -403,15 +403,15 @@ func decodeItems(values []jx.Raw, rs *recentStrings) (*[]t3rpc.ShellStreamItem, 
 
 // writeFirst writes every item's Sequence (a field without pointers: no write barrier) of a new
 // slice before anything reads it. A new slice of more than 32 KiB (a chunk of 32 items or more) is
-// memory the kernel may not have mapped yet (start-up returns its free memory to the OS), and
-// decodeItem reads some fields before it writes them (a repeated key's check): that read maps the
-// shared zero page, so the write after it faults a second time to give the page its own copy, and
-// that fault flushes the page from the TLB of every CPU the process runs on (an interrupt to each;
-// dear on a paravirtualised guest). Written first, a page faults once. A lagging machine's chunks
-// are hundreds of items: in the first seconds of a burst after start-up these faults were most of
-// the connector's page-fault time, and the burst lagged for seconds (docs/benchmarks.md, "A burst
-// right after start-up"). An item is 1,056 bytes, so every page of the slice but perhaps its last
-// holds some item's Sequence.
+// memory the kernel may not have mapped yet (start-up returns its free memory to the OS, and
+// internal/memreturn does after a busy spell), and decodeItem reads some fields before it writes
+// them (a repeated key's check): that read maps the shared zero page, so the write after it faults
+// a second time to give the page its own copy, and that fault flushes the page from the TLB of
+// every CPU the process runs on (an interrupt to each; dear on a paravirtualised guest). Written
+// first, a page faults once. A lagging machine's chunks are hundreds of items: in the first
+// seconds of a burst after start-up these faults were most of the connector's page-fault time, and
+// the burst lagged for seconds (docs/benchmarks.md, "A burst right after start-up"). An item is
+// 1,056 bytes, so every page of the slice but perhaps its last holds some item's Sequence.
 func writeFirst(items []t3rpc.ShellStreamItem) {
 	for i := range items {
 		items[i].Sequence = t3rpc.OptInt64{}

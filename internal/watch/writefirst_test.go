@@ -7,19 +7,19 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"syscall"
 	"testing"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/t3code-mcp/t3code-mcp/gen/t3rpc"
 )
 
-// rusageThread is Linux's RUSAGE_THREAD: the calling thread's counts alone.
-const rusageThread = 1
-
+// threadMinorFaults is the calling thread's minor page faults so far (RUSAGE_THREAD: no other
+// thread's).
 func threadMinorFaults(t *testing.T) int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
 		t.Fatal(err)
 	}
 	return ru.Minflt
