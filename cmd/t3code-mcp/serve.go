@@ -47,11 +47,12 @@ type connector struct {
 
 // run runs the connector until ctx ends, and beside it the return of the heap's spare memory to
 // the OS when the process turns quiet after a busy spell (the snapshot gate does it after
-// start-up). Memory is the process's: one Returner per process, here, for serve and stdio alike;
+// start-up), which keeps the process's warm reserve (memreturn.Process, set by start) and ends
+// its tight goal when the process gets busy. Memory is the process's: one Returner per process, here, for serve and stdio alike;
 // its counters are on the connector's /metrics.
 func (k *connector) run(ctx context.Context, log *slog.Logger) {
 	var wg sync.WaitGroup
-	r := &memreturn.Returner{Log: log}
+	r := &memreturn.Returner{Log: log, Heap: memreturn.Process}
 	if err := r.Register(k.Registry); err != nil {
 		log.Warn("memory return: its counters are not on /metrics", "err", err)
 	}
@@ -75,6 +76,7 @@ func (c *cli) start() (*connector, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.setHeapReserve(s)
 	o := app.Options{Logger: c.log, Version: Version()}
 	k := &connector{}
 	if path := configPath(s); path != "" {

@@ -25,6 +25,7 @@ import (
 	"github.com/t3code-mcp/t3code-mcp/internal/events"
 	"github.com/t3code-mcp/t3code-mcp/internal/fleet"
 	"github.com/t3code-mcp/t3code-mcp/internal/lease"
+	"github.com/t3code-mcp/t3code-mcp/internal/memreturn"
 	"github.com/t3code-mcp/t3code-mcp/internal/outbox"
 	"github.com/t3code-mcp/t3code-mcp/internal/server"
 	"github.com/t3code-mcp/t3code-mcp/internal/store"
@@ -89,6 +90,11 @@ type Settings struct {
 	// least recently used first when more are wanted.
 	ThreadFeeds    int
 	ThreadFeedIdle time.Duration
+	// HeapReserveMB (T3CODE_MCP_HEAP_RESERVE_MB, 16; 0: none): the MiB of Go heap the process
+	// keeps mapped while quiet, with the collector's goal set to cycle inside them
+	// (internal/memreturn, reserve.go). Applied by the command (serve, stdio): memory is the
+	// process's, not one App's.
+	HeapReserveMB int
 
 	// LeaseTTL (T3CODE_MCP_LEASE_TTL, 6s): with PostgreSQL, how long a replica's lease on a
 	// machine lives without renewal; a dead holder's machines move within TTL + TTL/3.
@@ -206,6 +212,7 @@ func SettingsFromEnv(getenv func(string) string) (Settings, error) {
 	countVar("T3CODE_MCP_MAX_WAIT_FEEDS", &s.MaxWaitFeeds, 2000)
 	countVar("T3CODE_MCP_THREAD_FEEDS", &s.ThreadFeeds, 100)
 	durVar("T3CODE_MCP_THREAD_FEED_IDLE", &s.ThreadFeedIdle, 2*time.Minute)
+	countVar("T3CODE_MCP_HEAP_RESERVE_MB", &s.HeapReserveMB, memreturn.DefaultReserve>>20)
 	durVar("T3CODE_MCP_CALL_TIMEOUT", &s.Limits.CallTimeout, 60*time.Second)
 	durVar("T3CODE_MCP_MAX_WAIT", &s.Limits.MaxWait, time.Hour)
 	// Audit log rotation.

@@ -39,14 +39,19 @@ type Sample struct {
 // connector at 100 machines allocates ~2–3 MB in 10 s); three quiet looks in a row; and at least
 // 32 MiB spare.
 const (
-	DefaultEvery      = 10 * time.Second
+	DefaultEvery = 10 * time.Second
+	// DefaultCheckEvery: how often a Heap is checked for the end of its quiet spell. A load that
+	// starts runs on the tight goal until the check after its third collection (a few hundred
+	// ms at 1,000 transitions/s); a check is one runtime/metrics read.
+	DefaultCheckEvery = 250 * time.Millisecond
 	DefaultQuietAlloc = 8 << 20
 	DefaultQuietLooks = 3
 	DefaultMinSpare   = 32 << 20
 )
 
 // Returner returns spare heap memory after a busy spell. The zero value of a field means its
-// default; Read and Return default to the Go runtime's (ReadRuntime, debug.FreeOSMemory).
+// default; Read and Return default to the Go runtime's (ReadRuntime, and Heap.Settle with a Heap,
+// else debug.FreeOSMemory).
 type Returner struct {
 	Every      time.Duration
 	QuietAlloc uint64 // at most this allocated between two looks: a quiet look
@@ -55,6 +60,11 @@ type Returner struct {
 	Read       func() Sample
 	Return     func()
 	Log        *slog.Logger
+	// Heap, when set, is the process's heap policy (reserve.go): checked every CheckEvery
+	// (default DefaultCheckEvery) for a busy spell that ends its tight goal, and settled by each
+	// return.
+	Heap       *Heap
+	CheckEvery time.Duration
 
 	// What it did, for /metrics (read from any goroutine).
 	looks, returns, returned atomic.Uint64
@@ -64,6 +74,9 @@ type Returner struct {
 	looked bool
 	busy   bool // a busy look since the last return (or since the start)
 	quiet  int  // quiet looks in a row
+	// loosened: the Heap's tight goal ended since the last return; the next quiet return
+	// tightens it again, however little is spare.
+	loosened bool
 }
 
 // Stats is what a Returner has done since it started.
@@ -79,9 +92,11 @@ func (r *Returner) Stats() Stats {
 }
 
 // Register puts r's counters on reg: t3code_mcp_memory_return_looks_total,
-// t3code_mcp_memory_returns_total and t3code_mcp_memory_returned_bytes_total.
+// t3code_mcp_memory_returns_total and t3code_mcp_memory_returned_bytes_total; with a Heap also
+// t3code_mcp_memory_heap_settles_total, t3code_mcp_memory_heap_loosens_total and the gauge
+// t3code_mcp_memory_heap_reserve_gc_percent.
 func (r *Returner) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{
+	cs := []prometheus.Collector{
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_return_looks_total",
 			Help: "Looks at the Go heap by the return of spare memory after busy spells (one at start, then every 10 s)."},
 			func() float64 { return float64(r.looks.Load()) }),
@@ -91,7 +106,26 @@ func (r *Returner) Register(reg prometheus.Registerer) error {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_returned_bytes_total",
 			Help: "The spare heap bytes those returns found (the OS may take back somewhat less)."},
 			func() float64 { return float64(r.returned.Load()) }),
-	} {
+	}
+	if h := r.Heap; h != nil {
+		cs = append(cs,
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_heap_settles_total",
+				Help: "Returns of the heap's spare memory with the warm reserve kept, the snapshot gate's at the end of start-up included."},
+				func() float64 { return float64(h.Stats().Settles) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_heap_loosens_total",
+				Help: "Busy spells that gave the collector back its own goal (GOGC) after the warm reserve's tighter one."},
+				func() float64 { return float64(h.Stats().Loosens) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "t3code_mcp_memory_heap_reserve_gc_percent",
+				Help: "The GC percent set while quiet so that the heap cycles inside its warm reserve; 0 while busy or without a reserve."},
+				func() float64 {
+					if tight, p := h.Tight(); tight {
+						return float64(p)
+					}
+					return 0
+				}),
+		)
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -112,6 +146,13 @@ func (r *Returner) Run(ctx context.Context) {
 	}
 	if ret == nil {
 		ret = debug.FreeOSMemory
+		if r.Heap != nil {
+			ret = r.Heap.Settle
+		}
+	}
+	checkEvery := r.CheckEvery
+	if checkEvery <= 0 {
+		checkEvery = DefaultCheckEvery
 	}
 	if r.Log != nil {
 		r.Log.Debug("memory return: looking at the heap", "every", every.String())
@@ -133,12 +174,25 @@ func (r *Returner) Run(ctx context.Context) {
 	lookOnce()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var check <-chan time.Time
+	if r.Heap != nil {
+		c := time.NewTicker(checkEvery)
+		defer c.Stop()
+		check = c.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			lookOnce()
+		case now := <-check:
+			if r.Heap.Check(now) {
+				r.loosened, r.busy, r.quiet = true, true, 0
+				if r.Log != nil {
+					r.Log.Debug("busy: the heap's goal back to the process's own until it is quiet again")
+				}
+			}
 		}
 	}
 }
@@ -165,10 +219,10 @@ func (r *Returner) look(s Sample) bool {
 		return false
 	}
 	r.quiet++
-	if !r.busy || r.quiet < quietLooks || s.Spare < minSpare {
+	if !r.busy || r.quiet < quietLooks || (s.Spare < minSpare && !r.loosened) {
 		return false
 	}
-	r.busy, r.quiet = false, 0
+	r.busy, r.quiet, r.loosened = false, 0, false
 	return true
 }
 

@@ -3,11 +3,11 @@ package watch
 import (
 	"context"
 	"errors"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/go-faster/jx"
+	"github.com/t3code-mcp/t3code-mcp/internal/memreturn"
 )
 
 // The snapshot gate bounds how many watchers of the process receive, decode and apply a shell
@@ -15,12 +15,13 @@ import (
 // decoded for 1,000 threads); a hundred machines doing that at once held them all in memory
 // together, and the Go heap kept the peak long after (docs/benchmarks.md: 171 MB idle, not
 // returned). Through the gate a few at a time go through, and once it has been idle for a
-// moment after such work, the garbage is returned to the OS (debug.FreeOSMemory) — once at the
-// end of start-up, and again after a reconnect storm, not after every machine. (After other busy
-// spells, internal/memreturn does it once the process has turned quiet.)
+// moment after such work, the garbage is returned to the OS (memreturn.Settle: debug.FreeOSMemory,
+// then the process's warm reserve touched again) — once at the end of start-up, and again after a
+// reconnect storm, not after every machine. (After other busy spells, internal/memreturn does it
+// once the process has turned quiet.)
 //
 // The gate is one per process, not per Fleet: memory is the process's.
-var snapshots = newGate(4, 500*time.Millisecond, debug.FreeOSMemory)
+var snapshots = newGate(4, 500*time.Millisecond, memreturn.Settle)
 
 // bigChunk is the size from which a snapshot goes through the gate even after start-up (T3 answers
 // a resubscription with a snapshot when the gap is too large). Other chunks never do: a lagging
