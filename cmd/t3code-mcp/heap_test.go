@@ -29,8 +29,13 @@ func TestServeKeepsAWarmReserve(t *testing.T) {
 			metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 			var page string
 			deadline := time.Now().Add(30 * time.Second)
-			// The snapshot gate settles the heap 500 ms after the demo machine's snapshot.
-			for page = get(t, metrics); counter(t, page, "t3code_mcp_memory_heap_settles_total") < 1; page = get(t, metrics) {
+			// The snapshot gate settles the heap 500 ms after the demo machine's snapshot; the
+			// counter is on /metrics once the Returner runs, a moment after the listener.
+			settled := func(page string) bool {
+				return strings.Contains(page, "\nt3code_mcp_memory_heap_settles_total ") &&
+					counter(t, page, "t3code_mcp_memory_heap_settles_total") >= 1
+			}
+			for page = get(t, metrics); !settled(page); page = get(t, metrics) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the heap was never settled after start-up:\n%s", page)
 				}

@@ -12,7 +12,9 @@
 // The price is paid by the calls after a return: the pages they allocate are new to the kernel
 // again, a minor fault each, which on some virtual machines costs milliseconds per call. So it
 // returns only after a busy spell, once the process has been quiet for a while, and only when there
-// is enough to return; while the process stays busy it never does.
+// is enough to return; while the process stays busy it never does. And with a Heap (reserve.go) a
+// return keeps a warm reserve mapped, with the collector's goal set to cycle inside it while the
+// process stays quiet, so that those calls find mapped pages.
 package memreturn
 
 import (
