@@ -48,8 +48,8 @@ type connector struct {
 // run runs the connector until ctx ends, and beside it the return of the heap's spare memory to
 // the OS when the process turns quiet after a busy spell (the snapshot gate does it after
 // start-up), which keeps the process's warm reserve (memreturn.Process, set by start) and ends
-// its tight goal when the process gets busy. Memory is the process's: one Returner per process, here, for serve and stdio alike;
-// its counters are on the connector's /metrics.
+// its tight goal when the process gets busy. Memory is the process's: one Returner per process,
+// here, for serve and stdio alike; its counters are on the connector's /metrics.
 func (k *connector) run(ctx context.Context, log *slog.Logger) {
 	var wg sync.WaitGroup
 	r := &memreturn.Returner{Log: log, Heap: memreturn.Process}
