@@ -41,6 +41,9 @@ func TestServeKeepsAWarmReserve(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
+			// A scrape gathers its collectors side by side: the runtime's may have been read just
+			// before the settle ended. The next scrape starts after it.
+			page = get(t, metrics)
 			m, g := tight.FindStringSubmatch(page), gogc.FindStringSubmatch(page)
 			if m == nil || g == nil {
 				t.Fatalf("no t3code_mcp_memory_heap_reserve_gc_percent or go_gc_gogc_percent in /metrics:\n%s", page)

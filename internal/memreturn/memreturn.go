@@ -112,7 +112,7 @@ func (r *Returner) Register(reg prometheus.Registerer) error {
 	if h := r.Heap; h != nil {
 		cs = append(cs,
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_heap_settles_total",
-				Help: "Returns of the heap's spare memory with the warm reserve kept, the snapshot gate's at the end of start-up included."},
+				Help: "Returns of the heap's spare memory by the heap policy (keeping its warm reserve when one is set), the snapshot gate's at the end of start-up included."},
 				func() float64 { return float64(h.Stats().Settles) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "t3code_mcp_memory_heap_loosens_total",
 				Help: "Busy spells that gave the collector back its own goal (GOGC) after the warm reserve's tighter one."},
@@ -244,12 +244,7 @@ func ReadRuntime() Sample {
 		ms[i].Name = name
 	}
 	metrics.Read(ms)
-	v := func(i int) uint64 {
-		if ms[i].Value.Kind() != metrics.KindUint64 {
-			return 0
-		}
-		return ms[i].Value.Uint64()
-	}
+	v := func(i int) uint64 { return uint64Value(ms[i]) }
 	held := v(2) + v(3) + v(4) // objects (live and not yet collected), unused in spans, free spans
 	s := Sample{Allocs: v(0)}
 	if live := v(1); held > live {

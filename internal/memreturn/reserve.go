@@ -93,7 +93,7 @@ func (h *Heap) Settle() {
 	debug.FreeOSMemory() // a collection, then every free page returned
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.settles.Add(1)
+	defer h.settles.Add(1) // counted once done: a settle seen on /metrics has set the goal
 	if h.reserve == 0 {
 		return
 	}
@@ -116,21 +116,18 @@ func (h *Heap) Settle() {
 	h.cycles, h.seen = h.readCycles(), h.seen[:0]
 }
 
-// warmSink keeps the pieces reachable until they are all touched (a piece the compiler saw die at
-// once could be left untouched).
-var warmSink [][]byte
-
+// warm touches bytes of new heap memory in warmPiece pieces, every OS page of each, all held
+// until the last is touched (a piece dropped at once could be left untouched by the compiler).
 func warm(bytes uint64) {
-	n := int(bytes / warmPiece)
-	warmSink = make([][]byte, n)
-	for i := range warmSink {
+	pieces := make([][]byte, bytes/warmPiece)
+	for i := range pieces {
 		p := make([]byte, warmPiece)
-		for off := 0; off < warmPiece; off += 4096 { // every OS page of it
+		for off := 0; off < warmPiece; off += 4096 {
 			p[off] = 1
 		}
-		warmSink[i] = p
+		pieces[i] = p
 	}
-	warmSink = nil
+	runtime.KeepAlive(pieces)
 }
 
 // Check looks at the collections since the last look while tight: LoosenCollections within
@@ -206,10 +203,13 @@ func (h *Heap) readCycles() uint64 {
 func readUint64(name string) uint64 {
 	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
-	switch s[0].Value.Kind() {
-	case metrics.KindUint64:
-		return s[0].Value.Uint64()
-	default:
+	return uint64Value(s[0])
+}
+
+// uint64Value is a sample's value, 0 when the runtime does not know it as a uint64.
+func uint64Value(s metrics.Sample) uint64 {
+	if s.Value.Kind() != metrics.KindUint64 {
 		return 0
 	}
+	return s.Value.Uint64()
 }
