@@ -221,3 +221,15 @@ t3code_mcp_memory_heap_loosens_total 1
 t3code_mcp_memory_heap_reserve_gc_percent 0
 `)
 }
+
+// SetReserve(0) turns the reserve off at once: a tight heap gets the process's own goal back.
+func TestSetReserveZeroLoosens(t *testing.T) {
+	h := tightHeap(t, func() uint64 { return 0 })
+	h.SetReserve(0)
+	if tight, _ := h.Tight(); tight || h.Stats().Loosens != 1 {
+		t.Fatalf("tight %v, %d loosens after SetReserve(0)", tight, h.Stats().Loosens)
+	}
+	if got := readUint64("/gc/gogc:percent"); int(got) != h.own {
+		t.Fatalf("GC percent %d after SetReserve(0), want the process's own %d", got, h.own)
+	}
+}
